@@ -1,0 +1,87 @@
+import type { ConnectRouter } from "@connectrpc/connect";
+import type { Config } from "./config.js";
+import { openDatabase, type Database } from "./db/database.js";
+import { createDecisionService } from "./decision/service.js";
+import { createGateway } from "./gateway/gateway.js";
+import { createMeter, type Meter } from "./metering/meter.js";
+import { apiRoutes } from "./gateway/routes.js";
+import { DecisionService } from "./gen/typesafe/decision/v1/decision_service_pb.js";
+import { SearchService } from "./gen/typesafe/search/v1/search_service_pb.js";
+import type { Logger } from "./logger.js";
+import { file_typesafe_error_v1_error } from "./gen/typesafe/error/v1/error_pb.js";
+import { registerHealth } from "./rpc/health.js";
+import { createObserveInterceptor } from "./rpc/observe.js";
+import { registerReflection } from "./rpc/reflection.js";
+import { createSearchService } from "./search/service.js";
+import { startServer, type RunningServer } from "./server.js";
+
+export interface App {
+  server: RunningServer;
+  database: Database;
+  meter: Meter;
+  /** Graceful stop: drain in-flight calls within the grace period, then close the store. */
+  stop(): Promise<void>;
+}
+
+/**
+ * The composition root: builds every dependency once, registers the services
+ * on one router for gRPC/Connect/gRPC-Web and on the JSON gateway, and
+ * listens. Nothing here runs on import.
+ */
+export async function startApp(config: Config, logger: Logger): Promise<App> {
+  const database = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, logger });
+  const { db } = database;
+  const meter = createMeter({ db, config: config.metering, logger });
+  const decision = createDecisionService({ db, meter });
+  const search = createSearchService({ db, meter });
+
+  const isReady = async () => {
+    await db.raw("SELECT 1");
+    return true;
+  };
+  const routes = (router: ConnectRouter) => {
+    registerReflection(router, [file_typesafe_error_v1_error]);
+    router.service(DecisionService, decision);
+    router.service(SearchService, search);
+    registerHealth(router, isReady);
+  };
+  let server: RunningServer;
+  try {
+    server = await startServer(
+      {
+        routes,
+        fallback: createGateway({
+          routes: apiRoutes({ decision, search }),
+          logger,
+          maxBodyBytes: config.maxBodyBytes,
+          isReady,
+        }),
+        interceptors: [createObserveInterceptor(logger)],
+        maxBodyBytes: config.maxBodyBytes,
+        logger,
+      },
+      config.host,
+      config.port,
+    );
+  } catch (err) {
+    await database.close();
+    throw err;
+  }
+  meter.startSweeper();
+  logger.info("listening", { url: server.url, database: database.kind });
+
+  return {
+    server,
+    database,
+    meter,
+    async stop() {
+      logger.info("shutting down", { grace_ms: config.shutdownGraceMs });
+      await server.close(config.shutdownGraceMs);
+      // Calls cut off by the grace period give their holds back now, not at lease expiry.
+      await meter.releaseAll();
+      await meter.stop();
+      await database.close();
+      logger.info("stopped");
+    },
+  };
+}

@@ -1,0 +1,118 @@
+import path from "node:path";
+import type { LogLevel } from "./logger.js";
+
+/**
+ * The whole configuration, parsed once from the environment. This is the only
+ * module that reads process.env; every problem is reported at once.
+ */
+export interface Config {
+  host: string;
+  port: number;
+  /** External PostgreSQL; when absent the embedded PGlite store is used. */
+  databaseUrl: string | undefined;
+  /** Folder of the embedded store (and its socket file). */
+  dataDir: string;
+  logLevel: LogLevel | "silent";
+  /** How long SIGTERM waits for in-flight calls before releasing their holds. */
+  shutdownGraceMs: number;
+  /** Maximum body size of the JSON gateway and of RPC messages. */
+  maxBodyBytes: number;
+  metering: MeteringConfig;
+  llm: LlmConfig;
+  search: SearchConfig;
+}
+
+export interface MeteringConfig {
+  /** Free requests given to an account created without --free-requests. */
+  defaultFreeRequests: number;
+  /** Added to a call's deadline to form the lease of its hold. */
+  leaseMarginMs: number;
+  /** How often each replica releases expired holds. */
+  sweepIntervalMs: number;
+}
+
+export interface LlmConfig {
+  baseUrl: string | undefined;
+  apiKey: string | undefined;
+  model: string;
+  /** Deadline of a whole Decide call. */
+  requestTimeoutMs: number;
+  /** Timeout of one upstream HTTP call. */
+  callTimeoutMs: number;
+  /** Per-process cap on concurrent upstream calls. */
+  maxConcurrentCalls: number;
+  maxRetries: number;
+}
+
+export interface SearchConfig {
+  /** Deadline of a whole Search call. */
+  requestTimeoutMs: number;
+  /** Every TYPESAFE_SEARCH_* variable, read by the search sources' own parser. */
+  env: Record<string, string>;
+}
+
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`invalid configuration:\n  ${problems.join("\n  ")}`);
+    this.name = "ConfigError";
+  }
+}
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.cwd()): Config {
+  const problems: string[] = [];
+  const int = (name: string, fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER): number => {
+    const raw = env[name];
+    if (raw === undefined || raw === "") return fallback;
+    const value = Number(raw);
+    if (!Number.isInteger(value) || value < min || value > max) {
+      problems.push(`${name}: must be an integer between ${min} and ${max}, got "${raw}"`);
+      return fallback;
+    }
+    return value;
+  };
+  const str = (name: string): string | undefined => {
+    const raw = env[name]?.trim();
+    return raw ? raw : undefined;
+  };
+
+  const logLevel = (str("TYPESAFE_LOG_LEVEL") ?? "info") as Config["logLevel"];
+  if (!["debug", "info", "warn", "error", "silent"].includes(logLevel)) {
+    problems.push(`TYPESAFE_LOG_LEVEL: must be one of debug, info, warn, error, silent, got "${logLevel}"`);
+  }
+  const llmBaseUrl = str("TYPESAFE_LLM_BASE_URL");
+  if (llmBaseUrl && !/^https?:\/\//.test(llmBaseUrl)) {
+    problems.push(`TYPESAFE_LLM_BASE_URL: must be an http(s) URL, got "${llmBaseUrl}"`);
+  }
+
+  const config: Config = {
+    host: str("HOST") ?? "127.0.0.1",
+    port: int("PORT", 8080, 0, 65535),
+    databaseUrl: str("DATABASE_URL"),
+    dataDir: path.resolve(cwd, str("TYPESAFE_DATA_DIR") ?? ".typesafe-data"),
+    logLevel,
+    shutdownGraceMs: int("TYPESAFE_SHUTDOWN_GRACE_MS", 10_000),
+    maxBodyBytes: 96 * 1024,
+    metering: {
+      defaultFreeRequests: int("TYPESAFE_DEFAULT_FREE_REQUESTS", 0),
+      leaseMarginMs: int("TYPESAFE_LEASE_MARGIN_MS", 30_000, 1_000),
+      sweepIntervalMs: int("TYPESAFE_SWEEP_INTERVAL_MS", 5_000, 100),
+    },
+    llm: {
+      baseUrl: llmBaseUrl?.replace(/\/+$/, ""),
+      apiKey: str("TYPESAFE_LLM_API_KEY"),
+      model: str("TYPESAFE_LLM_MODEL") ?? "default",
+      requestTimeoutMs: int("TYPESAFE_LLM_REQUEST_TIMEOUT_MS", 60_000, 100),
+      callTimeoutMs: int("TYPESAFE_LLM_CALL_TIMEOUT_MS", 20_000, 100),
+      maxConcurrentCalls: int("TYPESAFE_LLM_MAX_CONCURRENT_CALLS", 64, 1),
+      maxRetries: int("TYPESAFE_LLM_MAX_RETRIES", 2, 0, 10),
+    },
+    search: {
+      requestTimeoutMs: int("TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS", 10_000, 100),
+      env: Object.fromEntries(
+        Object.entries(env).filter((e): e is [string, string] => e[0].startsWith("TYPESAFE_SEARCH_") && e[1] !== undefined),
+      ),
+    },
+  };
+  if (problems.length > 0) throw new ConfigError(problems);
+  return config;
+}

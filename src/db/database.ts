@@ -1,0 +1,118 @@
+import fs from "node:fs/promises";
+import path from "node:path";
+import knex, { type Knex } from "knex";
+import pg from "pg";
+import type { Logger } from "../logger.js";
+import { migrationSource } from "./migrations/index.js";
+
+// int8 (bigint) columns hold money in integer units, always below 2^53.
+pg.types.setTypeParser(pg.types.builtins.INT8, (value) => Number(value));
+
+export interface Database {
+  db: Knex;
+  /** Where the store is reachable, for the operator CLI ("embedded" or "external"). */
+  kind: "embedded" | "external";
+  close(): Promise<void>;
+}
+
+export interface DatabaseOptions {
+  databaseUrl: string | undefined;
+  dataDir: string;
+  logger: Logger;
+  /** Pool size for an external server. */
+  poolMax?: number;
+}
+
+/**
+ * Opens the store and brings its schema up to date. With a DATABASE_URL it is
+ * that PostgreSQL server; otherwise an embedded PGlite persisted in dataDir,
+ * served on a loopback socket so that the same `pg` driver, dialect and
+ * queries are used either way.
+ */
+export async function openDatabase(options: DatabaseOptions): Promise<Database> {
+  if (options.databaseUrl) {
+    const db = createKnex(options.databaseUrl, options.poolMax ?? 10, options.logger);
+    await migrate(db, true);
+    return { db, kind: "external", close: () => db.destroy() };
+  }
+  const { openEmbeddedStore } = await import("./embedded.js");
+  const store = await openEmbeddedStore(options.dataDir, options.logger);
+  const db = createKnex(store.url, 1, options.logger);
+  try {
+    await migrate(db, false);
+  } catch (err) {
+    await db.destroy();
+    await store.close();
+    throw err;
+  }
+  return {
+    db,
+    kind: "embedded",
+    close: async () => {
+      await db.destroy();
+      await store.close();
+    },
+  };
+}
+
+/**
+ * A knex instance on the pg driver. knex's own log lines go to the given
+ * logger (stdout must stay clean for the CLI's JSON).
+ */
+export function createKnex(connectionString: string, poolMax: number, logger?: Logger): Knex {
+  const forward = (level: "warn" | "error") => (message: unknown) =>
+    logger?.[level]("knex", { detail: message instanceof Error ? message.message : String(message) });
+  return knex({
+    log: { warn: forward("warn"), error: forward("error"), deprecate: () => {}, debug: () => {} },
+    client: "pg",
+    connection: {
+      connectionString,
+      application_name: "typesafe",
+      // A partitioned client must never hold an account lock for long.
+      statement_timeout: 10_000,
+      idle_in_transaction_session_timeout: 10_000,
+    } as Knex.PgConnectionConfig,
+    pool: { min: 0, max: poolMax },
+    acquireConnectionTimeout: 10_000,
+  });
+}
+
+/**
+ * Applies pending migrations. Several replicas may start at once: a
+ * session-level advisory lock makes the others wait instead of failing on
+ * knex's own migration lock. The lock holds one pooled connection, so the
+ * pool needs at least two.
+ */
+export async function migrate(db: Knex, useAdvisoryLock: boolean): Promise<void> {
+  if (!useAdvisoryLock) {
+    await db.migrate.latest({ migrationSource });
+    return;
+  }
+  const lockId = 7_261_123; // any constant shared by every replica
+  const connection = await db.client.acquireConnection();
+  try {
+    await connection.query("SELECT pg_advisory_lock($1)", [lockId]);
+    try {
+      await db.migrate.latest({ migrationSource });
+    } finally {
+      await connection.query("SELECT pg_advisory_unlock($1)", [lockId]);
+    }
+  } finally {
+    await db.client.releaseConnection(connection);
+  }
+}
+
+/** Where a running service publishes its embedded store, for the operator CLI. */
+export function socketFilePath(dataDir: string): string {
+  return path.join(dataDir, "socket.json");
+}
+
+export async function readPublishedSocket(dataDir: string): Promise<{ url: string; pid: number } | undefined> {
+  try {
+    const info = JSON.parse(await fs.readFile(socketFilePath(dataDir), "utf8")) as { url: string; pid: number };
+    process.kill(info.pid, 0); // throws when no such process
+    return info;
+  } catch {
+    return undefined;
+  }
+}

@@ -1,0 +1,22 @@
+import type { Knex } from "knex";
+import * as createAccountsAndLedger from "./20261123000000_create_accounts_and_ledger.js";
+import * as createMeteringFunctions from "./20261123000100_create_metering_functions.js";
+
+/**
+ * Every migration in order. Listed statically so that they load the same way
+ * under tsx, vitest and a compiled build, with no directory scanning.
+ */
+const migrations: Record<string, Knex.Migration> = {
+  "20261123000000_create_accounts_and_ledger": createAccountsAndLedger,
+  "20261123000100_create_metering_functions": createMeteringFunctions,
+};
+
+export const migrationSource: Knex.MigrationSource<string> = {
+  getMigrations: async () => Object.keys(migrations),
+  getMigrationName: (name) => name,
+  getMigration: async (name) => {
+    const migration = migrations[name];
+    if (!migration) throw new Error(`unknown migration ${name}`);
+    return migration;
+  },
+};

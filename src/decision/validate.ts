@@ -1,0 +1,104 @@
+import type { Value } from "@bufbuild/protobuf/wkt";
+import type { DecideRequest } from "../gen/typesafe/decision/v1/decision_service_pb.js";
+import { pathOf, type Violation } from "../validation.js";
+
+export const SUPPORTED_MODEL = "typesafe/service-1.13";
+export const MAX_QUESTIONS = 40;
+/** Two stages of 26 letters each bound what a choice can list. */
+export const MAX_CHOICE_OPTIONS = 26 * 26;
+/** Letters 0-9 then A-P keep every score label a single token. */
+export const MAX_SCORE_LABELS = 26;
+const MAX_KEY_LENGTH = 128;
+const QUESTION_TYPES = ["noul", "choice", "score"];
+
+/**
+ * The request rules of the decision contract, checked before any money moves.
+ * The same function serves the JSON gateway and gRPC callers.
+ */
+export function validateDecideRequest(request: DecideRequest): Violation[] {
+  const violations: Violation[] = [];
+  if (request.model !== SUPPORTED_MODEL) {
+    violations.push({ field: "model", rule: `must be "${SUPPORTED_MODEL}"` });
+  }
+  violations.push(...validateState(request.state));
+
+  const keys = Object.keys(request.questions);
+  if (keys.length < 1 || keys.length > MAX_QUESTIONS) {
+    violations.push({ field: "questions", rule: `must hold 1 to ${MAX_QUESTIONS} questions, got ${keys.length}` });
+  }
+  for (const key of keys) {
+    const field = pathOf("questions", key);
+    const question = request.questions[key]!;
+    if (key.trim() === "" || key.length > MAX_KEY_LENGTH || /\p{Cc}/u.test(key)) {
+      violations.push({ field, rule: `question keys must be 1 to ${MAX_KEY_LENGTH} printable characters` });
+    }
+    if (!QUESTION_TYPES.includes(question.type)) {
+      violations.push({ field: `${field}.type`, rule: `must be one of noul, choice, score` });
+      continue;
+    }
+    if (question.instructions.trim() === "") {
+      violations.push({ field: `${field}.instructions`, rule: "must be a non-empty string" });
+    }
+    const criteria = presentValue(question.criteria);
+    const criteriaField = `${field}.criteria`;
+    if (question.type === "noul" && criteria) {
+      violations.push({ field: criteriaField, rule: "noul takes no criteria" });
+    }
+    if (question.type === "choice") violations.push(...validateChoiceCriteria(criteria, criteriaField));
+    if (question.type === "score") violations.push(...validateScoreCriteria(criteria, criteriaField));
+  }
+  return violations;
+}
+
+function validateState(state: Value | undefined): Violation[] {
+  const value = presentValue(state);
+  if (!value) return [{ field: "state", rule: "is required: a text or a JSON object" }];
+  if (value.kind.case === "stringValue" && value.kind.value.trim() === "") {
+    return [{ field: "state", rule: "must not be empty" }];
+  }
+  return [];
+}
+
+function validateChoiceCriteria(criteria: Value | undefined, field: string): Violation[] {
+  const rule = `choice needs an object of at least 2 options, each mapped to null`;
+  if (criteria?.kind.case !== "structValue") return [{ field, rule }];
+  const options = criteria.kind.value.fields;
+  const names = Object.keys(options);
+  if (names.length < 2) return [{ field, rule }];
+  if (names.length > MAX_CHOICE_OPTIONS) {
+    return [{ field, rule: `choice takes at most ${MAX_CHOICE_OPTIONS} options, got ${names.length}` }];
+  }
+  for (const name of names) {
+    if (name.trim() === "") return [{ field: pathOf(field, name), rule: "option names must not be empty" }];
+    if (options[name]!.kind.case !== "nullValue") {
+      return [{ field: pathOf(field, name), rule: "options must map to null" }];
+    }
+  }
+  return [];
+}
+
+function validateScoreCriteria(criteria: Value | undefined, field: string): Violation[] {
+  const rule = "score needs an array of at least 2 distinct non-empty labels, lowest first";
+  if (criteria?.kind.case !== "listValue") return [{ field, rule }];
+  const labels = criteria.kind.value.values;
+  if (labels.length < 2) return [{ field, rule }];
+  if (labels.length > MAX_SCORE_LABELS) {
+    return [{ field, rule: `score takes at most ${MAX_SCORE_LABELS} labels, got ${labels.length}` }];
+  }
+  const seen = new Set<string>();
+  for (const [index, label] of labels.entries()) {
+    const at = `${field}[${index}]`;
+    if (label.kind.case !== "stringValue" || label.kind.value.trim() === "") {
+      return [{ field: at, rule: "labels must be non-empty strings" }];
+    }
+    if (seen.has(label.kind.value)) return [{ field: at, rule: `duplicate label "${label.kind.value}"` }];
+    seen.add(label.kind.value);
+  }
+  return [];
+}
+
+/** A Value that is absent or JSON null counts as not given. */
+function presentValue(value: Value | undefined): Value | undefined {
+  if (!value || value.kind.case === undefined || value.kind.case === "nullValue") return undefined;
+  return value;
+}

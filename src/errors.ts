@@ -1,0 +1,90 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+import { create } from "@bufbuild/protobuf";
+import { ErrorDetailSchema, type ErrorDetail } from "./gen/typesafe/error/v1/error_pb.js";
+
+/**
+ * Every error reason the service can return, with its gRPC code, HTTP status
+ * and envelope code. This table is the single source of truth: the gateway,
+ * gRPC callers and the README's error table all derive from it. Envelope codes
+ * are the HTTP status times 100 plus a running number, and never change.
+ */
+export const REASONS = {
+  INVALID_ARGUMENT: { grpc: Code.InvalidArgument, http: 400, envelope: 40001, meaning: "Invalid input: a field broke a rule." },
+  MALFORMED_JSON: { grpc: Code.InvalidArgument, http: 400, envelope: 40002, meaning: "The body is not valid JSON." },
+  UNAUTHENTICATED: { grpc: Code.Unauthenticated, http: 401, envelope: 40101, meaning: "Missing, malformed, unknown or revoked API key." },
+  INSUFFICIENT_BALANCE: { grpc: Code.FailedPrecondition, http: 402, envelope: 40201, meaning: "Available balance does not cover the reservation." },
+  NOT_FOUND: { grpc: Code.NotFound, http: 404, envelope: 40401, meaning: "No such path." },
+  METHOD_NOT_ALLOWED: { grpc: Code.Unimplemented, http: 405, envelope: 40501, meaning: "The path does not accept this HTTP method." },
+  IDEMPOTENCY_IN_PROGRESS: { grpc: Code.Aborted, http: 409, envelope: 40901, meaning: "A request with this Idempotency-Key is still in flight." },
+  PAYLOAD_TOO_LARGE: { grpc: Code.ResourceExhausted, http: 413, envelope: 41301, meaning: "The body exceeds 96 KB." },
+  UNSUPPORTED_MEDIA_TYPE: { grpc: Code.InvalidArgument, http: 415, envelope: 41501, meaning: "The body must be application/json." },
+  IDEMPOTENCY_MISMATCH: { grpc: Code.FailedPrecondition, http: 422, envelope: 42201, meaning: "The Idempotency-Key was used with a different body." },
+  RATE_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42901, meaning: "More than 60 calls in a rolling minute." },
+  CONCURRENCY_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42902, meaning: "More than 5 calls in flight." },
+  INTERNAL: { grpc: Code.Internal, http: 500, envelope: 50001, meaning: "Unexpected error; the request id is in the log." },
+  UPSTREAM_FAILED: { grpc: Code.Unavailable, http: 502, envelope: 50201, meaning: "The upstream LLM or every search source failed." },
+  NOT_CONFIGURED: { grpc: Code.FailedPrecondition, http: 503, envelope: 50301, meaning: "The upstream for this operation is not configured." },
+  UNAVAILABLE: { grpc: Code.Unavailable, http: 503, envelope: 50302, meaning: "The database is unreachable; retry later." },
+} as const satisfies Record<string, { grpc: Code; http: number; envelope: number; meaning: string }>;
+
+export type Reason = keyof typeof REASONS;
+
+export interface ApiErrorInit {
+  field?: string;
+  rule?: string;
+  metadata?: Record<string, string>;
+  cause?: unknown;
+}
+
+/** Builds the one kind of error the service throws: a ConnectError with a typed reason detail. */
+export function apiError(reason: Reason, message: string, init: ApiErrorInit = {}): ConnectError {
+  const detail = create(ErrorDetailSchema, {
+    reason,
+    field: init.field ?? "",
+    rule: init.rule ?? "",
+    metadata: init.metadata ?? {},
+  });
+  return new ConnectError(message, REASONS[reason].grpc, undefined, [{ desc: ErrorDetailSchema, value: detail }], init.cause);
+}
+
+/** The reason of a Connect error raised by connect itself rather than by our code. */
+const reasonOfCode: Partial<Record<Code, Reason>> = {
+  [Code.InvalidArgument]: "INVALID_ARGUMENT",
+  [Code.Unauthenticated]: "UNAUTHENTICATED",
+  [Code.ResourceExhausted]: "PAYLOAD_TOO_LARGE",
+  [Code.Unimplemented]: "NOT_FOUND",
+  [Code.Unavailable]: "UNAVAILABLE",
+};
+
+/** Reads the reason and detail of any thrown value; unknown errors are INTERNAL. */
+export function describeError(err: unknown): { reason: Reason; detail: ErrorDetail; message: string } {
+  if (err instanceof ConnectError) {
+    const detail = err.findDetails(ErrorDetailSchema)[0];
+    if (detail && detail.reason in REASONS) {
+      return { reason: detail.reason as Reason, detail, message: err.rawMessage };
+    }
+    const reason = reasonOfCode[err.code];
+    if (reason) {
+      return { reason, detail: create(ErrorDetailSchema, { reason }), message: err.rawMessage };
+    }
+  }
+  return { reason: "INTERNAL", detail: create(ErrorDetailSchema, { reason: "INTERNAL" }), message: "internal error" };
+}
+
+/**
+ * Makes any thrown value safe to return: our own API errors pass through with
+ * the request id added; anything else is replaced by a fixed INTERNAL error
+ * whose cause keeps the original for the log.
+ */
+export function toPublicError(err: unknown, requestId: string): ConnectError {
+  const { reason, detail, message } = describeError(err);
+  if (reason === "INTERNAL") {
+    return apiError("INTERNAL", `internal error (request id ${requestId})`, {
+      metadata: { request_id: requestId },
+      cause: err,
+    });
+  }
+  const withId = create(ErrorDetailSchema, { ...detail, requestId });
+  const cause = err instanceof ConnectError ? err.cause : undefined;
+  return new ConnectError(message, REASONS[reason].grpc, undefined, [{ desc: ErrorDetailSchema, value: withId }], cause);
+}

@@ -1,0 +1,145 @@
+import crypto from "node:crypto";
+import { create, fromJson, toJson, type DescMessage, type DescMethodUnary, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import { createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
+import { apiError } from "../errors.js";
+import type { Logger } from "../logger.js";
+import { kRequestId } from "../rpc/context.js";
+import { observeCall } from "../rpc/observe.js";
+import { throwIfInvalid, type Violation } from "../validation.js";
+import { readBody } from "./body.js";
+import { findShapeViolation } from "./json-shape.js";
+import { sendEnvelope, sendError, sendOk, type NodeRequest, type NodeResponse } from "./envelope.js";
+
+/**
+ * One /api/v1 path served by a unary RPC. The gateway calls the very
+ * implementation gRPC callers reach, with a handler context of its own, so
+ * authentication, validation, limits and metering cannot drift between the
+ * two surfaces (and no in-process transport is paid for).
+ */
+export interface RpcRoute<I extends DescMessage = DescMessage, O extends DescMessage = DescMessage> {
+  httpMethod: "GET" | "POST";
+  path: string;
+  method: DescMethodUnary<I, O>;
+  impl: (request: MessageShape<I>, ctx: HandlerContext) => MessageInitShape<O> | Promise<MessageInitShape<O>>;
+  /** Rules of the JSON body that the message cannot express (e.g. an explicit empty list). */
+  checkBody?: (json: Record<string, unknown>) => Violation | undefined;
+  /** Final touches on the JSON of `data` (e.g. nulls the contract promises). */
+  finishData?: (data: Record<string, unknown>) => void;
+}
+
+export function rpcRoute<I extends DescMessage, O extends DescMessage>(route: RpcRoute<I, O>): RpcRoute {
+  return route as unknown as RpcRoute;
+}
+
+export interface GatewayOptions {
+  routes: RpcRoute[];
+  logger: Logger;
+  maxBodyBytes: number;
+  /** True when the service can serve (database reachable). */
+  isReady: () => Promise<boolean>;
+}
+
+/** The fallback handler of the Connect adapter: /api/v1 paths, health probes, and enveloped 404/405. */
+export function createGateway(options: GatewayOptions) {
+  const byPath = new Map<string, RpcRoute[]>();
+  for (const route of options.routes) byPath.set(route.path, [...(byPath.get(route.path) ?? []), route]);
+
+  return (req: NodeRequest, res: NodeResponse): void => {
+    void handle(req, res).catch((err: unknown) => {
+      options.logger.error("gateway failure", { error: err instanceof Error ? err : String(err) });
+      sendError(res, apiError("INTERNAL", "internal error"));
+    });
+  };
+
+  async function handle(req: NodeRequest, res: NodeResponse): Promise<void> {
+    const path = (req.url ?? "/").split("?")[0]!;
+    if (path === "/healthz") return sendOk(res, { status: "up" });
+    if (path === "/readyz") {
+      const ready = await options.isReady().catch(() => false);
+      if (ready) return sendOk(res, { status: "ready" });
+      return sendError(res, apiError("UNAVAILABLE", "not ready: the database is unreachable"));
+    }
+    const candidates = byPath.get(path);
+    if (!candidates) {
+      return sendError(res, apiError("NOT_FOUND", `no such path: ${req.method} ${path}`));
+    }
+    const route = candidates.find((r) => r.httpMethod === req.method);
+    if (!route) {
+      const allow = candidates.map((r) => r.httpMethod).join(", ");
+      return sendError(res, apiError("METHOD_NOT_ALLOWED", `${path} accepts ${allow}`, { metadata: { allow } }), { allow });
+    }
+    await serveRpc(route, req, res);
+  }
+
+  async function serveRpc(route: RpcRoute, req: NodeRequest, res: NodeResponse): Promise<void> {
+    const requestId = crypto.randomUUID();
+    const requestAbort = new AbortController();
+    res.on("close", () => {
+      if (!res.writableFinished) requestAbort.abort(new Error("client closed the connection"));
+    });
+    const ctx = createHandlerContext({
+      service: route.method.parent,
+      method: route.method,
+      protocolName: "gateway",
+      requestMethod: req.method ?? "POST",
+      url: req.url ?? "",
+      requestHeader: headersOf(req),
+      requestSignal: requestAbort.signal,
+      contextValues: createContextValues().set(kRequestId, requestId),
+    });
+    const procedure = `/${route.method.parent.typeName}/${route.method.name}`;
+    try {
+      const data = await observeCall(options.logger, { requestId, procedure, protocol: "gateway" }, async () => {
+        const request = route.httpMethod === "POST" ? await parseBody(route, req) : create(route.method.input);
+        const output = create(route.method.output, await route.impl(request, ctx));
+        const json = toJson(route.method.output, output, { useProtoFieldName: true, alwaysEmitImplicit: true }) as Record<string, unknown>;
+        route.finishData?.(json);
+        return json;
+      });
+      sendEnvelope(res, 200, { code: 0, message: "ok", data }, responseHeaders(ctx, requestId));
+    } catch (err) {
+      sendError(res, err, responseHeaders(ctx, requestId));
+    }
+  }
+
+  async function parseBody(route: RpcRoute, req: NodeRequest): Promise<MessageShape<DescMessage>> {
+    const contentType = String(req.headers["content-type"] ?? "application/json");
+    if (!/^application\/json\s*(;|$)/i.test(contentType)) {
+      throw apiError("UNSUPPORTED_MEDIA_TYPE", "content-type: must be application/json", { field: "content-type" });
+    }
+    const body = await readBody(req, options.maxBodyBytes);
+    let json: unknown;
+    try {
+      json = JSON.parse(body.toString("utf8"));
+    } catch {
+      throw apiError("MALFORMED_JSON", "body: must be valid JSON", { field: "body", rule: "valid JSON" });
+    }
+    const violation = findShapeViolation(route.method.input, json);
+    throwIfInvalid(violation ? [violation] : []);
+    const bodyViolation = route.checkBody?.(json as Record<string, unknown>);
+    throwIfInvalid(bodyViolation ? [bodyViolation] : []);
+    try {
+      return fromJson(route.method.input, json as JsonValue);
+    } catch (err) {
+      throw apiError("INVALID_ARGUMENT", "body: does not match the request schema", { field: "body", cause: err });
+    }
+  }
+}
+
+/** Request headers without HTTP/2 pseudo-headers, as a fetch Headers object. */
+function headersOf(req: NodeRequest): Headers {
+  const headers = new Headers();
+  for (const [name, value] of Object.entries(req.headers)) {
+    if (name.startsWith(":") || value === undefined) continue;
+    headers.set(name, Array.isArray(value) ? value.join(", ") : value);
+  }
+  return headers;
+}
+
+function responseHeaders(ctx: HandlerContext, requestId: string): Record<string, string> {
+  const headers: Record<string, string> = { "x-request-id": requestId };
+  ctx.responseHeader.forEach((value, name) => {
+    headers[name] = value;
+  });
+  return headers;
+}

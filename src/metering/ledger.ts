@@ -1,0 +1,282 @@
+import type { Knex } from "knex";
+
+/**
+ * Typed wrappers over the metering functions of migration
+ * 20261123000100_create_metering_functions: each call is one round trip and
+ * one transaction. They take `Knex | Knex.Transaction` so a caller (a test,
+ * the operator CLI) decides the transaction; the service passes the root knex.
+ * Amounts are integer units.
+ */
+
+export type Endpoint = "decide" | "search";
+export type Funding = "free" | "paid";
+export type RequestStatus = "active" | "settled" | "released" | "expired";
+
+export interface AdmitInput {
+  /** sha256 of the API key (hashApiKey). */
+  keyHash: Buffer;
+  endpoint: Endpoint;
+  /** The maximum this call can cost; held until it resolves. */
+  reserveUnits: number;
+  /** Decisions may be paid with a free request; search never is (enforced in SQL too). */
+  freeAllowed: boolean;
+  /** The hold is released by itself this long after admission. */
+  leaseMs: number;
+  idempotencyKey?: string;
+  /** Hash of the request (endpoint and body): the same key with another body is a mismatch. */
+  requestHash?: Buffer;
+  /** Use this id for the request row (the caller's request id); generated otherwise. */
+  requestId?: string;
+  /** Test clock; the database clock when absent. */
+  now?: Date;
+}
+
+/** What the account looks like after the call, for billing fields and rate-limit headers. */
+export interface AccountSnapshot {
+  accountId: string;
+  balanceUnits: number;
+  availableUnits: number;
+  freeRemaining: number;
+  freeAvailable: number;
+  rateLimit: number;
+  rateRemaining: number;
+  /** Time until the oldest admission in the window leaves it (a slot frees up). */
+  rateResetMs: number;
+  inFlight: number;
+  maxInFlight: number;
+}
+
+export type Admission =
+  | ({ outcome: "admitted"; requestId: string; funding: Funding; reservedUnits: number } & AccountSnapshot)
+  | { outcome: "unauthenticated" }
+  | ({ outcome: "rate_limited"; retryAfterMs: number } & AccountSnapshot)
+  | ({ outcome: "concurrency_limited"; retryAfterMs: number } & AccountSnapshot)
+  | ({ outcome: "insufficient_balance"; requiredUnits: number } & AccountSnapshot)
+  | ({ outcome: "idempotency_in_progress"; requestId: string } & AccountSnapshot)
+  | ({ outcome: "idempotency_mismatch"; requestId: string } & AccountSnapshot)
+  | ({
+      outcome: "replay";
+      requestId: string;
+      funding: Funding;
+      reservedUnits: number;
+      chargedUnits: number;
+      response: unknown;
+    } & AccountSnapshot);
+
+interface DbAdmissionRow {
+  outcome: Admission["outcome"];
+  request_id: string | null;
+  account_id: string | null;
+  funding: Funding | null;
+  reserved: number | null;
+  charged: number | null;
+  required: number | null;
+  balance: number | null;
+  available: number | null;
+  free_remaining: number | null;
+  free_available: number | null;
+  in_flight: number | null;
+  max_in_flight: number | null;
+  rate_limit: number | null;
+  rate_remaining: number | null;
+  rate_reset_ms: number | null;
+  retry_after_ms: number | null;
+  response: unknown;
+}
+
+/** Admission control in one round trip: 401 → 429 rate → 429 concurrency → 402, or a hold. */
+export async function admit(db: Knex | Knex.Transaction, input: AdmitInput): Promise<Admission> {
+  const result = await db.raw<{ rows: DbAdmissionRow[] }>(
+    "SELECT * FROM metering_admit(?::bytea, ?::text, ?::bigint, ?::boolean, ?::integer, ?::text, ?::bytea, ?::timestamptz, ?::uuid)",
+    [
+      input.keyHash,
+      input.endpoint,
+      input.reserveUnits,
+      input.freeAllowed,
+      Math.ceil(input.leaseMs),
+      input.idempotencyKey ?? null,
+      input.requestHash ?? null,
+      input.now ?? null,
+      input.requestId ?? null,
+    ],
+  );
+  const row = single(result.rows, "metering_admit");
+  if (row.outcome === "unauthenticated") return { outcome: "unauthenticated" };
+  const account: AccountSnapshot = {
+    accountId: need(row.account_id),
+    balanceUnits: need(row.balance),
+    availableUnits: need(row.available),
+    freeRemaining: need(row.free_remaining),
+    freeAvailable: need(row.free_available),
+    rateLimit: need(row.rate_limit),
+    rateRemaining: need(row.rate_remaining),
+    rateResetMs: need(row.rate_reset_ms),
+    inFlight: need(row.in_flight),
+    maxInFlight: need(row.max_in_flight),
+  };
+  switch (row.outcome) {
+    case "admitted":
+      return { outcome: row.outcome, requestId: need(row.request_id), funding: need(row.funding), reservedUnits: need(row.reserved), ...account };
+    case "rate_limited":
+    case "concurrency_limited":
+      return { outcome: row.outcome, retryAfterMs: need(row.retry_after_ms), ...account };
+    case "insufficient_balance":
+      return { outcome: row.outcome, requiredUnits: need(row.required), ...account };
+    case "idempotency_in_progress":
+    case "idempotency_mismatch":
+      return { outcome: row.outcome, requestId: need(row.request_id), ...account };
+    case "replay":
+      return {
+        outcome: row.outcome,
+        requestId: need(row.request_id),
+        funding: need(row.funding),
+        reservedUnits: need(row.reserved),
+        chargedUnits: need(row.charged),
+        response: row.response,
+        ...account,
+      };
+  }
+}
+
+export interface ResolveInput {
+  requestId: string;
+  success: boolean;
+  /** Actual cost; charged up to the reservation. Absent on a success: the reservation is charged. */
+  actualUnits?: number;
+  /** Stored for idempotent replay when the request carried an Idempotency-Key. */
+  response?: unknown;
+  now?: Date;
+}
+
+export type Resolution =
+  | {
+      /** settled: charged and released the rest; released: everything given back. */
+      outcome: "settled" | "released";
+      requestId: string;
+      accountId: string;
+      funding: Funding;
+      reservedUnits: number;
+      chargedUnits: number;
+      /** The actual cost asked for exceeded the reservation and was capped. */
+      capped: boolean;
+      balanceUnits: number;
+      availableUnits: number;
+      freeRemaining: number;
+      freeAvailable: number;
+    }
+  | {
+      /** Already settled, released or expired: nothing changed (a request resolves at most once). */
+      outcome: "not_active";
+      requestId: string;
+      accountId: string;
+      status: RequestStatus;
+      funding: Funding;
+      reservedUnits: number;
+      chargedUnits: number;
+      balanceUnits: number;
+      availableUnits: number;
+      freeRemaining: number;
+      freeAvailable: number;
+    }
+  | { outcome: "not_found"; requestId: string };
+
+interface DbResolutionRow {
+  outcome: "settled" | "released" | "not_active" | "not_found";
+  request_id: string;
+  account_id: string | null;
+  status: RequestStatus | null;
+  funding: Funding | null;
+  reserved: number | null;
+  charged: number | null;
+  requested_charge: number | null;
+  balance: number | null;
+  available: number | null;
+  free_remaining: number | null;
+  free_available: number | null;
+}
+
+/** Settles (success) or releases (failure) a hold; idempotent by request id. */
+export async function resolve(db: Knex | Knex.Transaction, input: ResolveInput): Promise<Resolution> {
+  const result = await db.raw<{ rows: DbResolutionRow[] }>(
+    "SELECT * FROM metering_resolve(?::uuid, ?::boolean, ?::bigint, ?::jsonb, ?::timestamptz)",
+    [
+      input.requestId,
+      input.success,
+      input.actualUnits ?? null,
+      input.response === undefined ? null : JSON.stringify(input.response),
+      input.now ?? null,
+    ],
+  );
+  const row = single(result.rows, "metering_resolve");
+  if (row.outcome === "not_found") return { outcome: "not_found", requestId: input.requestId };
+  const common = {
+    requestId: row.request_id,
+    accountId: need(row.account_id),
+    funding: need(row.funding),
+    reservedUnits: need(row.reserved),
+    chargedUnits: need(row.charged),
+    balanceUnits: need(row.balance),
+    availableUnits: need(row.available),
+    freeRemaining: need(row.free_remaining),
+    freeAvailable: need(row.free_available),
+  };
+  if (row.outcome === "not_active") return { outcome: "not_active", status: need(row.status), ...common };
+  const requested = row.requested_charge;
+  return { outcome: row.outcome, capped: requested !== null && requested > common.reservedUnits && common.funding === "paid", ...common };
+}
+
+/** Expires every hold whose lease has passed (up to maxAccounts accounts); returns how many. */
+export async function sweep(db: Knex | Knex.Transaction, now?: Date, maxAccounts = 1000): Promise<number> {
+  const result = await db.raw<{ rows: { expired: number }[] }>(
+    "SELECT metering_sweep(?::timestamptz, ?::integer) AS expired",
+    [now ?? null, maxAccounts],
+  );
+  return single(result.rows, "metering_sweep").expired;
+}
+
+export interface GrantInput {
+  accountId: string;
+  units: number;
+  freeRequests: number;
+  now?: Date;
+}
+
+export interface GrantResult {
+  accountId: string;
+  balanceUnits: number;
+  reservedUnits: number;
+  freeRemaining: number;
+  freeReserved: number;
+}
+
+/** Adds credits and free requests with their ledger entries; undefined for an unknown account. */
+export async function grant(db: Knex | Knex.Transaction, input: GrantInput): Promise<GrantResult | undefined> {
+  const result = await db.raw<{
+    rows: { id: string | null; balance: number; reserved: number; free_remaining: number; free_reserved: number }[];
+  }>("SELECT id, balance, reserved, free_remaining, free_reserved FROM metering_grant(?::uuid, ?::bigint, ?::integer, ?::timestamptz)", [
+    input.accountId,
+    input.units,
+    input.freeRequests,
+    input.now ?? null,
+  ]);
+  const row = single(result.rows, "metering_grant");
+  if (row.id === null) return undefined;
+  return {
+    accountId: row.id,
+    balanceUnits: row.balance,
+    reservedUnits: row.reserved,
+    freeRemaining: row.free_remaining,
+    freeReserved: row.free_reserved,
+  };
+}
+
+function single<T>(rows: T[], fn: string): T {
+  const row = rows[0];
+  if (row === undefined) throw new Error(`${fn} returned no row`);
+  return row;
+}
+
+function need<T>(value: T | null): T {
+  if (value === null) throw new Error("metering function returned an incomplete row");
+  return value;
+}

@@ -1,0 +1,425 @@
+import crypto from "node:crypto";
+import { setTimeout as delay } from "node:timers/promises";
+import { Code, ConnectError } from "@connectrpc/connect";
+import type { Knex } from "knex";
+import { hashApiKey, isWellFormedApiKey } from "../accounts/api-keys.js";
+import type { MeteringConfig } from "../config.js";
+import { apiError } from "../errors.js";
+import type { Logger } from "../logger.js";
+import { unitsToCredits } from "../units.js";
+import { admit, resolve, sweep, type AccountSnapshot, type Endpoint, type Funding, type Resolution } from "./ledger.js";
+
+/** Spec part 3: a decision reserves 32,000 units per question. */
+export const DECISION_RESERVE_UNITS_PER_QUESTION = 32_000;
+
+/** The reservation of a decision: its maximum cost. */
+export function decisionReserveUnits(questionCount: number): number {
+  return DECISION_RESERVE_UNITS_PER_QUESTION * questionCount;
+}
+
+/** The reservation of a search: the price of every source the request could query. */
+export function searchReserveUnits(sources: readonly { priceUnits: number }[]): number {
+  return sources.reduce((sum, source) => sum + source.priceUnits, 0);
+}
+
+export interface MeteredCall {
+  /** A well-formed key (the caller checks isWellFormedApiKey; malformed keys are refused here too). */
+  apiKey: string;
+  /** The call's request id; used as the billing record's id when it is a UUID. */
+  requestId: string;
+  endpoint: Endpoint;
+  /** Maximum cost in units (decisionReserveUnits / searchReserveUnits). */
+  reserveUnits: number;
+  /** True for decisions: a free request is used first when one is available. */
+  freeAllowed: boolean;
+  /**
+   * How long the work may run, in ms from admission. The work's signal aborts
+   * after it, and the hold's lease is this plus config.leaseMarginMs, so a
+   * hold outlives its work unless the process stalls or dies.
+   */
+  timeoutMs: number;
+  /** The caller's signal (client gone, shutdown). An abort releases the hold. */
+  signal: AbortSignal;
+  idempotencyKey?: string;
+  /** A stable hash or canonical form of the request body: the same key with another body is a 422. */
+  requestFingerprint?: string;
+}
+
+/** The billing block of a response. Credits are exact decimal views of integer units. */
+export interface Billing {
+  funding: Funding;
+  reservedCredits: number;
+  chargedCredits: number;
+  /** Balance after this call. */
+  balanceCredits: number;
+  /** Balance minus the holds of calls still in flight. */
+  availableCredits: number;
+  /** Free requests not used and not held. */
+  freeRequestsRemaining: number;
+  requestId: string;
+}
+
+/** For RateLimit-* headers: the rolling-minute limit. */
+export interface RateLimitState {
+  limit: number;
+  remaining: number;
+  /** Seconds until a slot frees (the oldest admission in the window leaves it). */
+  resetSeconds: number;
+}
+
+/** What the work returns: its value, its actual cost and, for idempotent replay, the response body. */
+export interface WorkResult<T> {
+  value: T;
+  /** Actual cost in units; charged up to the reservation. */
+  chargeUnits: number;
+  /** Stored when the call has an Idempotency-Key and returned as-is on a replay. */
+  responseJson?: unknown;
+}
+
+export type MeteredResult<T> =
+  | { kind: "fresh"; value: T; billing: Billing; rate: RateLimitState }
+  | { kind: "replay"; responseJson: unknown; billing: Billing; rate: RateLimitState };
+
+/** Counts of the events that should stay near zero; non-zero means stalls, crashes or DB trouble. */
+export interface MeterStats {
+  /** Holds released by lease expiry via this replica's sweeper. */
+  holdsExpired: number;
+  /** Work finished after its hold had expired: answered as an error, not billed. */
+  lateSettles: number;
+  /** Settle could not be recorded: answered 503, the lease releases the hold. */
+  settleFailures: number;
+  /** Release could not be recorded: the lease releases the hold. */
+  releaseFailures: number;
+  /** Actual cost above the reservation, charged at the reservation. */
+  cappedCharges: number;
+}
+
+export interface Meter {
+  /**
+   * Meters one call: admit (or throw the API error for 401 / 429 / 402 / 409 /
+   * 422 with its metadata), run the work, then settle before returning, so no
+   * answer leaves without a settlement record. Any failure after admission
+   * (work throws, caller aborts, settle refused) releases the hold and throws.
+   * A settled Idempotency-Key replays the stored response without running the work.
+   */
+  run<T>(call: MeteredCall, work: (signal: AbortSignal) => Promise<WorkResult<T>>): Promise<MeteredResult<T>>;
+  /** Graceful shutdown: refuses new calls and releases every hold this process still has. */
+  releaseAll(): Promise<void>;
+  /** Expires every hold whose lease has passed, now (what the sweeper runs); returns how many. */
+  sweepNow(): Promise<number>;
+  /** Starts this replica's periodic sweep of expired holds (every config.sweepIntervalMs). */
+  startSweeper(): void;
+  /** Stops the sweeper and waits for a sweep in progress. */
+  stop(): Promise<void>;
+  stats(): MeterStats;
+}
+
+export interface MeterDeps {
+  db: Knex;
+  config: MeteringConfig;
+  logger: Logger;
+  /** Test clock passed to the database functions; the database clock when absent. */
+  now?: () => Date;
+  /** Waits between settle attempts when the database fails (idempotent, so retrying is safe). */
+  settleRetryDelaysMs?: readonly number[];
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+const MAX_IDEMPOTENCY_KEY_LENGTH = 255;
+
+/**
+ * The single metering wrapper both services use, so reserve → settle /
+ * release is written once. All state lives in PostgreSQL; the only process
+ * state is the set of this replica's open holds, kept to release them on
+ * shutdown.
+ */
+export function createMeter(deps: MeterDeps): Meter {
+  const { db, config, logger } = deps;
+  const now = (): Date | undefined => deps.now?.();
+  const retryDelaysMs = deps.settleRetryDelaysMs ?? [50, 200, 500];
+  const held = new Set<string>();
+  const counters: MeterStats = { holdsExpired: 0, lateSettles: 0, settleFailures: 0, releaseFailures: 0, cappedCharges: 0 };
+  let closing = false;
+  let sweeper: NodeJS.Timeout | undefined;
+  let sweeping: Promise<void> | undefined;
+
+  /** Retries an idempotent resolve while the database is unreachable. */
+  async function resolveWithRetry(input: Parameters<typeof resolve>[1]): Promise<Resolution> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await resolve(db, input);
+      } catch (err) {
+        const wait = retryDelaysMs[attempt];
+        if (wait === undefined || !isDatabaseUnavailable(err)) throw err;
+        await delay(wait);
+      }
+    }
+  }
+
+  async function release(requestId: string, log: Logger): Promise<void> {
+    try {
+      await resolveWithRetry({ requestId, success: false, now: now() });
+    } catch (err) {
+      counters.releaseFailures++;
+      log.warn("release failed; the lease will release the hold", { err });
+    } finally {
+      held.delete(requestId);
+    }
+  }
+
+  async function run<T>(call: MeteredCall, work: (signal: AbortSignal) => Promise<WorkResult<T>>): Promise<MeteredResult<T>> {
+    if (closing) throw apiError("UNAVAILABLE", "the server is shutting down; retry");
+    if (!Number.isSafeInteger(call.reserveUnits) || call.reserveUnits < 0) {
+      throw new Error(`reserveUnits must be a non-negative integer, got ${call.reserveUnits}`);
+    }
+    if (!isWellFormedApiKey(call.apiKey)) {
+      throw apiError("UNAUTHENTICATED", "malformed API key: expected Authorization: Bearer ts_live_...");
+    }
+    if (call.idempotencyKey !== undefined && (call.idempotencyKey.length === 0 || call.idempotencyKey.length > MAX_IDEMPOTENCY_KEY_LENGTH)) {
+      throw apiError("INVALID_ARGUMENT", `Idempotency-Key must be 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters`, {
+        field: "idempotency_key",
+        rule: "length",
+      });
+    }
+    if (call.signal.aborted) throw cancelled(call.signal);
+
+    let admission;
+    try {
+      admission = await admit(db, {
+        keyHash: hashApiKey(call.apiKey),
+        endpoint: call.endpoint,
+        reserveUnits: call.reserveUnits,
+        freeAllowed: call.freeAllowed && call.endpoint === "decide",
+        leaseMs: call.timeoutMs + config.leaseMarginMs,
+        idempotencyKey: call.idempotencyKey,
+        requestHash:
+          call.idempotencyKey !== undefined && call.requestFingerprint !== undefined
+            ? crypto.createHash("sha256").update(call.requestFingerprint).digest()
+            : undefined,
+        requestId: UUID.test(call.requestId) ? call.requestId : undefined,
+        now: now(),
+      });
+    } catch (err) {
+      if (isDatabaseUnavailable(err)) throw apiError("UNAVAILABLE", "the database is unreachable; retry later", { cause: err });
+      throw err;
+    }
+
+    switch (admission.outcome) {
+      case "unauthenticated":
+        throw apiError("UNAUTHENTICATED", "invalid API key: unknown or revoked");
+      case "rate_limited": {
+        const seconds = ceilSeconds(admission.retryAfterMs);
+        throw apiError("RATE_LIMITED", `rate limit: at most ${admission.rateLimit} calls per rolling minute; retry in ${seconds} s`, {
+          metadata: {
+            limit: "requests_per_minute",
+            limit_value: String(admission.rateLimit),
+            retry_after_seconds: String(seconds),
+            retry_after_ms: String(admission.retryAfterMs),
+            ...rateMetadata(admission),
+          },
+        });
+      }
+      case "concurrency_limited": {
+        const seconds = ceilSeconds(admission.retryAfterMs);
+        throw apiError("CONCURRENCY_LIMITED", `concurrency limit: at most ${admission.maxInFlight} calls in flight; retry in ${seconds} s`, {
+          metadata: {
+            limit: "concurrent_requests",
+            limit_value: String(admission.maxInFlight),
+            retry_after_seconds: String(seconds),
+            retry_after_ms: String(admission.retryAfterMs),
+            ...rateMetadata(admission),
+          },
+        });
+      }
+      case "insufficient_balance":
+        throw apiError(
+          "INSUFFICIENT_BALANCE",
+          `insufficient balance: this call reserves ${unitsToCredits(admission.requiredUnits)} credits, ${unitsToCredits(admission.availableUnits)} available`,
+          {
+            metadata: {
+              required_credits: String(unitsToCredits(admission.requiredUnits)),
+              available_credits: String(unitsToCredits(admission.availableUnits)),
+              required_units: String(admission.requiredUnits),
+              available_units: String(admission.availableUnits),
+              free_requests_remaining: String(admission.freeAvailable),
+              ...rateMetadata(admission),
+            },
+          },
+        );
+      case "idempotency_in_progress":
+        throw apiError("IDEMPOTENCY_IN_PROGRESS", "a request with this Idempotency-Key is still in flight; retry after it completes", {
+          field: "idempotency_key",
+          metadata: { original_request_id: admission.requestId, ...rateMetadata(admission) },
+        });
+      case "idempotency_mismatch":
+        throw apiError("IDEMPOTENCY_MISMATCH", "this Idempotency-Key was used with a different request", {
+          field: "idempotency_key",
+          metadata: { original_request_id: admission.requestId, ...rateMetadata(admission) },
+        });
+      case "replay":
+        return {
+          kind: "replay",
+          responseJson: admission.response,
+          billing: billingOf(admission.requestId, admission.funding, admission.reservedUnits, admission.chargedUnits, admission),
+          rate: rateOf(admission),
+        };
+      case "admitted":
+        break;
+    }
+
+    const { requestId, funding, reservedUnits } = admission;
+    const rate = rateOf(admission);
+    const log = logger.child({ request_id: requestId, account_id: admission.accountId, endpoint: call.endpoint });
+    held.add(requestId);
+
+    const controller = new AbortController();
+    const timer = setTimeout(() => controller.abort(new Error(`metered call exceeded ${call.timeoutMs} ms`)), call.timeoutMs);
+    const onAbort = () => controller.abort(call.signal.reason);
+    call.signal.addEventListener("abort", onAbort, { once: true });
+
+    let result: WorkResult<T>;
+    try {
+      result = await work(controller.signal);
+      if (call.signal.aborted) throw cancelled(call.signal);
+      if (!Number.isSafeInteger(result.chargeUnits) || result.chargeUnits < 0) {
+        throw new Error(`chargeUnits must be a non-negative integer, got ${result.chargeUnits}`);
+      }
+    } catch (err) {
+      await release(requestId, log);
+      throw err;
+    } finally {
+      clearTimeout(timer);
+      call.signal.removeEventListener("abort", onAbort);
+    }
+
+    let settled: Resolution;
+    try {
+      settled = await resolveWithRetry({
+        requestId,
+        success: true,
+        actualUnits: result.chargeUnits,
+        response: call.idempotencyKey !== undefined ? (result.responseJson ?? null) : undefined,
+        now: now(),
+      });
+    } catch (err) {
+      counters.settleFailures++;
+      log.error("settle failed; answering 503, the lease releases the hold", { err });
+      await release(requestId, log);
+      throw apiError("UNAVAILABLE", "the call could not be billed because the database is unreachable; retry later", { cause: err });
+    }
+    held.delete(requestId);
+
+    if (settled.outcome !== "settled") {
+      counters.lateSettles++;
+      log.warn("late settle: the hold was no longer active; answer withheld", {
+        outcome: settled.outcome,
+        status: settled.outcome === "not_active" ? settled.status : undefined,
+      });
+      throw apiError("UNAVAILABLE", "the call outlived its reservation and was not billed; retry");
+    }
+    if (settled.capped) {
+      counters.cappedCharges++;
+      log.warn("actual cost above the reservation; charged the reservation", {
+        actual_units: result.chargeUnits,
+        reserved_units: reservedUnits,
+      });
+    }
+    return {
+      kind: "fresh",
+      value: result.value,
+      billing: billingOf(requestId, funding, reservedUnits, settled.chargedUnits, settled),
+      rate,
+    };
+  }
+
+  async function sweepNow(): Promise<number> {
+    const expired = await sweep(db, now());
+    if (expired > 0) {
+      counters.holdsExpired += expired;
+      logger.warn("released expired holds", { expired });
+    }
+    return expired;
+  }
+
+  return {
+    run,
+    sweepNow,
+    async releaseAll() {
+      closing = true;
+      await Promise.all([...held].map((id) => release(id, logger.child({ request_id: id }))));
+    },
+    startSweeper() {
+      if (sweeper) return;
+      sweeper = setInterval(() => {
+        if (sweeping) return;
+        sweeping = sweepNow()
+          .then(() => undefined, (err: unknown) => logger.warn("sweep failed", { err }))
+          .finally(() => {
+            sweeping = undefined;
+          });
+      }, config.sweepIntervalMs);
+      sweeper.unref();
+    },
+    async stop() {
+      if (sweeper) clearInterval(sweeper);
+      sweeper = undefined;
+      await sweeping;
+    },
+    stats: () => ({ ...counters }),
+  };
+}
+
+function billingOf(
+  requestId: string,
+  funding: Funding,
+  reservedUnits: number,
+  chargedUnits: number,
+  account: { balanceUnits: number; availableUnits: number; freeAvailable: number },
+): Billing {
+  return {
+    funding,
+    reservedCredits: unitsToCredits(reservedUnits),
+    chargedCredits: unitsToCredits(chargedUnits),
+    balanceCredits: unitsToCredits(account.balanceUnits),
+    availableCredits: unitsToCredits(account.availableUnits),
+    freeRequestsRemaining: account.freeAvailable,
+    requestId,
+  };
+}
+
+function rateOf(account: AccountSnapshot): RateLimitState {
+  return { limit: account.rateLimit, remaining: account.rateRemaining, resetSeconds: ceilSeconds(account.rateResetMs) };
+}
+
+/** The rate-limit state for headers on an error response (the gateway reads these keys). */
+function rateMetadata(account: AccountSnapshot): Record<string, string> {
+  const rate = rateOf(account);
+  return {
+    ratelimit_limit: String(rate.limit),
+    ratelimit_remaining: String(rate.remaining),
+    ratelimit_reset_seconds: String(rate.resetSeconds),
+  };
+}
+
+function ceilSeconds(ms: number): number {
+  return Math.ceil(ms / 1000);
+}
+
+function cancelled(signal: AbortSignal): ConnectError {
+  return new ConnectError("the caller cancelled the call", Code.Canceled, undefined, undefined, signal.reason);
+}
+
+/**
+ * True for failures of the database rather than of the statement: lost or
+ * refused connections, pool timeouts, server shutdown, statement timeouts,
+ * resource exhaustion. Those become UNAVAILABLE (503); anything else is a bug.
+ */
+export function isDatabaseUnavailable(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === "string") {
+    if (/^E[A-Z]+$/.test(code)) return true; // a Node system error: ECONNREFUSED, ECONNRESET, EPIPE...
+    if (/^[0-9A-Z]{5}$/.test(code)) return ["08", "40", "53", "57", "58"].includes(code.slice(0, 2));
+  }
+  return err.name === "KnexTimeoutError" || /connection terminated|client was closed|connection.*(ended|closed)|unable to acquire a connection/i.test(err.message);
+}

@@ -1,0 +1,15 @@
+import crypto from "node:crypto";
+import { createContextKey, type HandlerContext } from "@connectrpc/connect";
+
+/** The id of one call, shared by the log line, the error detail and the billing record. */
+export const kRequestId = createContextKey<string>("", { description: "request id" });
+
+/** The call's request id, created on first use. */
+export function requestIdOf(ctx: HandlerContext): string {
+  let id = ctx.values.get(kRequestId);
+  if (!id) {
+    id = crypto.randomUUID();
+    ctx.values.set(kRequestId, id);
+  }
+  return id;
+}

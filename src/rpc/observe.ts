@@ -1,0 +1,57 @@
+import type { Interceptor } from "@connectrpc/connect";
+import { REASONS, describeError, toPublicError } from "../errors.js";
+import type { Logger } from "../logger.js";
+import { kRequestId } from "./context.js";
+import crypto from "node:crypto";
+
+/**
+ * Logs one line per call and makes every error safe to return: unknown
+ * errors become a fixed INTERNAL message carrying the request id, and their
+ * real cause goes only to the log. The gateway runs the same function, so
+ * both surfaces log and hide errors alike.
+ */
+export async function observeCall<T>(
+  logger: Logger,
+  call: { requestId: string; procedure: string; protocol: string },
+  run: () => Promise<T>,
+): Promise<T> {
+  const started = performance.now();
+  const fields = () => ({
+    request_id: call.requestId,
+    procedure: call.procedure,
+    protocol: call.protocol,
+    duration_ms: Math.round((performance.now() - started) * 10) / 10,
+  });
+  try {
+    const result = await run();
+    logger.info("call", { ...fields(), status: "ok" });
+    return result;
+  } catch (err) {
+    const { reason } = describeError(err);
+    const publicError = toPublicError(err, call.requestId);
+    const entry = { ...fields(), status: "error", reason };
+    if (REASONS[reason].http >= 500) {
+      logger.error("call", { ...entry, error: err instanceof Error ? err : String(err) });
+    } else {
+      logger.info("call", entry);
+    }
+    throw publicError;
+  }
+}
+
+/** The Connect/gRPC/gRPC-Web side of observeCall. Streaming calls (reflection, health watch) pass through. */
+export function createObserveInterceptor(logger: Logger): Interceptor {
+  return (next) => async (req) => {
+    if (req.stream) return next(req);
+    let requestId = req.contextValues.get(kRequestId);
+    if (!requestId) {
+      requestId = crypto.randomUUID();
+      req.contextValues.set(kRequestId, requestId);
+    }
+    return observeCall(
+      logger,
+      { requestId, procedure: req.url.slice(req.url.lastIndexOf("/", req.url.lastIndexOf("/") - 1)), protocol: req.header.get("content-type") ?? "" },
+      () => next(req),
+    );
+  };
+}

@@ -1,0 +1,249 @@
+import { ConfigError } from "../config.js";
+import { SOURCE_IDS, type SourceId } from "./validate.js";
+
+/**
+ * The source catalog and its operator settings, parsed from the
+ * TYPESAFE_SEARCH_* variables that config.ts collects. Kept apart from the
+ * engine so a bad value is reported at start-up, all problems at once, rather
+ * than on the first search.
+ *
+ * Per source (ID is the upper-case id, e.g. BRAVE):
+ *   TYPESAFE_SEARCH_<ID>_KEY          API key (required for brave and exa; optional for github, stackoverflow)
+ *   TYPESAFE_SEARCH_<ID>_URL          base URL (mirror, proxy, test server)
+ *   TYPESAFE_SEARCH_<ID>_PRICE_UNITS  price per upstream call in integer units (1 credit = 1,000,000)
+ *   TYPESAFE_SEARCH_<ID>_DEFAULT      true|false: searched when the request omits s
+ *   TYPESAFE_SEARCH_<ID>_WEIGHT       fusion weight, > 0 (default 1)
+ *   TYPESAFE_SEARCH_<ID>_TIMEOUT_MS   per-call timeout
+ *   TYPESAFE_SEARCH_<ID>_RATE         process-wide call budget "<count>/<n><s|m|h|d>", e.g. 10/1m
+ * Global:
+ *   TYPESAFE_SEARCH_SOURCES           comma list of enabled ids, or "none"; unset = all eight
+ *   TYPESAFE_SEARCH_CONTACT           contact put in the User-Agent (Wikimedia and GDELT require one)
+ *   TYPESAFE_SEARCH_CACHE_ENTRIES     cache size (answers kept), default 5000
+ */
+export type SourceKind = "web" | "reference" | "news" | "forum" | "code" | "papers";
+
+export interface RateLimit {
+  /** Calls allowed per interval; also the burst size. */
+  count: number;
+  intervalMs: number;
+  /** Calls in flight at once (arXiv and GDELT want one connection). */
+  concurrency: number;
+}
+
+export interface SourceEntry {
+  id: SourceId;
+  kind: SourceKind;
+  /** False when disabled by TYPESAFE_SEARCH_SOURCES or a required key is missing. */
+  configured: boolean;
+  supportsTimeWindow: boolean;
+  isDefault: boolean;
+  priceUnits: number;
+  weight: number;
+  timeoutMs: number;
+  rate: RateLimit;
+  baseUrl: string;
+  key: string | undefined;
+  /** Position in the catalog: the fan-out order and the fusion tie-break. */
+  order: number;
+}
+
+export interface SourceCatalog {
+  entries: SourceEntry[];
+  userAgent: string;
+  cacheEntries: number;
+  /** Non-fatal findings for the start-up log (unknown variables, keyed source without key). */
+  warnings: string[];
+}
+
+interface Defaults {
+  kind: SourceKind;
+  supportsTimeWindow: boolean;
+  isDefault: boolean;
+  keyRequired: boolean;
+  priceUnits: number;
+  timeoutMs: number;
+  rate: RateLimit;
+  /** Budget when an optional key is set (GitHub 30/min with a token, Stack Exchange 10,000/day with a key). */
+  keyedRate?: RateLimit;
+  baseUrl: string;
+}
+
+const SECOND = 1000;
+const MINUTE = 60 * SECOND;
+const HOUR = 60 * MINUTE;
+const DAY = 24 * HOUR;
+
+/**
+ * Defaults from ../shared/research/search-sources.md. Prices assume 1 credit ≈ US$1:
+ * the keyed indexes cost their upstream list price plus a margin (Brave $5/1k,
+ * Exa $7/1k); free sources carry a small fee for our own bandwidth and quota.
+ */
+const DEFAULTS: Record<SourceId, Defaults> = {
+  brave: {
+    kind: "web", supportsTimeWindow: true, isDefault: true, keyRequired: true, priceUnits: 6000, timeoutMs: 5000,
+    rate: { count: 20, intervalMs: SECOND, concurrency: 20 }, baseUrl: "https://api.search.brave.com",
+  },
+  exa: {
+    kind: "web", supportsTimeWindow: true, isDefault: true, keyRequired: true, priceUnits: 8000, timeoutMs: 5000,
+    rate: { count: 5, intervalMs: SECOND, concurrency: 5 }, baseUrl: "https://api.exa.ai",
+  },
+  wikipedia: {
+    kind: "reference", supportsTimeWindow: false, isDefault: true, keyRequired: false, priceUnits: 500, timeoutMs: 4000,
+    rate: { count: 10, intervalMs: SECOND, concurrency: 2 }, baseUrl: "https://en.wikipedia.org",
+  },
+  hackernews: {
+    kind: "forum", supportsTimeWindow: true, isDefault: true, keyRequired: false, priceUnits: 500, timeoutMs: 4000,
+    rate: { count: 10_000, intervalMs: HOUR, concurrency: 8 }, baseUrl: "https://hn.algolia.com",
+  },
+  stackoverflow: {
+    kind: "forum", supportsTimeWindow: true, isDefault: false, keyRequired: false, priceUnits: 500, timeoutMs: 4000,
+    rate: { count: 300, intervalMs: DAY, concurrency: 4 }, keyedRate: { count: 10_000, intervalMs: DAY, concurrency: 4 },
+    baseUrl: "https://api.stackexchange.com",
+  },
+  github: {
+    kind: "code", supportsTimeWindow: true, isDefault: false, keyRequired: false, priceUnits: 500, timeoutMs: 5000,
+    rate: { count: 10, intervalMs: MINUTE, concurrency: 4 }, keyedRate: { count: 30, intervalMs: MINUTE, concurrency: 4 },
+    baseUrl: "https://api.github.com",
+  },
+  arxiv: {
+    kind: "papers", supportsTimeWindow: true, isDefault: false, keyRequired: false, priceUnits: 500, timeoutMs: 7000,
+    rate: { count: 1, intervalMs: 3 * SECOND, concurrency: 1 }, baseUrl: "https://export.arxiv.org",
+  },
+  gdelt: {
+    kind: "news", supportsTimeWindow: true, isDefault: true, keyRequired: false, priceUnits: 500, timeoutMs: 5000,
+    rate: { count: 1, intervalMs: 5 * SECOND, concurrency: 1 }, baseUrl: "https://api.gdeltproject.org",
+  },
+};
+
+const PER_SOURCE_SETTINGS = ["KEY", "URL", "PRICE_UNITS", "DEFAULT", "WEIGHT", "TIMEOUT_MS", "RATE"];
+/** Variables of the TYPESAFE_SEARCH_ namespace read elsewhere (config.ts). */
+const GLOBAL_SETTINGS = ["SOURCES", "CONTACT", "CACHE_ENTRIES", "REQUEST_TIMEOUT_MS"];
+
+/** Parses the catalog; throws ConfigError listing every bad value. */
+export function parseSourceCatalog(env: Record<string, string>): SourceCatalog {
+  const problems: string[] = [];
+  const warnings: string[] = [];
+  const get = (name: string): string | undefined => {
+    const raw = env[`TYPESAFE_SEARCH_${name}`]?.trim();
+    return raw ? raw : undefined;
+  };
+
+  const enabled = parseEnabled(get("SOURCES"), problems);
+  const contact = get("CONTACT");
+  if (contact !== undefined && /[\r\n()]/.test(contact)) {
+    problems.push(`TYPESAFE_SEARCH_CONTACT: must be an e-mail address or URL without parentheses or newlines, got "${contact}"`);
+  }
+  const userAgent = `typesafe-search/1.0 (+${contact && !/[\r\n()]/.test(contact) ? contact : "contact not configured"})`;
+  if (contact === undefined) warnings.push("TYPESAFE_SEARCH_CONTACT is not set: Wikimedia and GDELT may block requests without a contact");
+
+  const cacheEntries = parseInteger("TYPESAFE_SEARCH_CACHE_ENTRIES", get("CACHE_ENTRIES"), 5000, 0, 1_000_000, problems);
+
+  const entries = SOURCE_IDS.map((id, order): SourceEntry => {
+    const d = DEFAULTS[id];
+    const upper = id.toUpperCase();
+    const name = (setting: string) => `TYPESAFE_SEARCH_${upper}_${setting}`;
+    const key = get(`${upper}_KEY`);
+    const baseUrl = parseBaseUrl(name("URL"), get(`${upper}_URL`), d.baseUrl, problems);
+    const isEnabled = enabled === undefined || enabled.has(id);
+    if (isEnabled && d.keyRequired && key === undefined) {
+      warnings.push(`${id} is not configured: ${name("KEY")} is not set`);
+    }
+    return {
+      id,
+      kind: d.kind,
+      configured: isEnabled && (!d.keyRequired || key !== undefined),
+      supportsTimeWindow: d.supportsTimeWindow,
+      isDefault: parseBoolean(name("DEFAULT"), get(`${upper}_DEFAULT`), d.isDefault, problems),
+      priceUnits: parseInteger(name("PRICE_UNITS"), get(`${upper}_PRICE_UNITS`), d.priceUnits, 0, 1_000_000_000, problems),
+      weight: parseWeight(name("WEIGHT"), get(`${upper}_WEIGHT`), problems),
+      timeoutMs: parseInteger(name("TIMEOUT_MS"), get(`${upper}_TIMEOUT_MS`), d.timeoutMs, 50, 120_000, problems),
+      rate: parseRate(name("RATE"), get(`${upper}_RATE`), key !== undefined && d.keyedRate ? d.keyedRate : d.rate, problems),
+      baseUrl,
+      key,
+      order,
+    };
+  });
+
+  const known = new Set([
+    ...GLOBAL_SETTINGS,
+    ...SOURCE_IDS.flatMap((id) => PER_SOURCE_SETTINGS.map((s) => `${id.toUpperCase()}_${s}`)),
+  ]);
+  for (const variable of Object.keys(env).sort()) {
+    const rest = variable.slice("TYPESAFE_SEARCH_".length);
+    if (variable.startsWith("TYPESAFE_SEARCH_") && !known.has(rest)) {
+      warnings.push(`${variable} is not a known search setting and is ignored`);
+    }
+  }
+
+  if (problems.length > 0) throw new ConfigError(problems);
+  return { entries, userAgent, cacheEntries, warnings };
+}
+
+function parseEnabled(raw: string | undefined, problems: string[]): Set<SourceId> | undefined {
+  if (raw === undefined) return undefined;
+  if (raw.toLowerCase() === "none") return new Set();
+  const ids = raw.split(",").map((s) => s.trim()).filter((s) => s !== "");
+  const unknown = ids.filter((id) => !(SOURCE_IDS as readonly string[]).includes(id));
+  if (unknown.length > 0) {
+    problems.push(`TYPESAFE_SEARCH_SOURCES: unknown source ids ${unknown.map((u) => `"${u}"`).join(", ")}; allowed: ${SOURCE_IDS.join(", ")} (or "none")`);
+  }
+  return new Set(ids.filter((id): id is SourceId => (SOURCE_IDS as readonly string[]).includes(id)));
+}
+
+function parseBaseUrl(name: string, raw: string | undefined, fallback: string, problems: string[]): string {
+  if (raw === undefined) return fallback;
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    problems.push(`${name}: must be an absolute http(s) URL, got "${raw}"`);
+    return fallback;
+  }
+  if ((url.protocol !== "http:" && url.protocol !== "https:") || url.search !== "" || url.hash !== "" || url.username !== "") {
+    problems.push(`${name}: must be an http(s) URL without credentials, query or fragment, got "${raw}"`);
+    return fallback;
+  }
+  return url.href.replace(/\/+$/, "");
+}
+
+function parseInteger(name: string, raw: string | undefined, fallback: number, min: number, max: number, problems: string[]): number {
+  if (raw === undefined) return fallback;
+  const value = Number(raw);
+  if (!/^\d+$/.test(raw) || value < min || value > max) {
+    problems.push(`${name}: must be an integer between ${min} and ${max}, got "${raw}"`);
+    return fallback;
+  }
+  return value;
+}
+
+function parseBoolean(name: string, raw: string | undefined, fallback: boolean, problems: string[]): boolean {
+  if (raw === undefined) return fallback;
+  if (raw === "true") return true;
+  if (raw === "false") return false;
+  problems.push(`${name}: must be true or false, got "${raw}"`);
+  return fallback;
+}
+
+function parseWeight(name: string, raw: string | undefined, problems: string[]): number {
+  if (raw === undefined) return 1;
+  const value = Number(raw);
+  if (!/^\d+(\.\d+)?$/.test(raw) || !(value > 0) || value > 100) {
+    problems.push(`${name}: must be a number greater than 0 and at most 100, got "${raw}"`);
+    return 1;
+  }
+  return value;
+}
+
+const UNIT_MS: Record<string, number> = { s: SECOND, m: MINUTE, h: HOUR, d: DAY };
+
+function parseRate(name: string, raw: string | undefined, fallback: RateLimit, problems: string[]): RateLimit {
+  if (raw === undefined) return fallback;
+  const match = /^(\d+)\/(\d*)([smhd])$/.exec(raw);
+  const count = Number(match?.[1]);
+  const span = match?.[2] === "" ? 1 : Number(match?.[2]);
+  if (!match || !(count >= 1) || !(span >= 1)) {
+    problems.push(`${name}: must look like <count>/<n><s|m|h|d> with positive numbers, e.g. 10/1m, got "${raw}"`);
+    return fallback;
+  }
+  return { count, intervalMs: span * UNIT_MS[match[3]!]!, concurrency: fallback.concurrency };
+}

@@ -1,0 +1,62 @@
+import {
+  asArray, asNumber, asRecord, asString, callUpstream, endpoint, failForStatus, readJson, retryAfterMs, SourceFailure,
+  windowCutoffMs, type SearchSource, type SourceSettings,
+} from "./types.js";
+
+/**
+ * GitHub repository search. Under a window the query gets a
+ * `pushed:>=<cutoff>` qualifier, so published_at is `pushed_at`: the last
+ * push, i.e. recent activity rather than creation. A primary rate limit is a
+ * 403 or 429 with x-ratelimit-remaining 0 (wait until x-ratelimit-reset); a
+ * secondary one carries Retry-After. `incomplete_results` means GitHub's own
+ * search timed out: the items are still good, so the answer is ok with a note.
+ */
+export function createGitHubSource(settings: SourceSettings): SearchSource {
+  return {
+    id: "github",
+    version: 1,
+    async search(call) {
+      const url = endpoint(settings.baseUrl, "/search/repositories");
+      const cutoff = windowCutoffMs(call.window, call.nowMs);
+      const qualifier = cutoff === undefined ? "" : ` pushed:>=${new Date(cutoff).toISOString().replace(".000Z", "Z")}`;
+      url.searchParams.set("q", call.query + qualifier);
+      url.searchParams.set("per_page", "10");
+      const headers: Record<string, string> = {
+        Accept: "application/vnd.github+json",
+        "X-GitHub-Api-Version": "2022-11-28",
+      };
+      if (settings.key) headers["Authorization"] = `Bearer ${settings.key}`;
+      const res = await callUpstream(settings, url, call, { headers });
+      if ((res.status === 403 || res.status === 429) && isRateLimited(res.headers)) {
+        throw new SourceFailure("rate_limited", "upstream rate limit reached", {
+          retryAfterMs: retryAfterMs(res.headers, call.nowMs) ?? resetMs(res.headers, call.nowMs),
+        });
+      }
+      if (res.status === 422) throw new SourceFailure("error", "upstream rejected the search", { upstreamFault: false });
+      failForStatus(res, call.nowMs);
+      const body = asRecord(await readJson(res));
+      const items = asArray(body?.["items"]).map((raw) => {
+        const r = asRecord(raw) ?? {};
+        const facts = [`★ ${asNumber(r["stargazers_count"]) ?? 0}`, asString(r["language"])].filter((f) => f !== "");
+        const description = asString(r["description"]);
+        const pushed = asString(r["pushed_at"]);
+        return {
+          title: asString(r["full_name"]),
+          url: asString(r["html_url"]),
+          snippet: description === "" ? facts.join(" · ") : `${description} (${facts.join(" · ")})`,
+          publishedAt: pushed === "" ? null : pushed,
+        };
+      });
+      return body?.["incomplete_results"] === true ? { items, note: "upstream search timed out; results may be incomplete" } : { items };
+    },
+  };
+}
+
+function isRateLimited(headers: Headers): boolean {
+  return headers.get("x-ratelimit-remaining") === "0" || headers.has("retry-after");
+}
+
+function resetMs(headers: Headers, nowMs: number): number | undefined {
+  const reset = Number(headers.get("x-ratelimit-reset"));
+  return Number.isFinite(reset) && reset > 0 ? Math.max(1000, reset * 1000 - nowMs) : undefined;
+}

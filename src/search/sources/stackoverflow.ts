@@ -1,0 +1,77 @@
+import {
+  asArray, asNumber, asRecord, asString, callUpstream, endpoint, readJson, SourceFailure, windowCutoffMs,
+  type SearchSource, type SourceSettings,
+} from "./types.js";
+
+const DEFAULT_THROTTLE_MS = 180_000;
+
+/**
+ * Stack Exchange API 2.3, Stack Overflow. Titles arrive HTML-entity encoded
+ * (normalize decodes them); the default filter has no body, so the snippet is
+ * built from answered state, score and tags. The API asks clients to honour
+ * `backoff` and reports the daily `quota_remaining`; both become a pause of
+ * the source. Its throttle error is HTTP 400 with error_id 502.
+ */
+export function createStackOverflowSource(settings: SourceSettings): SearchSource {
+  return {
+    id: "stackoverflow",
+    version: 1,
+    async search(call) {
+      const url = endpoint(settings.baseUrl, "/2.3/search/advanced");
+      url.searchParams.set("q", call.query);
+      url.searchParams.set("site", "stackoverflow");
+      url.searchParams.set("sort", "relevance");
+      url.searchParams.set("order", "desc");
+      url.searchParams.set("pagesize", "10");
+      const cutoff = windowCutoffMs(call.window, call.nowMs);
+      if (cutoff !== undefined) url.searchParams.set("fromdate", String(Math.floor(cutoff / 1000)));
+      if (settings.key) url.searchParams.set("key", settings.key);
+      const res = await callUpstream(settings, url, call, { headers: { Accept: "application/json" } });
+      if (res.status === 429) throw new SourceFailure("rate_limited", "upstream rate limit reached", { retryAfterMs: DEFAULT_THROTTLE_MS });
+      const body = asRecord(await readJson(res));
+      const errorId = asNumber(body?.["error_id"]);
+      if (!res.ok || errorId !== undefined) throw classifyError(res.status, errorId, asString(body?.["error_message"]));
+
+      const pauses: number[] = [];
+      const backoff = asNumber(body?.["backoff"]);
+      if (backoff !== undefined && backoff > 0) pauses.push(backoff * 1000);
+      if (asNumber(body?.["quota_remaining"]) === 0) pauses.push(msUntilNextUtcMidnight(call.nowMs));
+      return {
+        items: asArray(body?.["items"]).map((raw) => {
+          const q = asRecord(raw) ?? {};
+          const created = asNumber(q["creation_date"]);
+          const tags = asArray(q["tags"]).map(asString).filter((t) => t !== "");
+          const answered = q["is_answered"] === true ? "answered" : "unanswered";
+          const facts = [answered, `score ${asNumber(q["score"]) ?? 0}`, `${asNumber(q["answer_count"]) ?? 0} answers`];
+          if (tags.length > 0) facts.push(`tags: ${tags.join(", ")}`);
+          return {
+            title: asString(q["title"]),
+            url: asString(q["link"]),
+            snippet: facts.join(" · "),
+            publishedAt: created === undefined ? null : new Date(created * 1000).toISOString(),
+          };
+        }),
+        ...(pauses.length > 0 ? { pauseMs: Math.max(...pauses) } : {}),
+      };
+    },
+  };
+}
+
+function classifyError(status: number, errorId: number | undefined, message: string): SourceFailure {
+  if (errorId === 502) {
+    const seconds = /available in (\d+) seconds/.exec(message)?.[1];
+    return new SourceFailure("rate_limited", "upstream rate limit reached", {
+      retryAfterMs: seconds ? Number(seconds) * 1000 : DEFAULT_THROTTLE_MS,
+    });
+  }
+  if (errorId === 401 || errorId === 402 || errorId === 403 || errorId === 405 || status === 401 || status === 403) {
+    return new SourceFailure("auth", "upstream refused our credentials");
+  }
+  if (errorId === 400) return new SourceFailure("error", "upstream rejected the search", { upstreamFault: false });
+  return new SourceFailure("error", `upstream answered HTTP ${status}`);
+}
+
+function msUntilNextUtcMidnight(nowMs: number): number {
+  const d = new Date(nowMs);
+  return Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), d.getUTCDate() + 1) - nowMs;
+}

@@ -1,0 +1,38 @@
+import type { SearchRequest } from "../gen/typesafe/search/v1/search_service_pb.js";
+import type { Violation } from "../validation.js";
+
+/** Every source id of the contract; the search engine knows which are configured. */
+export const SOURCE_IDS = ["brave", "exa", "wikipedia", "hackernews", "stackoverflow", "github", "arxiv", "gdelt"] as const;
+export type SourceId = (typeof SOURCE_IDS)[number];
+export const WINDOWS = ["any", "24h", "7d", "30d"] as const;
+export type SearchWindow = (typeof WINDOWS)[number];
+export const MAX_QUERY_CHARS = 300;
+
+/**
+ * The request rules of the search contract, checked before any money moves.
+ * The query length counts code points, so an emoji is one character.
+ */
+export function validateSearchRequest(request: SearchRequest): Violation[] {
+  const violations: Violation[] = [];
+  const length = [...request.q].length;
+  if (request.q.trim() === "") {
+    violations.push({ field: "q", rule: "is required: a non-empty query" });
+  } else if (length > MAX_QUERY_CHARS) {
+    violations.push({ field: "q", rule: `must be at most ${MAX_QUERY_CHARS} characters, got ${length}` });
+  }
+  if (request.w !== "" && !(WINDOWS as readonly string[]).includes(request.w)) {
+    violations.push({ field: "w", rule: `must be one of ${WINDOWS.join(", ")}` });
+  }
+  const unknown = request.s.filter((id) => !(SOURCE_IDS as readonly string[]).includes(id));
+  if (unknown.length > 0) {
+    violations.push({
+      field: "s",
+      rule: `unknown source ids ${unknown.map((id) => JSON.stringify(id)).join(", ")}; allowed: ${SOURCE_IDS.join(", ")}`,
+    });
+  }
+  const duplicate = request.s.find((id, index) => request.s.indexOf(id) !== index);
+  if (duplicate !== undefined) {
+    violations.push({ field: "s", rule: `lists "${duplicate}" twice` });
+  }
+  return violations;
+}

@@ -1,0 +1,105 @@
+import http from "node:http";
+import http2 from "node:http2";
+import net from "node:net";
+import type { ConnectRouter, Interceptor } from "@connectrpc/connect";
+import { connectNodeAdapter, type ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
+import type { Logger } from "./logger.js";
+
+/** The HTTP/2 client preface starts with these bytes; no HTTP/1.1 method does. */
+const H2_PREFACE_START = Buffer.from("PRI ");
+
+export interface ServerOptions {
+  routes: (router: ConnectRouter) => void;
+  /** Handles every path the router does not (the JSON gateway). */
+  fallback: NonNullable<ConnectNodeAdapterOptions["fallback"]>;
+  interceptors: Interceptor[];
+  maxBodyBytes: number;
+  logger: Logger;
+}
+
+export interface RunningServer {
+  port: number;
+  url: string;
+  /** Aborted when shutdown begins; handlers pass it on to their work. */
+  shutdownSignal: AbortSignal;
+  /** Stops accepting, lets in-flight calls finish within graceMs, then drops what is left. */
+  close(graceMs: number): Promise<void>;
+}
+
+/**
+ * One port for every client: a net.Server looks at the first bytes of each
+ * connection and hands it to an HTTP/2 server (gRPC, Connect, gRPC-Web over
+ * h2c with prior knowledge) or an HTTP/1.1 server (Connect, gRPC-Web, the
+ * JSON gateway). Both use the same Connect handler. Node's `allowHTTP1` only
+ * works with TLS, hence the sniffing.
+ */
+export async function startServer(options: ServerOptions, host: string, port: number): Promise<RunningServer> {
+  const shutdown = new AbortController();
+  const handler = connectNodeAdapter({
+    routes: options.routes,
+    fallback: options.fallback,
+    interceptors: options.interceptors,
+    readMaxBytes: options.maxBodyBytes,
+    shutdownSignal: shutdown.signal,
+  });
+  const http1 = http.createServer({ keepAliveTimeout: 5_000 }, handler);
+  const h2 = http2.createServer({}, handler);
+  const sockets = new Set<net.Socket>();
+  const sessions = new Set<http2.ServerHttp2Session>();
+  h2.on("session", (session) => {
+    sessions.add(session);
+    session.on("close", () => sessions.delete(session));
+  });
+  for (const server of [http1, h2]) {
+    server.on("clientError", (_err: Error, socket: net.Socket) => socket.destroy());
+  }
+
+  const front = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on("close", () => sockets.delete(socket));
+    socket.on("error", () => socket.destroy());
+    let head = Buffer.alloc(0);
+    const onData = (chunk: Buffer) => {
+      head = Buffer.concat([head, chunk]);
+      if (head.length < H2_PREFACE_START.length && H2_PREFACE_START.subarray(0, head.length).equals(head)) return;
+      socket.off("data", onData);
+      socket.pause();
+      socket.unshift(head);
+      if (head.subarray(0, H2_PREFACE_START.length).equals(H2_PREFACE_START)) {
+        // The HTTP/2 session reads the bytes already buffered on the socket itself.
+        h2.emit("connection", socket);
+      } else {
+        http1.emit("connection", socket);
+        socket.resume();
+      }
+    };
+    socket.on("data", onData);
+  });
+
+  await new Promise<void>((resolve, reject) => {
+    front.once("error", reject);
+    front.listen(port, host, () => resolve());
+  });
+  const address = front.address() as net.AddressInfo;
+  const displayHost = address.family === "IPv6" ? `[${address.address}]` : address.address;
+
+  return {
+    port: address.port,
+    url: `http://${displayHost}:${address.port}`,
+    shutdownSignal: shutdown.signal,
+    async close(graceMs) {
+      const closed = new Promise<void>((resolve) => front.close(() => resolve()));
+      http1.close();
+      http1.closeIdleConnections();
+      for (const session of sessions) session.close();
+      const deadline = setTimeout(() => {
+        shutdown.abort(new Error("server shutting down"));
+        for (const socket of sockets) socket.destroy();
+      }, graceMs);
+      deadline.unref();
+      await closed;
+      clearTimeout(deadline);
+      shutdown.abort(new Error("server shut down"));
+    },
+  };
+}

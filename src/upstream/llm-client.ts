@@ -1,0 +1,385 @@
+import type { LlmConfig } from "../config.js";
+import type { Logger } from "../logger.js";
+import { postWithRetry, UpstreamError, type HttpResponse } from "./http.js";
+
+/**
+ * A client for OpenAI-compatible Chat Completions, shaped for reading one
+ * next-token distribution per call. It owns what differs between servers:
+ * the capability probe (cached once per client, i.e. once per process and
+ * upstream model), the request fields each server accepts, the per-process
+ * cap on concurrent calls, and the usage-reporting quirks.
+ */
+export interface LlmClient {
+  /** Probes once and caches; concurrent callers share one probe. A failed probe is not cached. */
+  capabilities(options: CallOptions): Promise<LlmCapabilities>;
+  complete(request: ChatRequest, options: CallOptions): Promise<ChatCompletion>;
+}
+
+export interface LlmCapabilities {
+  /** Logprobs are accepted and come back non-empty and non-degenerate. */
+  logprobs: boolean;
+  /** The `top_logprobs` value the server accepted. */
+  topLogprobs: number;
+  maxTokensField: "max_tokens" | "max_completion_tokens";
+  /** The server accepts `chat_template_kwargs: {enable_thinking: false}`. */
+  thinkingSwitch: boolean;
+  /** The server accepts `response_format: {type: "json_schema"}` (probed only without logprobs). */
+  jsonSchema: boolean;
+}
+
+export interface ChatMessage {
+  role: "system" | "user";
+  content: string;
+}
+
+export type ChatRequest =
+  | { kind: "logprobs"; messages: ChatMessage[]; cacheKey?: string }
+  | { kind: "json"; messages: ChatMessage[]; schema: Record<string, unknown>; maxTokens: number; cacheKey?: string };
+
+export interface CallOptions {
+  signal: AbortSignal;
+  deadlineMs: number;
+}
+
+export interface TokenLogprob {
+  token: string;
+  logprob: number;
+}
+
+export interface ChatUsage {
+  /** All prompt tokens, cached ones included. */
+  promptTokens: number;
+  cachedTokens: number;
+  completionTokens: number;
+}
+
+export interface ChatCompletion {
+  content: string;
+  /** The sampled first token, when logprobs were asked for. */
+  firstToken: TokenLogprob | undefined;
+  /** The window of alternatives at the first position. */
+  topLogprobs: TokenLogprob[] | undefined;
+  /** Absent when the server reported none; the caller estimates. */
+  usage: ChatUsage | undefined;
+  /** The model refused (a `refusal` message or a content filter stop). */
+  refused: boolean;
+}
+
+export type LlmCallErrorCode = "timeout" | "upstream_error" | "rejected" | "aborted";
+
+/** A failed call. The message is fixed text: no upstream body ever goes in it. */
+export class LlmCallError extends Error {
+  constructor(
+    readonly code: LlmCallErrorCode,
+    readonly retryable: boolean,
+    readonly status?: number,
+  ) {
+    super(status === undefined ? `llm call failed: ${code}` : `llm call failed: ${code} (HTTP ${status})`);
+    this.name = "LlmCallError";
+  }
+}
+
+const PROBE_MESSAGES: ChatMessage[] = [
+  { role: "system", content: "Capability check. Reply with one word." },
+  { role: "user", content: "Reply with the word yes." },
+];
+const PREFERRED_TOP_LOGPROBS = 20;
+const FALLBACK_TOP_LOGPROBS = 5;
+const MAX_PROBE_ATTEMPTS = 6;
+
+export function createLlmClient(deps: { config: LlmConfig; logger: Logger }): LlmClient {
+  const { config, logger } = deps;
+  const baseUrl = config.baseUrl;
+  const semaphore = createSemaphore(config.maxConcurrentCalls);
+  /** OpenAI proper documents `prompt_cache_key`; other servers may reject unknown fields. */
+  const sendsCacheKey = baseUrl !== undefined && /^https:\/\/api\.openai\.com\b/.test(baseUrl);
+  let probed: Promise<LlmCapabilities> | undefined;
+
+  async function post(body: Record<string, unknown>, options: CallOptions, maxRetries: number): Promise<HttpResponse> {
+    if (baseUrl === undefined) throw new LlmCallError("rejected", false);
+    const release = await semaphore.acquire(options.signal);
+    if (!release) throw new LlmCallError("aborted", false);
+    try {
+      return await postWithRetry(
+        {
+          url: `${baseUrl}/chat/completions`,
+          headers: config.apiKey ? { authorization: `Bearer ${config.apiKey}` } : {},
+          body: JSON.stringify({ model: config.model, ...body }),
+        },
+        { signal: options.signal, deadlineMs: options.deadlineMs, attemptTimeoutMs: config.callTimeoutMs, maxRetries },
+      );
+    } catch (err) {
+      if (err instanceof UpstreamError) {
+        if (err.kind === "aborted") throw new LlmCallError("aborted", false);
+        throw new LlmCallError(err.kind === "timeout" ? "timeout" : "upstream_error", true);
+      }
+      throw err;
+    } finally {
+      release();
+    }
+  }
+
+  async function probe(options: CallOptions): Promise<LlmCapabilities> {
+    const caps: LlmCapabilities = {
+      logprobs: true,
+      topLogprobs: PREFERRED_TOP_LOGPROBS,
+      maxTokensField: "max_tokens",
+      thinkingSwitch: true,
+      jsonSchema: false,
+    };
+    for (let attempt = 0; attempt < MAX_PROBE_ATTEMPTS; attempt++) {
+      const body: Record<string, unknown> = {
+        messages: PROBE_MESSAGES,
+        [caps.maxTokensField]: caps.logprobs ? 1 : 16,
+        temperature: 1,
+        top_p: 1,
+        ...(caps.logprobs ? { logprobs: true, top_logprobs: caps.topLogprobs } : {}),
+        ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
+      };
+      const response = await post(body, options, config.maxRetries);
+      if (response.status >= 200 && response.status < 300) {
+        if (caps.logprobs) {
+          const parsed = parseCompletion(response.text);
+          const window = parsed?.topLogprobs ?? [];
+          // Accepted but empty (jundot/omlx#1549) or a one-entry window (a post-sampling report): unusable.
+          if (window.length < 2) {
+            caps.logprobs = false;
+            continue;
+          }
+          return caps;
+        }
+        return { ...caps, jsonSchema: await probeJsonSchema(caps, options) };
+      }
+      if (response.status === 401 || (response.status === 403 && !/logprob/i.test(response.text))) {
+        throw new LlmCallError("upstream_error", false, response.status);
+      }
+      if (response.status >= 500 || response.status === 429 || response.status === 408) {
+        throw new LlmCallError("upstream_error", true, response.status);
+      }
+      if (!adjustAfterRejection(caps, response.text)) break;
+    }
+    throw new LlmCallError("rejected", false);
+  }
+
+  async function probeJsonSchema(caps: LlmCapabilities, options: CallOptions): Promise<boolean> {
+    const response = await post(
+      {
+        messages: PROBE_MESSAGES,
+        [caps.maxTokensField]: 32,
+        ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
+        response_format: jsonSchemaFormat({ type: "object", properties: { yes: { type: "number" } }, required: ["yes"], additionalProperties: false }),
+      },
+      options,
+      config.maxRetries,
+    );
+    return response.status >= 200 && response.status < 300;
+  }
+
+  return {
+    capabilities(options) {
+      // The probe runs on its own signal so that one caller going away does not fail it for the others.
+      probed ??= probe({ signal: new AbortController().signal, deadlineMs: Date.now() + config.requestTimeoutMs }).then(
+        (caps) => {
+          logger.info("llm capabilities probed", { ...caps });
+          return caps;
+        },
+        (err: unknown) => {
+          probed = undefined;
+          throw err;
+        },
+      );
+      return raceAbort(probed, options.signal);
+    },
+
+    async complete(request, options) {
+      const caps = await this.capabilities(options);
+      const common: Record<string, unknown> = {
+        messages: request.messages,
+        ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
+        ...(sendsCacheKey && request.cacheKey ? { prompt_cache_key: request.cacheKey } : {}),
+      };
+      const body: Record<string, unknown> =
+        request.kind === "logprobs"
+          ? { ...common, [caps.maxTokensField]: 1, temperature: 1, top_p: 1, logprobs: true, top_logprobs: caps.topLogprobs }
+          : {
+              ...common,
+              [caps.maxTokensField]: caps.maxTokensField === "max_completion_tokens" ? Math.max(request.maxTokens, 2_048) : request.maxTokens,
+              ...(caps.jsonSchema ? { response_format: jsonSchemaFormat(request.schema) } : {}),
+            };
+      const response = await post(body, options, config.maxRetries);
+      if (response.status < 200 || response.status >= 300) {
+        logger.warn("llm call failed", { status: response.status, attempts: response.attempts });
+        const retryable = response.status === 408 || response.status === 429 || response.status >= 500;
+        throw new LlmCallError(retryable || response.status === 401 || response.status === 403 ? "upstream_error" : "rejected", retryable, response.status);
+      }
+      const parsed = parseCompletion(response.text);
+      if (!parsed) throw new LlmCallError("upstream_error", true, response.status);
+      return parsed;
+    },
+  };
+}
+
+/**
+ * Changes one probe setting after a 4xx, reading the rejection only for the
+ * name of the field it complains about. Returns false when nothing is left to
+ * try. The text is inspected here and dropped; it is never logged.
+ */
+function adjustAfterRejection(caps: LlmCapabilities, text: string): boolean {
+  const said = text.toLowerCase();
+  if (caps.thinkingSwitch && /chat_template_kwargs|enable_thinking/.test(said)) {
+    caps.thinkingSwitch = false;
+    return true;
+  }
+  if (caps.maxTokensField === "max_tokens" && said.includes("max_completion_tokens")) {
+    caps.maxTokensField = "max_completion_tokens";
+    return true;
+  }
+  if (caps.logprobs && said.includes("top_logprobs") && caps.topLogprobs > FALLBACK_TOP_LOGPROBS && !/not (supported|allowed)/.test(said)) {
+    caps.topLogprobs = FALLBACK_TOP_LOGPROBS;
+    return true;
+  }
+  if (caps.logprobs && said.includes("logprob")) {
+    caps.logprobs = false;
+    return true;
+  }
+  // An unnamed complaint: drop the optional fields one at a time, the most exotic first.
+  if (caps.thinkingSwitch) {
+    caps.thinkingSwitch = false;
+    return true;
+  }
+  if (caps.logprobs) {
+    caps.logprobs = false;
+    return true;
+  }
+  return false;
+}
+
+function jsonSchemaFormat(schema: Record<string, unknown>): Record<string, unknown> {
+  return { type: "json_schema", json_schema: { name: "distribution", strict: true, schema } };
+}
+
+/** Reads the parts of a chat completion we use; undefined when the body is not one. */
+export function parseCompletion(text: string): ChatCompletion | undefined {
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+  if (!isRecord(json) || !Array.isArray(json.choices)) return undefined;
+  const choice: unknown = json.choices[0];
+  if (!isRecord(choice)) return undefined;
+  const message = isRecord(choice.message) ? choice.message : {};
+  const content = typeof message.content === "string" ? message.content : "";
+  const refused = (typeof message.refusal === "string" && message.refusal !== "") || choice.finish_reason === "content_filter";
+  let firstToken: TokenLogprob | undefined;
+  let topLogprobs: TokenLogprob[] | undefined;
+  const logprobs = isRecord(choice.logprobs) ? choice.logprobs : undefined;
+  const first: unknown = Array.isArray(logprobs?.content) ? logprobs.content[0] : undefined;
+  if (isRecord(first)) {
+    firstToken = toTokenLogprob(first);
+    topLogprobs = Array.isArray(first.top_logprobs) ? first.top_logprobs.map(toTokenLogprob).filter((t) => t !== undefined) : [];
+  }
+  return { content, firstToken, topLogprobs, usage: readUsage(json), refused };
+}
+
+function toTokenLogprob(value: unknown): TokenLogprob | undefined {
+  if (!isRecord(value) || typeof value.token !== "string") return undefined;
+  const logprob = typeof value.logprob === "number" ? value.logprob : Number.NEGATIVE_INFINITY;
+  return { token: value.token, logprob };
+}
+
+/**
+ * Usage with the known quirks folded in: `prompt_tokens` includes cached
+ * tokens on OpenAI, xAI and current llama.cpp, but older llama-server counts
+ * only new tokens and reports the cached ones as `timings.cache_n`
+ * (ollama/ollama#16414), and some servers report a cached count larger than
+ * the prompt count, which means it was excluded.
+ */
+export function readUsage(json: Record<string, unknown>): ChatUsage | undefined {
+  const usage = isRecord(json.usage) ? json.usage : undefined;
+  const promptTokens = count(usage?.prompt_tokens);
+  if (!usage || promptTokens === undefined) return undefined;
+  const details = isRecord(usage.prompt_tokens_details) ? usage.prompt_tokens_details : undefined;
+  let cachedTokens = count(details?.cached_tokens);
+  let total = promptTokens;
+  const timings = isRecord(json.timings) ? json.timings : undefined;
+  const cacheN = count(timings?.cache_n);
+  if (cachedTokens === undefined && cacheN !== undefined && cacheN > 0) {
+    cachedTokens = cacheN;
+    if (count(timings?.prompt_n) === promptTokens) total = promptTokens + cacheN;
+  }
+  cachedTokens ??= 0;
+  if (cachedTokens > total) total += cachedTokens;
+  return { promptTokens: total, cachedTokens, completionTokens: count(usage.completion_tokens) ?? 0 };
+}
+
+function count(value: unknown): number | undefined {
+  return typeof value === "number" && Number.isInteger(value) && value >= 0 ? value : undefined;
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** Settles with `promise`, or rejects as aborted as soon as `signal` fires. */
+function raceAbort<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(new LlmCallError("aborted", false));
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(new LlmCallError("aborted", false));
+    signal.addEventListener("abort", onAbort, { once: true });
+    promise.then(
+      (value) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (err: unknown) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(err);
+      },
+    );
+  });
+}
+
+/** A counting semaphore whose waiters give up when their signal aborts. */
+function createSemaphore(limit: number) {
+  let active = 0;
+  const waiters: Array<() => void> = [];
+  const release = () => {
+    active -= 1;
+    const next = waiters.shift();
+    if (next) next();
+  };
+  return {
+    acquire(signal: AbortSignal): Promise<(() => void) | undefined> {
+      if (signal.aborted) return Promise.resolve(undefined);
+      if (active < limit) {
+        active += 1;
+        return Promise.resolve(once(release));
+      }
+      return new Promise((resolve) => {
+        const grant = () => {
+          signal.removeEventListener("abort", onAbort);
+          active += 1;
+          resolve(once(release));
+        };
+        const onAbort = () => {
+          const index = waiters.indexOf(grant);
+          if (index >= 0) waiters.splice(index, 1);
+          resolve(undefined);
+        };
+        waiters.push(grant);
+        signal.addEventListener("abort", onAbort, { once: true });
+      });
+    },
+  };
+}
+
+function once(fn: () => void): () => void {
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    fn();
+  };
+}

@@ -1,0 +1,54 @@
+import type { Knex } from "knex";
+import { startApp, type App } from "../../src/app.js";
+import { createAccount, createApiKey } from "../../src/accounts/store.js";
+import { loadConfig } from "../../src/config.js";
+import { createLogger } from "../../src/logger.js";
+import type { TestDatabase } from "./database.js";
+
+export interface TestApp {
+  app: App;
+  url: string;
+  stop(): Promise<void>;
+}
+
+/** The real service, in-process on port 0, against a test database, with extra environment. */
+export async function startTestApp(database: TestDatabase, env: Record<string, string> = {}): Promise<TestApp> {
+  const config = loadConfig({
+    PORT: "0",
+    TYPESAFE_LOG_LEVEL: "silent",
+    TYPESAFE_SHUTDOWN_GRACE_MS: "2000",
+    ...env,
+    DATABASE_URL: database.url,
+  });
+  const app = await startApp(config, createLogger(config.logLevel));
+  return { app, url: app.server.url, stop: () => app.stop() };
+}
+
+/** A fresh account with one key; money in integer units. */
+export async function createTestAccount(
+  db: Knex,
+  init: { units?: number; freeRequests?: number; name?: string } = {},
+): Promise<{ accountId: string; apiKey: string; keyId: string }> {
+  const account = await createAccount(db, { name: init.name ?? "test", units: init.units ?? 0, freeRequests: init.freeRequests ?? 0 });
+  const { apiKey, keyId } = await createApiKey(db, account.id);
+  return { accountId: account.id, apiKey, keyId };
+}
+
+/** POSTs JSON (or a raw string body) and returns status, headers and the parsed envelope. */
+export async function postJson(
+  url: string,
+  body: unknown,
+  init: { apiKey?: string; headers?: Record<string, string>; signal?: AbortSignal } = {},
+): Promise<{ status: number; headers: Headers; body: { code: number; message: string; data: Record<string, unknown> } }> {
+  const response = await fetch(url, {
+    method: "POST",
+    headers: {
+      "content-type": "application/json",
+      ...(init.apiKey ? { authorization: `Bearer ${init.apiKey}` } : {}),
+      ...init.headers,
+    },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+    signal: init.signal,
+  });
+  return { status: response.status, headers: response.headers, body: await response.json() };
+}

@@ -1,0 +1,76 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import path from "node:path";
+
+const root = path.resolve(import.meta.dirname, "../..");
+const tsx = path.join(root, "node_modules/.bin/tsx");
+
+/** Runs the operator CLI like `npm run --silent admin -- ...` and returns its exit code and output. */
+export function runAdmin(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(tsx, ["src/admin/cli.ts", ...args], { cwd: root, env: { ...cleanEnv(), ...env } });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk));
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk));
+    child.on("error", reject);
+    child.on("close", (code) => resolve({ code: code ?? -1, stdout, stderr }));
+  });
+}
+
+export interface ServiceProcess {
+  child: ChildProcess;
+  url: string;
+  /** Every log line so far. */
+  logs: string[];
+  stop(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+/** Starts `src/main.ts` as its own process and resolves once it logs that it listens. */
+export function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(tsx, ["src/main.ts"], { cwd: root, env: { ...cleanEnv(), PORT: "0", ...env } });
+    const logs: string[] = [];
+    let buffered = "";
+    const exited = new Promise<number | null>((done) => child.on("exit", (code) => done(code)));
+    child.stdout.on("data", (chunk: Buffer) => {
+      buffered += chunk.toString();
+      const lines = buffered.split("\n");
+      buffered = lines.pop()!;
+      for (const line of lines) {
+        logs.push(line);
+        const entry = safeParse(line);
+        if (entry?.["msg"] === "listening") {
+          resolve({
+            child,
+            url: String(entry["url"]),
+            logs,
+            stop: async (signal = "SIGTERM") => {
+              child.kill(signal);
+              return exited;
+            },
+          });
+        }
+      }
+    });
+    child.stderr.on("data", (chunk: Buffer) => logs.push(chunk.toString()));
+    child.on("error", reject);
+    void exited.then((code) => reject(new Error(`service exited with ${code}: ${logs.join("\n")}`)));
+  });
+}
+
+function safeParse(line: string): Record<string, unknown> | undefined {
+  try {
+    return JSON.parse(line) as Record<string, unknown>;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The parent's environment without the database and typesafe settings, so tests choose them. */
+function cleanEnv(): Record<string, string> {
+  return Object.fromEntries(
+    Object.entries(process.env).filter(
+      (e): e is [string, string] => e[1] !== undefined && e[0] !== "DATABASE_URL" && !e[0].startsWith("TYPESAFE_"),
+    ),
+  );
+}
