@@ -29,11 +29,16 @@ export interface App {
  * listens. Nothing here runs on import.
  */
 export async function startApp(config: Config, logger: Logger): Promise<App> {
-  const database = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, logger });
+  const database = await openDatabase({
+    databaseUrl: config.databaseUrl,
+    dataDir: config.dataDir,
+    poolMax: config.dbPoolMax,
+    logger,
+  });
   const { db } = database;
   const meter = createMeter({ db, config: config.metering, logger });
-  const decision = createDecisionService({ db, meter });
-  const search = createSearchService({ db, meter });
+  const decision = createDecisionService({ db, meter, llm: config.llm, logger });
+  const search = createSearchService({ db, meter, config: config.search, logger });
 
   const isReady = async () => {
     await db.raw("SELECT 1");

@@ -12,6 +12,8 @@ export interface Config {
   databaseUrl: string | undefined;
   /** Folder of the embedded store (and its socket file). */
   dataDir: string;
+  /** Connections to an external PostgreSQL (the embedded store always uses one). */
+  dbPoolMax: number;
   logLevel: LogLevel | "silent";
   /** How long SIGTERM waits for in-flight calls before releasing their holds. */
   shutdownGraceMs: number;
@@ -89,6 +91,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     port: int("PORT", 8080, 0, 65535),
     databaseUrl: str("DATABASE_URL"),
     dataDir: path.resolve(cwd, str("TYPESAFE_DATA_DIR") ?? ".typesafe-data"),
+    dbPoolMax: int("TYPESAFE_DB_POOL_MAX", 10, 2, 1000),
     logLevel,
     shutdownGraceMs: int("TYPESAFE_SHUTDOWN_GRACE_MS", 10_000),
     maxBodyBytes: 96 * 1024,

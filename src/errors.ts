@@ -1,5 +1,6 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
+import { isDatabaseUnavailable } from "./db/unavailable.js";
 import { ErrorDetailSchema, type ErrorDetail } from "./gen/typesafe/error/v1/error_pb.js";
 
 /**
@@ -67,6 +68,9 @@ export function describeError(err: unknown): { reason: Reason; detail: ErrorDeta
     if (reason) {
       return { reason, detail: create(ErrorDetailSchema, { reason }), message: err.rawMessage };
     }
+  }
+  if (isDatabaseUnavailable(err)) {
+    return { reason: "UNAVAILABLE", detail: create(ErrorDetailSchema, { reason: "UNAVAILABLE" }), message: "the database is unreachable; retry later" };
   }
   return { reason: "INTERNAL", detail: create(ErrorDetailSchema, { reason: "INTERNAL" }), message: "internal error" };
 }

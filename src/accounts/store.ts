@@ -1,4 +1,5 @@
 import type { Knex } from "knex";
+import { grant as meteringGrant } from "../metering/ledger.js";
 import { displayPrefix, generateApiKey, hashApiKey } from "./api-keys.js";
 
 /** A row of `accounts`; money columns are integer units. */
@@ -33,26 +34,16 @@ export async function createAccount(
   });
 }
 
-/** Adds credits (units) and free requests to an account, recording each grant in the ledger. */
+/** Adds credits (units) and free requests to an account, with their ledger rows (metering_grant). */
 export async function grant(
   db: Knex | Knex.Transaction,
   accountId: string,
   units: number,
   freeRequests: number,
 ): Promise<DbAccountRow | undefined> {
-  const apply = async (tx: Knex.Transaction) => {
-    const updated = await tx("accounts")
-      .where({ id: accountId })
-      .increment({ balance: units, free_remaining: freeRequests })
-      .returning("id");
-    if (updated.length === 0) return undefined;
-    const entries = [];
-    if (units > 0) entries.push({ account_id: accountId, kind: "grant", amount: units });
-    if (freeRequests > 0) entries.push({ account_id: accountId, kind: "free_grant", free_units: freeRequests });
-    if (entries.length > 0) await tx("ledger").insert(entries);
-    return findAccount(tx, accountId);
-  };
-  return db.isTransaction ? apply(db as Knex.Transaction) : db.transaction(apply);
+  if (!isUuid(accountId)) return undefined;
+  const granted = await meteringGrant(db, { accountId, units, freeRequests });
+  return granted && findAccount(db, accountId);
 }
 
 export async function findAccount(db: Knex | Knex.Transaction, accountId: string): Promise<DbAccountRow | undefined> {

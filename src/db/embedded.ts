@@ -14,10 +14,10 @@ export interface EmbeddedStore {
  * dataDir/socket.json so the operator CLI can reach the running store
  * (PGlite's folder cannot be opened by two processes).
  */
-export async function openEmbeddedStore(dataDir: string, logger: Logger): Promise<EmbeddedStore> {
+export async function openEmbeddedStore(dataDir: string, logger: Logger, maxConnections = 16): Promise<EmbeddedStore> {
   await fs.mkdir(dataDir, { recursive: true });
   const pglite = await PGlite.create(dataDir);
-  const server = new PGLiteSocketServer({ db: pglite, host: "127.0.0.1", port: 0, maxConnections: 16 });
+  const server = new PGLiteSocketServer({ db: pglite, host: "127.0.0.1", port: 0, maxConnections });
   await server.start();
   const url = `postgres://postgres@${server.getServerConn()}/postgres?sslmode=disable`;
   await fs.writeFile(socketFilePath(dataDir), JSON.stringify({ url, pid: process.pid }), { mode: 0o600 });

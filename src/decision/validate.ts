@@ -6,7 +6,7 @@ export const SUPPORTED_MODEL = "typesafe/service-1.13";
 export const MAX_QUESTIONS = 40;
 /** Two stages of 26 letters each bound what a choice can list. */
 export const MAX_CHOICE_OPTIONS = 26 * 26;
-/** Letters 0-9 then A-P keep every score label a single token. */
+/** Digits 0-9 up to 10 labels, letters A-Z from 11 to 26: every score label stays a single token. */
 export const MAX_SCORE_LABELS = 26;
 const MAX_KEY_LENGTH = 128;
 const QUESTION_TYPES = ["noul", "choice", "score"];

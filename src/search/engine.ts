@@ -138,7 +138,7 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
         ? { status: "suspended", reason: suspendedReason(admission.retryInMs), called: false }
         : { status: "rate_limited", reason: "provider budget exhausted; no call made", called: false };
     }
-    const timeoutMs = Math.max(1, Math.min(entry.timeoutMs, budget()));
+    const timeoutMs = Math.max(1, Math.floor(Math.min(entry.timeoutMs, budget())));
     const timeout = AbortSignal.timeout(timeoutMs);
     try {
       return await call(entry, query, window, tMs, key, timeoutMs, timeout, signal);
@@ -171,9 +171,13 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
         logger.warn("search source failed", { source: entry.id, kind: err.kind, reason: err.reason });
         return { status: err.kind === "rate_limited" ? "rate_limited" : "error", reason: err.reason, called: true };
       }
-      if (timeout.aborted || signal.aborted) {
+      if (timeout.aborted) {
         gate.recordFailure(entry.id);
         return { status: "timeout", reason: `no answer within ${timeoutMs} ms`, called: true };
+      }
+      if (signal.aborted) {
+        // Every waiting caller left: not the upstream's fault, so no failure is counted.
+        return { status: "timeout", reason: "the search was cancelled before this source answered", called: true };
       }
       gate.recordFailure(entry.id);
       logger.error("search source adapter failed unexpectedly", { source: entry.id, err });

@@ -89,7 +89,9 @@ export function cleanUrl(raw: string): URL | null {
 /** ISO-8601 UTC without milliseconds, or null when absent or unreadable. */
 export function cleanDate(raw: string | null): string | null {
   if (raw === null || raw.trim() === "") return null;
-  const ms = Date.parse(raw);
+  const text = raw.trim();
+  // An ISO date-time without a zone is UTC here (Brave's page_age); Date.parse would read it as local time.
+  const ms = Date.parse(/^\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d(\.\d+)?)?$/.test(text) ? `${text}Z` : text);
   if (Number.isNaN(ms)) return null;
   return new Date(ms).toISOString().replace(".000Z", "Z");
 }

@@ -107,6 +107,8 @@ export function createRateGate(opts: { limits: Record<string, RateLimit>; now: (
     },
     recordFailure(id) {
       const state = stateOf(id);
+      // Calls that were in flight when the suspension began fail together: one step, not one per call.
+      if (now() < state.suspendedUntil) return 0;
       state.failuresInRow += 1;
       if (state.failuresInRow < FAILURES_BEFORE_SUSPENSION) return 0;
       const doublings = Math.min(10, state.failuresInRow - FAILURES_BEFORE_SUSPENSION);

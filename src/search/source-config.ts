@@ -15,6 +15,7 @@ import { SOURCE_IDS, type SourceId } from "./validate.js";
  *   TYPESAFE_SEARCH_<ID>_WEIGHT       fusion weight, > 0 (default 1)
  *   TYPESAFE_SEARCH_<ID>_TIMEOUT_MS   per-call timeout
  *   TYPESAFE_SEARCH_<ID>_RATE         process-wide call budget "<count>/<n><s|m|h|d>", e.g. 10/1m
+ *   TYPESAFE_SEARCH_<ID>_CONCURRENCY  process-wide calls in flight at once
  * Global:
  *   TYPESAFE_SEARCH_SOURCES           comma list of enabled ids, or "none"; unset = all eight
  *   TYPESAFE_SEARCH_CONTACT           contact put in the User-Agent (Wikimedia and GDELT require one)
@@ -115,7 +116,7 @@ const DEFAULTS: Record<SourceId, Defaults> = {
   },
 };
 
-const PER_SOURCE_SETTINGS = ["KEY", "URL", "PRICE_UNITS", "DEFAULT", "WEIGHT", "TIMEOUT_MS", "RATE"];
+const PER_SOURCE_SETTINGS = ["KEY", "URL", "PRICE_UNITS", "DEFAULT", "WEIGHT", "TIMEOUT_MS", "RATE", "CONCURRENCY"];
 /** Variables of the TYPESAFE_SEARCH_ namespace read elsewhere (config.ts). */
 const GLOBAL_SETTINGS = ["SOURCES", "CONTACT", "CACHE_ENTRIES", "REQUEST_TIMEOUT_MS"];
 
@@ -157,7 +158,10 @@ export function parseSourceCatalog(env: Record<string, string>): SourceCatalog {
       priceUnits: parseInteger(name("PRICE_UNITS"), get(`${upper}_PRICE_UNITS`), d.priceUnits, 0, 1_000_000_000, problems),
       weight: parseWeight(name("WEIGHT"), get(`${upper}_WEIGHT`), problems),
       timeoutMs: parseInteger(name("TIMEOUT_MS"), get(`${upper}_TIMEOUT_MS`), d.timeoutMs, 50, 120_000, problems),
-      rate: parseRate(name("RATE"), get(`${upper}_RATE`), key !== undefined && d.keyedRate ? d.keyedRate : d.rate, problems),
+      rate: {
+        ...parseRate(name("RATE"), get(`${upper}_RATE`), key !== undefined && d.keyedRate ? d.keyedRate : d.rate, problems),
+        concurrency: parseInteger(name("CONCURRENCY"), get(`${upper}_CONCURRENCY`), d.rate.concurrency, 1, 1000, problems),
+      },
       baseUrl,
       key,
       order,

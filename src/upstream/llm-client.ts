@@ -28,7 +28,7 @@ export interface LlmCapabilities {
 }
 
 export interface ChatMessage {
-  role: "system" | "user";
+  role: "system" | "user" | "assistant";
   content: string;
 }
 
@@ -175,24 +175,26 @@ export function createLlmClient(deps: { config: LlmConfig; logger: Logger }): Ll
     return response.status >= 200 && response.status < 300;
   }
 
+  function capabilities(options: CallOptions): Promise<LlmCapabilities> {
+    // The probe runs on its own signal so that one caller going away does not fail it for the others.
+    probed ??= probe({ signal: new AbortController().signal, deadlineMs: Date.now() + config.requestTimeoutMs }).then(
+      (caps) => {
+        logger.info("llm capabilities probed", { ...caps });
+        return caps;
+      },
+      (err: unknown) => {
+        probed = undefined;
+        throw err;
+      },
+    );
+    return raceAbort(probed, options.signal);
+  }
+
   return {
-    capabilities(options) {
-      // The probe runs on its own signal so that one caller going away does not fail it for the others.
-      probed ??= probe({ signal: new AbortController().signal, deadlineMs: Date.now() + config.requestTimeoutMs }).then(
-        (caps) => {
-          logger.info("llm capabilities probed", { ...caps });
-          return caps;
-        },
-        (err: unknown) => {
-          probed = undefined;
-          throw err;
-        },
-      );
-      return raceAbort(probed, options.signal);
-    },
+    capabilities,
 
     async complete(request, options) {
-      const caps = await this.capabilities(options);
+      const caps = await capabilities(options);
       const common: Record<string, unknown> = {
         messages: request.messages,
         ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),

@@ -17,6 +17,7 @@ export async function startTestApp(database: TestDatabase, env: Record<string, s
     PORT: "0",
     TYPESAFE_LOG_LEVEL: "silent",
     TYPESAFE_SHUTDOWN_GRACE_MS: "2000",
+    TYPESAFE_DB_POOL_MAX: database.isExternal ? "10" : "4",
     ...env,
     DATABASE_URL: database.url,
   });

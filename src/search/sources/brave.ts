@@ -36,7 +36,7 @@ export function createBraveSource(settings: SourceSettings): SearchSource {
             title: asString(r["title"]),
             url: asString(r["url"]),
             snippet: asString(r["description"]),
-            publishedAt: pageAge === "" ? null : /(Z|[+-]\d\d:?\d\d)$/.test(pageAge) ? pageAge : pageAge + "Z",
+            publishedAt: pageAge === "" ? null : pageAge,
           };
         }),
       };

@@ -33,9 +33,16 @@ export function createStackOverflowSource(settings: SourceSettings): SearchSourc
       if (!res.ok || errorId !== undefined) throw classifyError(res.status, errorId, asString(body?.["error_message"]));
 
       const pauses: number[] = [];
+      const notes: string[] = [];
       const backoff = asNumber(body?.["backoff"]);
-      if (backoff !== undefined && backoff > 0) pauses.push(backoff * 1000);
-      if (asNumber(body?.["quota_remaining"]) === 0) pauses.push(msUntilNextUtcMidnight(call.nowMs));
+      if (backoff !== undefined && backoff > 0) {
+        pauses.push(backoff * 1000);
+        notes.push(`upstream asked for a ${Math.ceil(backoff)} s pause; source paused`);
+      }
+      if (asNumber(body?.["quota_remaining"]) === 0) {
+        pauses.push(msUntilNextUtcMidnight(call.nowMs));
+        notes.push("upstream daily quota used up; source paused until 00:00 UTC");
+      }
       return {
         items: asArray(body?.["items"]).map((raw) => {
           const q = asRecord(raw) ?? {};
@@ -51,7 +58,7 @@ export function createStackOverflowSource(settings: SourceSettings): SearchSourc
             publishedAt: created === undefined ? null : new Date(created * 1000).toISOString(),
           };
         }),
-        ...(pauses.length > 0 ? { pauseMs: Math.max(...pauses) } : {}),
+        ...(pauses.length > 0 ? { pauseMs: Math.max(...pauses), note: notes.join("; ") } : {}),
       };
     },
   };

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file typesafe/decision/v1/decision_service.proto.
  */
 export const file_typesafe_decision_v1_decision_service: GenFile = /*@__PURE__*/
-  fileDesc("Cit0eXBlc2FmZS9kZWNpc2lvbi92MS9kZWNpc2lvbl9zZXJ2aWNlLnByb3RvEhR0eXBlc2FmZS5kZWNpc2lvbi52MSLeAQoNRGVjaWRlUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIlCgVzdGF0ZRgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRJFCglxdWVzdGlvbnMYAyADKAsyMi50eXBlc2FmZS5kZWNpc2lvbi52MS5EZWNpZGVSZXF1ZXN0LlF1ZXN0aW9uc0VudHJ5GlAKDlF1ZXN0aW9uc0VudHJ5EgsKA2tleRgBIAEoCRItCgV2YWx1ZRgCIAEoCzIeLnR5cGVzYWZlLmRlY2lzaW9uLnYxLlF1ZXN0aW9uOgI4ASJYCghRdWVzdGlvbhIMCgR0eXBlGAEgASgJEhQKDGluc3RydWN0aW9ucxgCIAEoCRIoCghjcml0ZXJpYRgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSKNAgoORGVjaWRlUmVzcG9uc2USQgoHYW5zd2VycxgBIAMoCzIxLnR5cGVzYWZlLmRlY2lzaW9uLnYxLkRlY2lkZVJlc3BvbnNlLkFuc3dlcnNFbnRyeRIqCgV1c2FnZRgCIAEoCzIbLnR5cGVzYWZlLmRlY2lzaW9uLnYxLlVzYWdlEi4KB2JpbGxpbmcYAyABKAsyHS50eXBlc2FmZS5kZWNpc2lvbi52MS5CaWxsaW5nEg0KBW1vZGVsGAQgASgJGkwKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKwoFdmFsdWUYAiABKAsyHC50eXBlc2FmZS5kZWNpc2lvbi52MS5BbnN3ZXI6AjgBIvcECgZBbnN3ZXISDAoEdHlwZRgBIAEoCRIRCgRub3VsGAIgASgBSACIAQESEwoGY2hvaWNlGAMgASgJSAGIAQESEgoFc2NvcmUYBCABKAFIAogBARJGCg1wcm9iYWJpbGl0aWVzGAUgAygLMi8udHlwZXNhZmUuZGVjaXNpb24udjEuQW5zd2VyLlByb2JhYmlsaXRpZXNFbnRyeRI4CgZsZWdlbmQYBiADKAsyKC50eXBlc2FmZS5kZWNpc2lvbi52MS5BbnN3ZXIuTGVnZW5kRW50cnkSFwoKY29uZmlkZW5jZRgHIAEoAUgDiAEBEhkKDHhfbGFiZWxfbWFzcxgIIAEoAUgEiAEBEhUKCHhfbWV0aG9kGAkgASgJSAWIAQESFAoHeF9sYWJlbBgKIAEoCUgGiAEBEhQKB3hfaW5kZXgYCyABKAVIB4gBARIRCgRjb2RlGAwgASgJSAiIAQESFAoHbWVzc2FnZRgNIAEoCUgJiAEBEhYKCXJldHJ5YWJsZRgOIAEoCEgKiAEBGjQKElByb2JhYmlsaXRpZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBGi0KC0xlZ2VuZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCBwoFX25vdWxCCQoHX2Nob2ljZUIICgZfc2NvcmVCDQoLX2NvbmZpZGVuY2VCDwoNX3hfbGFiZWxfbWFzc0ILCglfeF9tZXRob2RCCgoIX3hfbGFiZWxCCgoIX3hfaW5kZXhCBwoFX2NvZGVCCgoIX21lc3NhZ2VCDAoKX3JldHJ5YWJsZSJpCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAUSFQoNb3V0cHV0X3Rva2VucxgCIAEoBRIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGAMgASgFEhYKDnVwc3RyZWFtX2NhbGxzGAQgASgFIpsBCgdCaWxsaW5nEg8KB2Z1bmRpbmcYASABKAkSGAoQcmVzZXJ2ZWRfY3JlZGl0cxgCIAEoARIXCg9jaGFyZ2VkX2NyZWRpdHMYAyABKAESFwoPYmFsYW5jZV9jcmVkaXRzGAQgASgBEh8KF2ZyZWVfcmVxdWVzdHNfcmVtYWluaW5nGAUgASgFEhIKCnJlcXVlc3RfaWQYBiABKAkyZgoPRGVjaXNpb25TZXJ2aWNlElMKBkRlY2lkZRIjLnR5cGVzYWZlLmRlY2lzaW9uLnYxLkRlY2lkZVJlcXVlc3QaJC50eXBlc2FmZS5kZWNpc2lvbi52MS5EZWNpZGVSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct]);
+  fileDesc("Cit0eXBlc2FmZS9kZWNpc2lvbi92MS9kZWNpc2lvbl9zZXJ2aWNlLnByb3RvEhR0eXBlc2FmZS5kZWNpc2lvbi52MSLeAQoNRGVjaWRlUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIlCgVzdGF0ZRgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRJFCglxdWVzdGlvbnMYAyADKAsyMi50eXBlc2FmZS5kZWNpc2lvbi52MS5EZWNpZGVSZXF1ZXN0LlF1ZXN0aW9uc0VudHJ5GlAKDlF1ZXN0aW9uc0VudHJ5EgsKA2tleRgBIAEoCRItCgV2YWx1ZRgCIAEoCzIeLnR5cGVzYWZlLmRlY2lzaW9uLnYxLlF1ZXN0aW9uOgI4ASJYCghRdWVzdGlvbhIMCgR0eXBlGAEgASgJEhQKDGluc3RydWN0aW9ucxgCIAEoCRIoCghjcml0ZXJpYRgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSKNAgoORGVjaWRlUmVzcG9uc2USQgoHYW5zd2VycxgBIAMoCzIxLnR5cGVzYWZlLmRlY2lzaW9uLnYxLkRlY2lkZVJlc3BvbnNlLkFuc3dlcnNFbnRyeRIqCgV1c2FnZRgCIAEoCzIbLnR5cGVzYWZlLmRlY2lzaW9uLnYxLlVzYWdlEi4KB2JpbGxpbmcYAyABKAsyHS50eXBlc2FmZS5kZWNpc2lvbi52MS5CaWxsaW5nEg0KBW1vZGVsGAQgASgJGkwKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKwoFdmFsdWUYAiABKAsyHC50eXBlc2FmZS5kZWNpc2lvbi52MS5BbnN3ZXI6AjgBIukFCgZBbnN3ZXISDAoEdHlwZRgBIAEoCRIRCgRub3VsGAIgASgBSACIAQESEwoGY2hvaWNlGAMgASgJSAGIAQESEgoFc2NvcmUYBCABKAFIAogBARJGCg1wcm9iYWJpbGl0aWVzGAUgAygLMi8udHlwZXNhZmUuZGVjaXNpb24udjEuQW5zd2VyLlByb2JhYmlsaXRpZXNFbnRyeRI4CgZsZWdlbmQYBiADKAsyKC50eXBlc2FmZS5kZWNpc2lvbi52MS5BbnN3ZXIuTGVnZW5kRW50cnkSFwoKY29uZmlkZW5jZRgHIAEoAUgDiAEBEhkKDHhfbGFiZWxfbWFzcxgIIAEoAUgEiAEBEhUKCHhfbWV0aG9kGAkgASgJSAWIAQESFAoHeF9sYWJlbBgKIAEoCUgGiAEBEhQKB3hfaW5kZXgYCyABKAVIB4gBARIRCgRjb2RlGAwgASgJSAiIAQESFAoHbWVzc2FnZRgNIAEoCUgJiAEBEhYKCXJldHJ5YWJsZRgOIAEoCEgKiAEBEhUKCHhfdW5zZWVuGA8gASgFSAuIAQESGAoLeF9hZ3JlZW1lbnQYECABKAFIDIgBARIVCgh4X2FwcHJveBgRIAEoCEgNiAEBGjQKElByb2JhYmlsaXRpZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBGi0KC0xlZ2VuZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCBwoFX25vdWxCCQoHX2Nob2ljZUIICgZfc2NvcmVCDQoLX2NvbmZpZGVuY2VCDwoNX3hfbGFiZWxfbWFzc0ILCglfeF9tZXRob2RCCgoIX3hfbGFiZWxCCgoIX3hfaW5kZXhCBwoFX2NvZGVCCgoIX21lc3NhZ2VCDAoKX3JldHJ5YWJsZUILCglfeF91bnNlZW5CDgoMX3hfYWdyZWVtZW50QgsKCV94X2FwcHJveCJpCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAUSFQoNb3V0cHV0X3Rva2VucxgCIAEoBRIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGAMgASgFEhYKDnVwc3RyZWFtX2NhbGxzGAQgASgFIpsBCgdCaWxsaW5nEg8KB2Z1bmRpbmcYASABKAkSGAoQcmVzZXJ2ZWRfY3JlZGl0cxgCIAEoARIXCg9jaGFyZ2VkX2NyZWRpdHMYAyABKAESFwoPYmFsYW5jZV9jcmVkaXRzGAQgASgBEh8KF2ZyZWVfcmVxdWVzdHNfcmVtYWluaW5nGAUgASgFEhIKCnJlcXVlc3RfaWQYBiABKAkyZgoPRGVjaXNpb25TZXJ2aWNlElMKBkRlY2lkZRIjLnR5cGVzYWZlLmRlY2lzaW9uLnYxLkRlY2lkZVJlcXVlc3QaJC50eXBlc2FmZS5kZWNpc2lvbi52MS5EZWNpZGVSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct]);
 
 /**
  * @generated from message typesafe.decision.v1.DecideRequest
@@ -194,7 +194,8 @@ export type Answer = Message<"typesafe.decision.v1.Answer"> & {
   xIndex?: number | undefined;
 
   /**
-   * error: a stable code, a fixed message and whether a retry may help.
+   * error: a stable code ("no_signal", "upstream_error", "timeout",
+   * "refusal", "unsupported"), a fixed message and whether a retry may help.
    *
    * @generated from field: optional string code = 12;
    */
@@ -209,6 +210,30 @@ export type Answer = Message<"typesafe.decision.v1.Answer"> & {
    * @generated from field: optional bool retryable = 14;
    */
   retryable?: boolean | undefined;
+
+  /**
+   * Labels that did not appear in the upstream's top-logprobs window (their
+   * probability is then read as 0; the true value is at most the window's smallest).
+   *
+   * @generated from field: optional int32 x_unseen = 15;
+   */
+  xUnseen?: number | undefined;
+
+  /**
+   * verbalized: 1 minus the largest total-variation distance between one
+   * option-order permutation's distribution and their average.
+   *
+   * @generated from field: optional double x_agreement = 16;
+   */
+  xAgreement?: number | undefined;
+
+  /**
+   * choice with more than 26 options: true when some group's probability was
+   * spread evenly over its options instead of being asked within the group.
+   *
+   * @generated from field: optional bool x_approx = 17;
+   */
+  xApprox?: boolean | undefined;
 };
 
 /**
@@ -219,10 +244,14 @@ export const AnswerSchema: GenMessage<Answer> = /*@__PURE__*/
   messageDesc(file_typesafe_decision_v1_decision_service, 3);
 
 /**
+ * Usage of the upstream calls that produced answers (our own retries excluded).
+ *
  * @generated from message typesafe.decision.v1.Usage
  */
 export type Usage = Message<"typesafe.decision.v1.Usage"> & {
   /**
+   * Sum of the upstream prompt tokens, cached ones included: the billed quantity.
+   *
    * @generated from field: int32 input_tokens = 1;
    */
   inputTokens: number;
@@ -233,6 +262,8 @@ export type Usage = Message<"typesafe.decision.v1.Usage"> & {
   outputTokens: number;
 
   /**
+   * The part of input_tokens the upstream served from its prefix cache.
+   *
    * @generated from field: int32 cached_input_tokens = 3;
    */
   cachedInputTokens: number;

@@ -1,0 +1,232 @@
+/**
+ * Decide through the JSON gateway against a fake OpenAI-compatible upstream
+ * that answers every question after 50 ms, with a bare `node:http` server
+ * answering the same fixed JSON measured in the same run as the baseline.
+ *
+ *   npm run bench:decide                          # embedded store in a temp folder
+ *   DATABASE_URL=postgres://… npm run bench:decide  # a scratch database on that server
+ *   BENCH_DURATION_S=5 BENCH_CONNECTIONS=50 npm run bench:decide
+ *
+ * Prints req/s, p50/p99 and ratios:
+ *   - throughput of 1-question decisions against the bare server, with the
+ *     50 ms upstream and with an upstream answering at once (our own overhead);
+ *   - latency of 40 questions against 1 question (the issue asks ≤ 1.3×),
+ *     measured one request at a time so the ratio is the engine's fan-out.
+ * Loopback only; every measure is bounded in time. Each connection uses its
+ * own account, with limits far above the product's (60/min, 5 in flight),
+ * which would otherwise cap the load at one call per second. Load generator,
+ * fake upstream and service share this process (and the machine's cores).
+ */
+import crypto from "node:crypto";
+import fs from "node:fs/promises";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { fork } from "node:child_process";
+import { createRequire } from "node:module";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import pg from "pg";
+import { startApp } from "../src/app.js";
+import { createAccount, createApiKey } from "../src/accounts/store.js";
+import { loadConfig } from "../src/config.js";
+import { createLogger } from "../src/logger.js";
+import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
+
+interface AutocannonResult {
+  requests: { average: number; total: number };
+  latency: { p50: number; p99: number; average: number };
+  non2xx: number;
+  errors: number;
+  timeouts: number;
+}
+type Autocannon = (options: {
+  url: string;
+  method?: string;
+  headers?: Record<string, string>;
+  body?: string;
+  connections?: number;
+  duration?: number;
+  setupClient?: (client: { setHeaders(headers: Record<string, string>): void }) => void;
+}) => Promise<AutocannonResult>;
+// autocannon ships no type declarations; this is the part of its API used here.
+const autocannon = createRequire(import.meta.url)("autocannon") as Autocannon;
+
+const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
+/** 40 questions × this many connections upstream calls in flight on the fake. */
+const FORTY_CONNECTIONS = 10;
+const UPSTREAM_DELAY_MS = 50;
+
+function decideBody(questions: number): string {
+  return JSON.stringify({
+    model: "typesafe/service-1.13",
+    state: { ticket: "I was charged twice for my pro plan this month", customer: { id: "c-42", plan: "pro" } },
+    questions: Object.fromEntries(
+      Array.from({ length: questions }, (_, i) => [
+        `q${i}`,
+        i % 3 === 0
+          ? { type: "noul", instructions: `Is aspect ${i} urgent?` }
+          : i % 3 === 1
+            ? { type: "choice", instructions: `Which team handles aspect ${i}?`, criteria: { billing: null, technical: null, sales: null } }
+            : { type: "score", instructions: `How big is impact ${i}?`, criteria: ["none", "low", "medium", "high"] },
+      ]),
+    ),
+  });
+}
+
+/**
+ * The fake upstream runs in a child process of its own, as a real upstream
+ * would: it must not take CPU from the service under test. The parent sets
+ * its reply delay over IPC.
+ */
+async function runFakeUpstream(): Promise<void> {
+  let delayMs = UPSTREAM_DELAY_MS;
+  const fake = await startFakeLlm((r) =>
+    isProbe(r.body)
+      ? PROBE_OK
+      : { ...logprobsReply({ yes: 0.6, no: 0.2, A: 0.1, "1": 0.05, "2": 0.05 }, { prompt: 180, cached: 150 }), delayMs },
+  );
+  process.on("message", (message: { delayMs?: number; stop?: boolean }) => {
+    if (message.delayMs !== undefined) delayMs = message.delayMs;
+    process.send!({ ok: true });
+    if (message.stop) void fake.close().then(() => process.exit(0));
+  });
+  process.send!({ url: fake.url });
+}
+
+async function startFakeUpstream() {
+  const child = fork(fileURLToPath(import.meta.url), ["--fake-upstream"], { stdio: "inherit" });
+  const next = () => new Promise<{ url?: string }>((resolve) => child.once("message", resolve));
+  const { url } = await next();
+  const send = async (message: object) => {
+    const ack = next();
+    child.send(message);
+    await ack;
+  };
+  return {
+    url: url!,
+    setDelay: (delayMs: number) => send({ delayMs }),
+    close: async () => {
+      const exited = new Promise((resolve) => child.once("exit", resolve));
+      await send({ stop: true });
+      await exited;
+    },
+  };
+}
+
+async function main() {
+  const fake = await startFakeUpstream();
+
+  const serverUrl = process.env.DATABASE_URL;
+  let cleanup = async () => {};
+  let env: Record<string, string>;
+  if (serverUrl) {
+    const name = `typesafe_bench_${crypto.randomBytes(4).toString("hex")}`;
+    const admin = new pg.Client({ connectionString: serverUrl });
+    await admin.connect();
+    await admin.query(`CREATE DATABASE ${name}`);
+    const url = new URL(serverUrl);
+    url.pathname = `/${name}`;
+    env = { DATABASE_URL: url.toString() };
+    cleanup = async () => {
+      await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      await admin.end();
+    };
+  } else {
+    const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-bench-"));
+    env = { TYPESAFE_DATA_DIR: dataDir };
+    cleanup = () => fs.rm(dataDir, { recursive: true, force: true });
+  }
+
+  const config = loadConfig({
+    PORT: "0",
+    TYPESAFE_LOG_LEVEL: "silent",
+    TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`,
+    TYPESAFE_LLM_MAX_CONCURRENT_CALLS: "512",
+    ...env,
+  });
+  const app = await startApp(config, createLogger("silent"));
+  const { db } = app.database;
+  const apiKeys: string[] = [];
+  for (let i = 0; i < CONNECTIONS; i++) {
+    const account = await createAccount(db, { name: "bench", units: 1e15, freeRequests: 0 });
+    apiKeys.push((await createApiKey(db, account.id)).apiKey);
+    await db("accounts").where({ id: account.id }).update({ rate_limit: 1_000_000_000, rate_window_ms: 50, max_in_flight: 10_000 });
+  }
+  const apiKey = apiKeys[0]!;
+
+  const decideUrl = `${app.server.url}/api/v1/decisions`;
+  const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}` };
+  const warm = await fetch(decideUrl, { method: "POST", headers, body: decideBody(1) });
+  const fixed = await warm.text();
+  if (warm.status !== 200) throw new Error(`warm-up decide answered ${warm.status}: ${fixed}`);
+
+  const bare = http.createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(fixed);
+    });
+  });
+  await new Promise<void>((resolve) => bare.listen(0, "127.0.0.1", resolve));
+  const bareUrl = `http://127.0.0.1:${(bare.address() as AddressInfo).port}/`;
+
+  const run = async (url: string, body: string, connections: number) => {
+    let next = 0;
+    const result = await autocannon({
+      url,
+      method: "POST",
+      headers,
+      body,
+      connections,
+      duration: DURATION_S,
+      // One account per connection, as callers are: one hot account row would measure lock waits, not the service.
+      setupClient: (client) => client.setHeaders({ ...headers, authorization: `Bearer ${apiKeys[next++ % apiKeys.length]}` }),
+    });
+    if (result.non2xx > 0 || result.errors > 0) throw new Error(`${url}: ${result.non2xx} non-2xx, ${result.errors} errors`);
+    return result;
+  };
+
+  try {
+    console.log(
+      `decide bench: upstream answers after ${UPSTREAM_DELAY_MS} ms, ${DURATION_S} s per measure, ` +
+        `${app.database.kind} store, Node ${process.version}`,
+    );
+    const baseline = await run(bareUrl, decideBody(1), CONNECTIONS);
+    const one = await run(decideUrl, decideBody(1), CONNECTIONS);
+    const oneSerial = await run(decideUrl, decideBody(1), 1);
+    const fortySerial = await run(decideUrl, decideBody(40), 1);
+    const forty = await run(decideUrl, decideBody(40), FORTY_CONNECTIONS);
+    await fake.setDelay(0);
+    const oneInstant = await run(decideUrl, decideBody(1), CONNECTIONS);
+
+    const row = (name: string, r: AutocannonResult, ratio: string) =>
+      console.log(
+        `${name.padEnd(44)} | ${r.requests.average.toFixed(0).padStart(7)} | ${String(r.latency.p50).padStart(6)} | ${String(r.latency.p99).padStart(6)} | ${ratio}`,
+      );
+    console.log(`${"path".padEnd(44)} |   req/s | p50 ms | p99 ms | ratio`);
+    row(`bare node:http, fixed JSON (${CONNECTIONS} conn)`, baseline, "1.00 (throughput baseline)");
+    row(`decide, 1 question (${CONNECTIONS} conn)`, one, `${(one.requests.average / baseline.requests.average).toFixed(3)} of bare req/s`);
+    row(
+      `decide, 1 question, 0 ms upstream (${CONNECTIONS} conn)`,
+      oneInstant,
+      `${(oneInstant.requests.average / baseline.requests.average).toFixed(3)} of bare req/s`,
+    );
+    row(`decide, 40 questions (${FORTY_CONNECTIONS} conn)`, forty, `${(forty.requests.average / one.requests.average).toFixed(2)} of 1-question req/s`);
+    row("decide, 1 question (1 conn)", oneSerial, "1.00 (latency baseline)");
+    const latencyRatio = fortySerial.latency.average / oneSerial.latency.average;
+    row("decide, 40 questions (1 conn)", fortySerial, `${latencyRatio.toFixed(2)}× the 1-question mean latency (target ≤ 1.3)`);
+    if (latencyRatio > 1.3) process.exitCode = 1;
+  } finally {
+    await new Promise((resolve) => bare.close(resolve));
+    await app.stop();
+    await fake.close();
+    await cleanup();
+  }
+}
+
+(process.argv.includes("--fake-upstream") ? runFakeUpstream() : main()).catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});

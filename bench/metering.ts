@@ -1,0 +1,139 @@
+/**
+ * Admit+settle pairs per second through the service's metering wrapper
+ * (meter.run: key check, rate, concurrency, funding, hold, then settle, with
+ * the ledger rows) against the same two SQL functions issued bare on a pg
+ * pool, and a bare `UPDATE … RETURNING` on the balance, all in the same run.
+ * Over 1 hot account and over 200 accounts. Prints pairs/s, p50/p99 and ratios.
+ *
+ *   npm run bench:metering                      # local PostgreSQL (127.0.0.1:5432), a scratch database
+ *   DATABASE_URL=postgres://… npm run bench:metering
+ *
+ * Bench accounts get rate and concurrency limits far above the product's
+ * (60/min, 5 in flight), which would otherwise cap one account at 1 call/s,
+ * and a 50 ms rate window, so their admission log stays near the product's
+ * size (at most 60 entries) instead of growing with the load.
+ */
+import crypto from "node:crypto";
+import pg from "pg";
+import { hashApiKey } from "../src/accounts/api-keys.js";
+import { createAccount, createApiKey } from "../src/accounts/store.js";
+import { loadConfig } from "../src/config.js";
+import { createKnex, migrate } from "../src/db/database.js";
+import { createLogger } from "../src/logger.js";
+import { createMeter, decisionReserveUnits } from "../src/metering/meter.js";
+
+const WORKERS = 10;
+const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 4_000);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+
+interface Figures {
+  pairsPerSecond: number;
+  p50Ms: number;
+  p99Ms: number;
+}
+
+/** Runs `op` from WORKERS loops for DURATION_MS; the i-th call gets i. */
+async function measure(op: (i: number) => Promise<void>): Promise<Figures> {
+  const latencies: number[] = [];
+  let next = 0;
+  const end = performance.now() + DURATION_MS;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: WORKERS }, async () => {
+      while (performance.now() < end) {
+        const t = performance.now();
+        await op(next++);
+        latencies.push(performance.now() - t);
+      }
+    }),
+  );
+  const seconds = (performance.now() - started) / 1000;
+  latencies.sort((a, b) => a - b);
+  const at = (q: number) => latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))] ?? NaN;
+  return { pairsPerSecond: latencies.length / seconds, p50Ms: at(0.5), p99Ms: at(0.99) };
+}
+
+const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+
+async function main() {
+  const serverUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
+  const dbName = `typesafe_bench_${crypto.randomBytes(4).toString("hex")}`;
+  const admin = new pg.Client({ connectionString: serverUrl });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${dbName}`);
+  const url = new URL(serverUrl);
+  url.pathname = `/${dbName}`;
+  const db = createKnex(url.toString(), WORKERS);
+  const pool = new pg.Pool({ connectionString: url.toString(), max: WORKERS });
+  try {
+    await migrate(db, true);
+    const meter = createMeter({ db, config: loadConfig({}).metering, logger: createLogger("silent") });
+
+    const makeAccounts = async (count: number) => {
+      const accounts = [];
+      for (let i = 0; i < count; i++) {
+        const account = await createAccount(db, { name: "bench", units: 1e15, freeRequests: 0 });
+        const { apiKey } = await createApiKey(db, account.id);
+        accounts.push({ id: account.id, apiKey, keyHash: hashApiKey(apiKey) });
+      }
+      await db("accounts").whereIn("id", accounts.map((a) => a.id)).update({ rate_limit: 1_000_000_000, rate_window_ms: 50, max_in_flight: 1_000 });
+      return accounts;
+    };
+    const reserve = decisionReserveUnits(1);
+    const signal = new AbortController().signal;
+
+    console.log(`metering bench: ${WORKERS} workers, ${DURATION_MS} ms per measure, median of ${ROUNDS} rounds`);
+    console.log("accounts | path                                     | pairs/s |  p50 ms |  p99 ms | ratio to bare SQL");
+    for (const count of [1, 200]) {
+      const accounts = await makeAccounts(count);
+      const pick = (i: number) => accounts[i % accounts.length]!;
+      const rounds: Record<string, Figures[]> = { update: [], bare: [], meter: [] };
+      for (let r = 0; r < ROUNDS; r++) {
+        rounds.update!.push(
+          await measure(async (i) => {
+            await pool.query("UPDATE accounts SET reserved = reserved WHERE id = $1 AND balance >= $2 RETURNING balance", [pick(i).id, reserve]);
+          }),
+        );
+        rounds.bare!.push(
+          await measure(async (i) => {
+            const { rows } = await pool.query(
+              "SELECT request_id FROM metering_admit($1::bytea, 'decide', $2::bigint, false, 60000)",
+              [pick(i).keyHash, reserve],
+            );
+            await pool.query("SELECT outcome FROM metering_resolve($1::uuid, true, 1000)", [rows[0].request_id]);
+          }),
+        );
+        rounds.meter!.push(
+          await measure(async (i) => {
+            await meter.run(
+              { apiKey: pick(i).apiKey, requestId: crypto.randomUUID(), endpoint: "decide", reserveUnits: reserve, freeAllowed: false, timeoutMs: 60_000, signal },
+              async () => ({ value: null, chargeUnits: 1_000 }),
+            );
+          }),
+        );
+      }
+      const bare = median(rounds.bare!.map((f) => f.pairsPerSecond));
+      const rows: [string, Figures[]][] = [
+        ["bare UPDATE … RETURNING (one statement)", rounds.update!],
+        ["bare admit + settle (two statements)", rounds.bare!],
+        ["meter.run admit + settle (the service)", rounds.meter!],
+      ];
+      for (const [name, figures] of rows) {
+        const rate = median(figures.map((f) => f.pairsPerSecond));
+        console.log(
+          `${String(count).padStart(8)} | ${name.padEnd(40)} | ${rate.toFixed(0).padStart(7)} | ${median(figures.map((f) => f.p50Ms)).toFixed(2).padStart(7)} | ${median(figures.map((f) => f.p99Ms)).toFixed(2).padStart(7)} | ${(rate / bare).toFixed(2)}`,
+        );
+      }
+    }
+  } finally {
+    await pool.end();
+    await db.destroy();
+    await admin.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
+    await admin.end();
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});

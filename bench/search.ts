@@ -1,0 +1,216 @@
+/**
+ * Search through the JSON gateway against the eight fake providers (real
+ * HTTP on loopback), with a bare `node:http` server answering the same fixed
+ * JSON measured in the same run as the baseline.
+ *
+ *   npm run bench:search                           # embedded store in a temp folder
+ *   DATABASE_URL=postgres://… npm run bench:search   # a scratch database on that server
+ *   BENCH_DURATION_S=5 BENCH_CONNECTIONS=50 npm run bench:search
+ *
+ * Prints req/s, p50/p99 and ratios:
+ *   - fan-out latency, one request at a time, every request a cache miss:
+ *     eight sources answering after 50–300 ms; the issue asks for the slowest
+ *     source's latency plus a few milliseconds;
+ *   - the same with one source hung: it is cut at its timeout (1 s here);
+ *   - throughput against the bare server: cache misses with providers that
+ *     answer at once (our own overhead, eight upstream calls per search), and
+ *     cache hits (no upstream call, still metered).
+ * Every measure is bounded in time. Accounts get limits far above the
+ * product's (60/min, 5 in flight), which would otherwise cap the load.
+ * Load generator, fakes and service share this process and the machine's cores.
+ */
+import crypto from "node:crypto";
+import fs from "node:fs/promises";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { createRequire } from "node:module";
+import os from "node:os";
+import path from "node:path";
+import pg from "pg";
+import { startApp } from "../src/app.js";
+import { createAccount, createApiKey } from "../src/accounts/store.js";
+import { loadConfig } from "../src/config.js";
+import { createLogger } from "../src/logger.js";
+import { defaultHandler, FAKE_SOURCE_IDS, startFakeSearch, type FakeSourceId } from "../test/support/fake-search/providers.js";
+
+interface AutocannonResult {
+  requests: { average: number; total: number };
+  latency: { p50: number; p99: number; average: number; max: number };
+  non2xx: number;
+  errors: number;
+  timeouts: number;
+}
+interface AutocannonRequest {
+  method?: string;
+  path?: string;
+  headers?: Record<string, string>;
+  body?: string;
+}
+type Autocannon = (options: {
+  url: string;
+  method?: string;
+  headers?: Record<string, string>;
+  body?: string;
+  connections?: number;
+  duration?: number;
+  requests?: Array<
+    AutocannonRequest & {
+      setupRequest?: (req: AutocannonRequest) => AutocannonRequest;
+      onResponse?: (status: number, body: string) => void;
+    }
+  >;
+}) => Promise<AutocannonResult>;
+// autocannon ships no type declarations; this is the part of its API used here.
+const autocannon = createRequire(import.meta.url)("autocannon") as Autocannon;
+
+const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
+const HUNG_TIMEOUT_MS = 1000;
+/** Each source's answer time in the latency measures: 50 to 300 ms. */
+const DELAYS_MS: Record<FakeSourceId, number> = {
+  brave: 50, exa: 90, wikipedia: 130, hackernews: 170, stackoverflow: 210, github: 250, arxiv: 300, gdelt: 60,
+};
+const SLOWEST_MS = Math.max(...Object.values(DELAYS_MS));
+const ALL = [...FAKE_SOURCE_IDS];
+
+async function main() {
+  const fakes = await startFakeSearch();
+  const setDelays = (delays: Partial<Record<FakeSourceId, number>>, hung?: FakeSourceId) => {
+    for (const id of FAKE_SOURCE_IDS) {
+      const answer = defaultHandler(id);
+      fakes.providers[id].reply(id === hung ? { hang: true } : (req) => ({ ...answer(req), delayMs: delays[id] ?? 0 }));
+    }
+  };
+
+  const serverUrl = process.env.DATABASE_URL;
+  let cleanup = async () => {};
+  let env: Record<string, string>;
+  if (serverUrl) {
+    const name = `typesafe_bench_${crypto.randomBytes(4).toString("hex")}`;
+    const admin = new pg.Client({ connectionString: serverUrl });
+    await admin.connect();
+    await admin.query(`CREATE DATABASE ${name}`);
+    const url = new URL(serverUrl);
+    url.pathname = `/${name}`;
+    env = { DATABASE_URL: url.toString() };
+    cleanup = async () => {
+      await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      await admin.end();
+    };
+  } else {
+    const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-bench-"));
+    env = { TYPESAFE_DATA_DIR: dataDir };
+    cleanup = () => fs.rm(dataDir, { recursive: true, force: true });
+  }
+
+  const config = loadConfig({
+    PORT: "0",
+    TYPESAFE_LOG_LEVEL: "silent",
+    ...fakes.env,
+    TYPESAFE_SEARCH_GDELT_TIMEOUT_MS: String(HUNG_TIMEOUT_MS),
+    TYPESAFE_SEARCH_CACHE_ENTRIES: "100000",
+    ...env,
+  });
+  const app = await startApp(config, createLogger(process.env.BENCH_LOG_LEVEL === "warn" ? "warn" : "silent"));
+  const { db } = app.database;
+  const apiKeys: string[] = [];
+  for (let i = 0; i < CONNECTIONS; i++) {
+    const account = await createAccount(db, { name: "bench", units: 1e15, freeRequests: 0 });
+    apiKeys.push((await createApiKey(db, account.id)).apiKey);
+    await db("accounts").where({ id: account.id }).update({ rate_limit: 1_000_000_000, rate_window_ms: 50, max_in_flight: 10_000 });
+  }
+
+  const searchUrl = `${app.server.url}/api/v1/search`;
+  const headersFor = (i: number) => ({ "content-type": "application/json", authorization: `Bearer ${apiKeys[i % apiKeys.length]}` });
+  const body = (q: string) => JSON.stringify({ q, s: ALL });
+
+  setDelays({});
+  const warm = await fetch(searchUrl, { method: "POST", headers: headersFor(0), body: body("warm up") });
+  const fixed = await warm.text();
+  if (warm.status !== 200) throw new Error(`warm-up search answered ${warm.status}: ${fixed}`);
+
+  const bare = http.createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(fixed);
+    });
+  });
+  await new Promise<void>((resolve) => bare.listen(0, "127.0.0.1", resolve));
+  const bareUrl = `http://127.0.0.1:${(bare.address() as AddressInfo).port}/`;
+
+  let sequence = 0;
+  const run = async (url: string, connections: number, mode: "miss" | "hit", durationS = DURATION_S) => {
+    const failures: string[] = [];
+    const result = await autocannon({
+      url,
+      connections,
+      duration: durationS,
+      requests: [
+        {
+          method: "POST",
+          setupRequest: (req) => {
+            const n = sequence++;
+            return { ...req, headers: headersFor(n), body: body(mode === "miss" ? `bench query ${n}` : "bench hot query") };
+          },
+          onResponse: (status, text) => {
+            if (status !== 200 && failures.length < 3) failures.push(`${status} ${text.slice(0, 300)}`);
+          },
+        },
+      ],
+    });
+    if (result.non2xx > 0 || result.errors > 0) {
+      throw new Error(`${url}: ${result.non2xx} non-2xx, ${result.errors} errors; first failures: ${failures.join(" | ")}`);
+    }
+    return result;
+  };
+
+  try {
+    console.log(
+      `search bench: 8 sources, ${DURATION_S} s per measure, ${app.database.kind} store, Node ${process.version}; ` +
+        `latency measures: sources answer after ${Object.entries(DELAYS_MS).map(([id, ms]) => `${id} ${ms}`).join(", ")} ms`,
+    );
+    const baseline = await run(bareUrl, CONNECTIONS, "hit");
+
+    setDelays(DELAYS_MS);
+    const fanOut = await run(searchUrl, 1, "miss");
+    setDelays(DELAYS_MS, "gdelt");
+    const hung = await run(searchUrl, 1, "miss", Math.max(DURATION_S, 3));
+
+    setDelays({});
+    const miss = await run(searchUrl, CONNECTIONS, "miss");
+    await fetch(searchUrl, { method: "POST", headers: headersFor(0), body: body("bench hot query") });
+    const hit = await run(searchUrl, CONNECTIONS, "hit");
+
+    const row = (name: string, r: AutocannonResult, ratio: string) =>
+      console.log(
+        `${name.padEnd(50)} | ${r.requests.average.toFixed(0).padStart(6)} | ${String(r.latency.p50).padStart(6)} | ${String(r.latency.p99).padStart(6)} | ${ratio}`,
+      );
+    console.log(`${"path".padEnd(50)} |  req/s | p50 ms | p99 ms | ratio`);
+    row(`bare node:http, fixed JSON (${CONNECTIONS} conn)`, baseline, "1.00 (throughput baseline)");
+    row(`search, cache miss, 0 ms sources (${CONNECTIONS} conn)`, miss, `${(miss.requests.average / baseline.requests.average).toFixed(3)} of bare req/s`);
+    row(`search, cache hit (${CONNECTIONS} conn)`, hit, `${(hit.requests.average / baseline.requests.average).toFixed(3)} of bare req/s`);
+    const overhead = fanOut.latency.average - SLOWEST_MS;
+    row(
+      `search, miss, sources 50–${SLOWEST_MS} ms (1 conn)`,
+      fanOut,
+      `mean ${fanOut.latency.average.toFixed(1)} ms = slowest source + ${overhead.toFixed(1)} ms`,
+    );
+    row(
+      `search, miss, gdelt hung, cut at ${HUNG_TIMEOUT_MS} ms (1 conn)`,
+      hung,
+      `mean ${hung.latency.average.toFixed(1)} ms = timeout + ${(hung.latency.average - HUNG_TIMEOUT_MS).toFixed(1)} ms`,
+    );
+    if (overhead > 25 || hung.latency.max > HUNG_TIMEOUT_MS + 250) process.exitCode = 1;
+  } finally {
+    await new Promise((resolve) => bare.close(resolve));
+    await app.stop();
+    await fakes.close();
+    await cleanup();
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});

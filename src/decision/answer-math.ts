@@ -1,0 +1,225 @@
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { AnswerSchema } from "../gen/typesafe/decision/v1/decision_service_pb.js";
+import type { TokenLogprob } from "../upstream/llm-client.js";
+import type { LabelSet } from "./labels.js";
+
+/**
+ * The numbers of an answer: a next-token window turned into a distribution
+ * over labels, and the Jev-compatible answer of each type built from it.
+ * Pure functions; the engine supplies the windows.
+ */
+
+export type AnswerInit = MessageInitShape<typeof AnswerSchema>;
+export type Method = "logprobs" | "verbalized";
+
+export interface LabelDistribution {
+  /** Renormalized over the labels, in label order; all zeros when `mass` is 0. */
+  probabilities: number[];
+  /** The share of next-token probability that fell on the labels. */
+  mass: number;
+  /** Labels absent from the window. */
+  unseen: number;
+}
+
+/** vLLM clamps -inf to -9999 so JSON can carry it: such entries are probability 0. */
+const NEGLIGIBLE_LOGPROB = -9999;
+
+/**
+ * Sums the probability of every variant of each label (`A` and ` A` are
+ * disjoint outcomes with the same meaning), then renormalizes over the
+ * labels. `window` is the top-logprobs list plus the sampled token; entries
+ * with the same token string count once.
+ */
+export function readLabelDistribution(window: readonly TokenLogprob[], labels: LabelSet): LabelDistribution {
+  const sums = new Array<number>(labels.symbols.length).fill(0);
+  const seen = new Set<string>();
+  for (const { token, logprob } of window) {
+    if (seen.has(token)) continue;
+    seen.add(token);
+    const index = labels.indexOf(token);
+    if (index === undefined || !Number.isFinite(logprob) || logprob <= NEGLIGIBLE_LOGPROB) continue;
+    sums[index]! += Math.exp(Math.min(logprob, 0));
+  }
+  const mass = sums.reduce((a, b) => a + b, 0);
+  return {
+    probabilities: mass > 0 ? sums.map((s) => s / mass) : sums,
+    mass: Math.min(mass, 1),
+    unseen: sums.filter((s) => s === 0).length,
+  };
+}
+
+/** True when the first token opens a reasoning block instead of answering. */
+export function isReasoningOpener(token: string | undefined): boolean {
+  return token !== undefined && /^\s*<\/?(think|thinking|reasoning)\b|^\s*<\|/i.test(token);
+}
+
+/** Rounds to 6 decimals, as colibri does: the digits beyond carry only upstream noise. */
+export function round6(x: number): number {
+  return Math.round(x * 1e6) / 1e6;
+}
+
+/** The index of the largest probability; the first one on a tie. */
+export function argmax(probabilities: readonly number[]): number {
+  let best = 0;
+  for (let i = 1; i < probabilities.length; i++) if (probabilities[i]! > probabilities[best]!) best = i;
+  return best;
+}
+
+/** Jev's choice confidence (colibri, kime-core `choice_jev`): clip((k·max − 1)/(k − 1), 0, 1). */
+export function choiceConfidence(probabilities: readonly number[]): number {
+  const k = probabilities.length;
+  if (k < 2) return 1;
+  const max = Math.max(...probabilities);
+  return Math.min(1, Math.max(0, (k * max - 1) / (k - 1)));
+}
+
+/**
+ * Jev's score confidence (kime-core `score_jev`): 1 minus the expected
+ * distance from the argmax level, relative to the mean distance of the
+ * levels from the middle of the scale; 0 for a split between distant levels.
+ */
+export function scoreConfidence(probabilities: readonly number[]): number {
+  const n = probabilities.length;
+  const m = argmax(probabilities);
+  const dist = probabilities.reduce((sum, p, i) => sum + p * Math.abs(i - m), 0);
+  const mid = (n - 1) / 2;
+  const mad = probabilities.reduce((sum, _p, i) => sum + Math.abs(i - mid), 0) / n;
+  return mad > 0 ? Math.max(0, 1 - dist / mad) : 1;
+}
+
+/** The expected 0-based level. */
+export function expectedLevel(probabilities: readonly number[]): number {
+  return probabilities.reduce((sum, p, i) => sum + i * p, 0);
+}
+
+export interface ReadoutExtras {
+  method: Method;
+  /** Logprobs only. */
+  mass?: number;
+  unseen?: number;
+  /** Verbalized only. */
+  agreement?: number;
+  /** Two-stage choice only. */
+  approx?: boolean;
+}
+
+interface ExtraFields {
+  xLabelMass?: number;
+  xMethod: Method;
+  xUnseen?: number;
+  xAgreement?: number;
+  xApprox?: boolean;
+}
+
+function extras(x: ReadoutExtras): ExtraFields {
+  return {
+    ...(x.mass !== undefined ? { xLabelMass: round6(x.mass) } : {}),
+    xMethod: x.method,
+    ...(x.unseen !== undefined && x.unseen > 0 ? { xUnseen: x.unseen } : {}),
+    ...(x.agreement !== undefined ? { xAgreement: round6(x.agreement) } : {}),
+    ...(x.approx !== undefined ? { xApprox: x.approx } : {}),
+  };
+}
+
+/** `{"type":"noul","noul":P(yes)}`; probabilities in the order yes, no. */
+export function noulAnswer(probabilities: readonly number[], x: ReadoutExtras): AnswerInit {
+  return { type: "noul", noul: round6(probabilities[0]!), ...extras(x) };
+}
+
+/** `{"type":"choice","choice":name,"probabilities":{name:p},"confidence":c}`, names in option order. */
+export function choiceAnswer(names: readonly string[], probabilities: readonly number[], x: ReadoutExtras): AnswerInit {
+  const byName: Record<string, number> = {};
+  names.forEach((name, i) => (byName[name] = round6(probabilities[i]!)));
+  return {
+    type: "choice",
+    choice: names[argmax(probabilities)]!,
+    probabilities: byName,
+    confidence: round6(choiceConfidence(probabilities)),
+    ...extras(x),
+  };
+}
+
+/** `{"type":"score","score":E[level],"legend":{"0":label},"probabilities":{"0":p},"confidence":c}` plus the argmax. */
+export function scoreAnswer(labels: readonly string[], probabilities: readonly number[], x: ReadoutExtras): AnswerInit {
+  const legend: Record<string, string> = {};
+  const byLevel: Record<string, number> = {};
+  labels.forEach((label, i) => {
+    legend[String(i)] = label;
+    byLevel[String(i)] = round6(probabilities[i]!);
+  });
+  const index = argmax(probabilities);
+  return {
+    type: "score",
+    score: round6(expectedLevel(probabilities)),
+    legend,
+    probabilities: byLevel,
+    confidence: round6(scoreConfidence(probabilities)),
+    xLabel: labels[index]!,
+    xIndex: index,
+    ...extras(x),
+  };
+}
+
+export type ErrorCode = "no_signal" | "upstream_error" | "timeout" | "refusal" | "unsupported";
+
+const ERROR_MESSAGES: Record<ErrorCode, string> = {
+  no_signal: "no answer label appeared in the upstream model's next-token distribution",
+  upstream_error: "the upstream model failed to answer this question",
+  timeout: "the upstream model did not answer within the deadline",
+  refusal: "the upstream model refused to answer this question",
+  unsupported: "the upstream model cannot answer this kind of question",
+};
+
+/** A question that could not be answered; the message is fixed text, never upstream output. */
+export function errorAnswer(code: ErrorCode, retryable: boolean): AnswerInit {
+  return { type: "error", code, message: ERROR_MESSAGES[code], retryable };
+}
+
+/**
+ * Which groups of a two-stage choice to ask within: the most probable first,
+ * until `coverage` of the mass is covered or `maxGroups` are taken. Groups
+ * with zero probability are never expanded.
+ */
+export function groupsToExpand(groupProbabilities: readonly number[], maxGroups = 3, coverage = 0.99): number[] {
+  const order = groupProbabilities.map((p, g) => ({ p, g })).sort((a, b) => b.p - a.p || a.g - b.g);
+  const chosen: number[] = [];
+  let covered = 0;
+  for (const { p, g } of order) {
+    if (chosen.length >= maxGroups || covered >= coverage || p <= 0) break;
+    chosen.push(g);
+    covered += p;
+  }
+  return chosen;
+}
+
+/**
+ * P(option) = P(group) · P(option | group). A group not asked within (or
+ * whose inner call failed) spreads its probability evenly over its options,
+ * which makes the answer approximate.
+ */
+export function combineTwoStage(
+  groups: readonly (readonly number[])[],
+  groupProbabilities: readonly number[],
+  within: ReadonlyMap<number, readonly number[]>,
+  optionCount: number,
+): { probabilities: number[]; approx: boolean } {
+  const probabilities = new Array<number>(optionCount).fill(0);
+  let approx = false;
+  groups.forEach((members, g) => {
+    const pg = groupProbabilities[g]!;
+    const inner = within.get(g);
+    if (!inner && pg > 0) approx = true;
+    members.forEach((option, i) => {
+      probabilities[option] = pg * (inner ? inner[i]! : 1 / members.length);
+    });
+  });
+  return { probabilities, approx };
+}
+
+/** The mean of several distributions over the same labels, and how far the furthest one strays. */
+export function averageDistributions(samples: readonly (readonly number[])[]): { probabilities: number[]; agreement: number } {
+  const n = samples[0]!.length;
+  const mean = Array.from({ length: n }, (_, i) => samples.reduce((sum, s) => sum + s[i]!, 0) / samples.length);
+  const worst = Math.max(...samples.map((s) => s.reduce((sum, p, i) => sum + Math.abs(p - mean[i]!), 0) / 2));
+  return { probabilities: mean, agreement: 1 - worst };
+}

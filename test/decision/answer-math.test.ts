@@ -1,0 +1,188 @@
+import { describe, expect, it } from "vitest";
+import {
+  averageDistributions,
+  choiceAnswer,
+  choiceConfidence,
+  combineTwoStage,
+  groupsToExpand,
+  isReasoningOpener,
+  noulAnswer,
+  readLabelDistribution,
+  scoreAnswer,
+  scoreConfidence,
+} from "../../src/decision/answer-math.js";
+import { parseVerbalized } from "../../src/decision/engine.js";
+import { letterLabels, NOUL_LABELS, optionOrder, scoreLabels, splitIntoGroups } from "../../src/decision/labels.js";
+import { estimateTokens, renderState } from "../../src/decision/prompt.js";
+import { fromJson } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
+
+const w = (entries: Record<string, number>) => Object.entries(entries).map(([token, p]) => ({ token, logprob: Math.log(p) }));
+
+describe("readLabelDistribution", () => {
+  it.each([
+    { name: "noul variants are summed", labels: NOUL_LABELS, window: w({ yes: 0.5, " Yes": 0.2, YES: 0.1, no: 0.1, maybe: 0.1 }), probs: [0.8 / 0.9, 0.1 / 0.9], mass: 0.9, unseen: 0 },
+    { name: "letters: uppercase only, space variants summed", labels: letterLabels(3), window: w({ A: 0.4, " A": 0.1, a: 0.2, B: 0.2, X: 0.1 }), probs: [0.5 / 0.7, 0.2 / 0.7, 0], mass: 0.7, unseen: 1 },
+    { name: "letters beyond the option count are not labels", labels: letterLabels(2), window: w({ A: 0.3, B: 0.3, C: 0.4 }), probs: [0.5, 0.5], mass: 0.6, unseen: 0 },
+    { name: "digits below the level count only", labels: scoreLabels(3), window: w({ "0": 0.1, "1": 0.2, "2": 0.3, "3": 0.4 }), probs: [1 / 6, 2 / 6, 3 / 6], mass: 0.6, unseen: 0 },
+    { name: "multi-digit tokens are not labels", labels: scoreLabels(10), window: w({ "10": 0.5, "9": 0.5 }), probs: [0, 0, 0, 0, 0, 0, 0, 0, 0, 1], mass: 0.5, unseen: 9 },
+    { name: "11+ score labels are letters", labels: scoreLabels(12), window: w({ L: 0.5, "1": 0.5 }), probs: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], mass: 0.5, unseen: 11 },
+    { name: "no label: zero mass, all zeros", labels: NOUL_LABELS, window: w({ The: 0.7, I: 0.3 }), probs: [0, 0], mass: 0, unseen: 2 },
+    { name: "degenerate: one token at logprob 0", labels: letterLabels(2), window: [{ token: "B", logprob: 0 }], probs: [0, 1], mass: 1, unseen: 1 },
+  ])("$name", ({ labels, window, probs, mass, unseen }) => {
+    const d = readLabelDistribution(window, labels);
+    d.probabilities.forEach((p, i) => expect(p).toBeCloseTo(probs[i]!, 12));
+    expect(d.mass).toBeCloseTo(mass, 12);
+    expect(d.unseen).toBe(unseen);
+  });
+
+  it("counts a token that appears twice (sampled token and window) once, and -9999 as zero", () => {
+    const d = readLabelDistribution(
+      [
+        { token: "A", logprob: Math.log(0.6) },
+        { token: "B", logprob: -9999 },
+        { token: "A", logprob: Math.log(0.6) },
+      ],
+      letterLabels(2),
+    );
+    expect(d.mass).toBeCloseTo(0.6, 12);
+    expect(d.probabilities).toEqual([1, 0]);
+  });
+});
+
+describe("confidence and answers", () => {
+  it.each([
+    { probs: [0.5, 0.5], expected: 0 },
+    { probs: [1, 0], expected: 1 },
+    { probs: [0.94, 0.0598, 0.0002], expected: (3 * 0.94 - 1) / 2 },
+    { probs: [0.25, 0.25, 0.25, 0.25], expected: 0 },
+    { probs: [0.1, 0.2, 0.7], expected: (3 * 0.7 - 1) / 2 },
+  ])("choice confidence of $probs is $expected", ({ probs, expected }) => {
+    expect(choiceConfidence(probs)).toBeCloseTo(expected, 12);
+  });
+
+  it.each([
+    // mad of 2 levels = 0.5; of 3 levels = 2/3; of 5 levels = 1.2
+    { probs: [0, 1], expected: 1 },
+    { probs: [0.5, 0.5], expected: 0 },
+    { probs: [0.2, 0.8], expected: 1 - 0.2 / 0.5 },
+    { probs: [0.1, 0.8, 0.1], expected: 1 - 0.2 / (2 / 3) },
+    { probs: [0.5, 0, 0, 0, 0.5], expected: 0 },
+    { probs: [0, 0.1, 0.8, 0.1, 0], expected: 1 - 0.2 / 1.2 },
+  ])("score confidence of $probs is $expected", ({ probs, expected }) => {
+    expect(scoreConfidence(probs)).toBeCloseTo(expected, 12);
+  });
+
+  it("builds the Jev shapes, rounded to 6 decimals, options in order", () => {
+    expect(noulAnswer([0.84761234, 0.15238766], { method: "logprobs", mass: 0.9, unseen: 0 })).toEqual({
+      type: "noul",
+      noul: 0.847612,
+      xLabelMass: 0.9,
+      xMethod: "logprobs",
+    });
+    const choice = choiceAnswer(["billing", "technical", "sales"], [0.0598, 0.94, 0.0002], { method: "logprobs", mass: 1, unseen: 1 });
+    expect(choice).toMatchObject({ type: "choice", choice: "technical", confidence: 0.91, xUnseen: 1 });
+    expect(Object.keys(choice.probabilities!)).toEqual(["billing", "technical", "sales"]);
+    const score = scoreAnswer(["none", "low", "high"], [0.1, 0.2, 0.7], { method: "verbalized", agreement: 0.95 });
+    expect(score).toEqual({
+      type: "score",
+      score: 1.6,
+      legend: { "0": "none", "1": "low", "2": "high" },
+      probabilities: { "0": 0.1, "1": 0.2, "2": 0.7 },
+      confidence: 0.4,
+      xLabel: "high",
+      xIndex: 2,
+      xMethod: "verbalized",
+      xAgreement: 0.95,
+    });
+  });
+
+  it("picks the first option on a tie", () => {
+    expect(choiceAnswer(["x", "y"], [0.5, 0.5], { method: "logprobs" }).choice).toBe("x");
+  });
+});
+
+describe("two stages", () => {
+  it.each([
+    { count: 27, sizes: [14, 13] },
+    { count: 52, sizes: [26, 26] },
+    { count: 53, sizes: [18, 18, 17] },
+    { count: 676, sizes: Array(26).fill(26) },
+  ])("splits $count options into groups of $sizes", ({ count, sizes }) => {
+    const groups = splitIntoGroups(count);
+    expect(groups.map((g) => g.length)).toEqual(sizes);
+    expect(groups.flat()).toEqual(Array.from({ length: count }, (_, i) => i));
+  });
+
+  it.each([
+    { probs: [0.995, 0.005], expected: [0] },
+    { probs: [0.5, 0.3, 0.15, 0.05], expected: [0, 1, 2] },
+    { probs: [0.1, 0.6, 0.3, 0], expected: [1, 2, 0] },
+    { probs: [0.05, 0.9, 0.05, 0], expected: [1, 0, 2] },
+    { probs: [0.5, 0.5, 0, 0], expected: [0, 1] },
+  ])("expands $expected for group probabilities $probs", ({ probs, expected }) => {
+    expect(groupsToExpand(probs)).toEqual(expected);
+  });
+
+  it("P(option) = P(group)·P(option | group); unexpanded groups spread evenly", () => {
+    const groups = [
+      [0, 1],
+      [2, 3, 4],
+    ];
+    const exact = combineTwoStage(groups, [0.8, 0.2], new Map([[0, [0.25, 0.75]], [1, [1, 0, 0]]]), 5);
+    exact.probabilities.forEach((p, i) => expect(p).toBeCloseTo([0.2, 0.6, 0.2, 0, 0][i]!, 12));
+    expect(exact.approx).toBe(false);
+    const approx = combineTwoStage(groups, [0.7, 0.3], new Map([[0, [1, 0]]]), 5);
+    approx.probabilities.forEach((p, i) => expect(p).toBeCloseTo([0.7, 0, 0.1, 0.1, 0.1][i]!, 12));
+    expect(approx.approx).toBe(true);
+  });
+});
+
+describe("verbalized", () => {
+  it.each([
+    { content: '{"A": 0.7, "B": 0.3}', symbols: ["A", "B"], expected: [0.7, 0.3] },
+    { content: 'Sure: {"A": 2, "B": 6} done', symbols: ["A", "B"], expected: [0.25, 0.75] },
+    { content: '{"Yes": 0.9, "No": 0.1}', symbols: ["yes", "no"], expected: [0.9, 0.1] },
+    { content: '{"A": 0.7}', symbols: ["A", "B"], expected: undefined },
+    { content: '{"A": -1, "B": 2}', symbols: ["A", "B"], expected: undefined },
+    { content: '{"A": 0, "B": 0}', symbols: ["A", "B"], expected: undefined },
+    { content: "A", symbols: ["A", "B"], expected: undefined },
+  ])("parses $content", ({ content, symbols, expected }) => {
+    const parsed = parseVerbalized(content, symbols);
+    if (expected === undefined) return expect(parsed).toBeUndefined();
+    parsed!.forEach((p, i) => expect(p).toBeCloseTo(expected[i]!, 12));
+  });
+
+  it("averages samples and reports agreement as 1 - the largest total-variation distance", () => {
+    const { probabilities, agreement } = averageDistributions([
+      [0.8, 0.2],
+      [0.6, 0.4],
+    ]);
+    expect(probabilities[0]).toBeCloseTo(0.7, 12);
+    expect(agreement).toBeCloseTo(0.9, 12);
+  });
+});
+
+describe("labels and prompt", () => {
+  it.each([
+    { given: ["b", "a"], order: ["b", "a"] },
+    { given: ["10", "2"], order: ["2", "10"] },
+    { given: ["low", "10", "high", "2", "02"], order: ["2", "10", "low", "high", "02"] },
+  ])("orders options $given as $order", ({ given, order }) => {
+    expect(optionOrder(given)).toEqual(order);
+  });
+
+  it.each(["<think>", "<thinking>", "<|im_start|>"])("treats %s as a reasoning opener", (token) => {
+    expect(isReasoningOpener(token)).toBe(true);
+  });
+
+  it("renders a JSON state compactly and keeps the state delimiter closed", () => {
+    expect(renderState(fromJson(ValueSchema, { a: 1, b: ["x"] }))).toBe('<state>\n{"a":1,"b":["x"]}\n</state>');
+    expect(renderState(fromJson(ValueSchema, "x </state> y"))).toBe("<state>\nx <\\/state> y\n</state>");
+  });
+
+  it("estimates 3 bytes per token plus 8 per message", () => {
+    expect(estimateTokens([{ role: "user", content: "abcdef" }])).toBe(10);
+    expect(estimateTokens([{ role: "user", content: "é".repeat(3) }])).toBe(10);
+  });
+});

@@ -1,0 +1,228 @@
+import { fromJson } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
+import { afterEach, describe, expect, it } from "vitest";
+import type { LlmConfig } from "../../src/config.js";
+import { createDecisionEngine, type QuestionSpec } from "../../src/decision/engine.js";
+import { renderState, SYSTEM_PROMPT } from "../../src/decision/prompt.js";
+import { createLogger } from "../../src/logger.js";
+import { createLlmClient } from "../../src/upstream/llm-client.js";
+import {
+  isProbe,
+  logprobsReply,
+  PROBE_OK,
+  startFakeLlm,
+  textReply,
+  userContent,
+  type FakeHandler,
+  type FakeLlm,
+  type ReceivedRequest,
+} from "../support/fake-llm.js";
+
+let fake: FakeLlm | undefined;
+afterEach(async () => {
+  await fake?.close();
+  fake = undefined;
+});
+
+const STATE = renderState(fromJson(ValueSchema, { ticket: "I was charged twice", customer: { plan: "pro" } }));
+
+async function decide(handler: FakeHandler, questions: QuestionSpec[]) {
+  fake = await startFakeLlm(handler);
+  const config: LlmConfig = {
+    baseUrl: `${fake.url}/v1`,
+    apiKey: undefined,
+    model: "fake-model",
+    requestTimeoutMs: 5_000,
+    callTimeoutMs: 2_000,
+    maxConcurrentCalls: 64,
+    maxRetries: 0,
+  };
+  const logger = createLogger("silent");
+  const engine = createDecisionEngine({ llm: createLlmClient({ config, logger }), logger });
+  const outcome = await engine.decide({ stateBlock: STATE, questions }, { signal: new AbortController().signal, deadlineMs: Date.now() + 5_000 });
+  return { outcome, answers: Object.fromEntries(outcome.answers), fake };
+}
+
+/** Routes question requests by a marker in their instructions. */
+const byInstructions =
+  (routes: Record<string, (r: ReceivedRequest, n: number) => ReturnType<FakeHandler>>, probe = PROBE_OK): FakeHandler =>
+  (r) => {
+    if (isProbe(r.body)) return probe;
+    const text = userContent(r);
+    const key = Object.keys(routes).find((k) => text.includes(k));
+    if (!key) return { status: 400, text: "no route" };
+    const n = fake!.questionRequests().filter((q) => userContent(q).includes(key)).length;
+    return routes[key]!(r, n);
+  };
+
+const questions: QuestionSpec[] = [
+  { key: "urgent", type: "noul", instructions: "Is it urgent?" },
+  { key: "team", type: "choice", instructions: "Which team?", options: ["billing", "technical", "sales"] },
+  { key: "impact", type: "score", instructions: "How big is the impact?", labels: ["none", "low", "high"] },
+];
+
+describe("logprobs path", () => {
+  it("answers every type from the window, with one identical prefix and the exact request", async () => {
+    const { outcome, answers, fake } = await decide(
+      byInstructions({
+        "Is it urgent?": () => logprobsReply({ yes: 0.5, " Yes": 0.2, no: 0.2, Maybe: 0.1 }, { prompt: 120, cached: 0 }),
+        "Which team?": () => logprobsReply({ A: 0.7, " A": 0.1, B: 0.1, a: 0.1 }, { prompt: 130, cached: 100 }),
+        "How big": () => logprobsReply({ "0": 0.1, "1": 0.3, "2": 0.5, "3": 0.1 }, { prompt: 140, cached: 100 }),
+      }),
+      questions,
+    );
+    expect(answers.urgent).toEqual({ type: "noul", noul: 0.777778, xLabelMass: 0.9, xMethod: "logprobs" });
+    expect(answers.team).toEqual({
+      type: "choice",
+      choice: "billing",
+      probabilities: { billing: 0.888889, technical: 0.111111, sales: 0 },
+      confidence: 0.833333,
+      xLabelMass: 0.9,
+      xMethod: "logprobs",
+      xUnseen: 1,
+    });
+    expect(answers.impact).toMatchObject({
+      type: "score",
+      score: 1.444444,
+      legend: { "0": "none", "1": "low", "2": "high" },
+      probabilities: { "0": 0.111111, "1": 0.333333, "2": 0.555556 },
+      xLabel: "high",
+      xIndex: 2,
+      xLabelMass: 0.9,
+    });
+    expect(outcome.usage).toEqual({ inputTokens: 390, outputTokens: 3, cachedInputTokens: 200, upstreamCalls: 3 });
+    expect(outcome.answered).toBe(3);
+
+    const sent = fake.questionRequests();
+    expect(sent).toHaveLength(3);
+    for (const r of sent) {
+      expect(r.body).toMatchObject({ max_tokens: 1, logprobs: true, top_logprobs: 20, temperature: 1, top_p: 1, model: "fake-model" });
+      expect(r.body.messages[0]).toEqual({ role: "system", content: SYSTEM_PROMPT });
+      expect(userContent(r).startsWith(`${STATE}\n\n<question>\n`)).toBe(true);
+    }
+    const prefixes = sent.map((r) => JSON.stringify(r.body.messages).split("<question>")[0]);
+    expect(new Set(prefixes).size).toBe(1);
+    const choice = userContent(sent.find((r) => userContent(r).includes("Which team?"))!);
+    expect(choice).toContain("Options:\nA: billing\nB: technical\nC: sales\n\nAnswer with exactly one letter (A, B or C).");
+    const score = userContent(sent.find((r) => userContent(r).includes("How big"))!);
+    expect(score).toContain("0: none\n1: low\n2: high\n\nAnswer with exactly one digit from 0 to 2.");
+  });
+
+  it("retries once with the closing line repeated when no label came back, and bills only the answering call", async () => {
+    const { outcome, answers, fake } = await decide(
+      byInstructions({
+        "Is it urgent?": (_r, n) => (n === 1 ? logprobsReply({ The: 0.9, I: 0.1 }, { prompt: 100 }) : logprobsReply({ no: 1 }, { prompt: 111 })),
+      }),
+      [questions[0]!],
+    );
+    expect(answers.urgent).toMatchObject({ type: "noul", noul: 0 });
+    expect(outcome.usage).toMatchObject({ inputTokens: 111, upstreamCalls: 1 });
+    const [first, second] = fake.questionRequests();
+    expect(userContent(second!)).toBe(`${userContent(first!)}\nAnswer with exactly one word: yes or no.`);
+  });
+
+  it.each([
+    { name: "no label twice", reply: () => logprobsReply({ Hello: 1 }), expected: { code: "no_signal", retryable: true } },
+    { name: "a reasoning opener twice", reply: () => logprobsReply({ "<think>": 0.9, yes: 0.1 }), expected: { code: "no_signal", retryable: true } },
+    { name: "a refusal", reply: () => logprobsReply({ I: 1 }, { refusal: "I can't help with that." }), expected: { code: "refusal", retryable: false } },
+    { name: "an upstream 500", reply: () => ({ status: 500, text: "boom" }), expected: { code: "upstream_error", retryable: true } },
+    { name: "a 400", reply: () => ({ status: 400, text: "context length exceeded" }), expected: { code: "upstream_error", retryable: false } },
+  ])("turns $name into a per-question error while the others answer", async ({ reply, expected }) => {
+    const { outcome, answers } = await decide(
+      byInstructions({ "Is it urgent?": reply, "Which team?": () => logprobsReply({ C: 1 }, { prompt: 50 }) }),
+      questions.slice(0, 2),
+    );
+    expect(answers.urgent).toEqual({ type: "error", message: expect.any(String), ...expected });
+    expect(answers.team).toMatchObject({ type: "choice", choice: "sales", confidence: 1 });
+    expect(outcome).toMatchObject({ answered: 1, usage: { inputTokens: 50, upstreamCalls: 1 } });
+  });
+
+  it("answers a choice over 30 options in two stages: P(option) = P(group)·P(option | group)", async () => {
+    const options = Array.from({ length: 30 }, (_, i) => `option-${i}`);
+    const { outcome, answers, fake } = await decide(
+      byInstructions({
+        "Options, in groups": () => logprobsReply({ A: 0.7, B: 0.3 }, { prompt: 400 }),
+        "A: option-0\n": () => logprobsReply({ C: 1 }, { prompt: 200 }),
+        "A: option-15\n": () => logprobsReply({ A: 0.5, B: 0.5 }, { prompt: 200 }),
+      }),
+      [{ key: "pick", type: "choice", instructions: "Pick one", options }],
+    );
+    const probabilities = answers.pick!.probabilities as Record<string, number>;
+    expect(Object.keys(probabilities)).toEqual(options);
+    expect(probabilities["option-2"]).toBe(0.7);
+    expect(probabilities["option-15"]).toBe(0.15);
+    expect(probabilities["option-16"]).toBe(0.15);
+    expect(answers.pick).toMatchObject({ choice: "option-2", xApprox: false, xLabelMass: 1, xMethod: "logprobs" });
+    expect(outcome.usage).toMatchObject({ inputTokens: 800, upstreamCalls: 3 });
+    const stage1 = userContent(fake.questionRequests().find((r) => userContent(r).includes("Options, in groups"))!);
+    expect(stage1).toContain("Group A:\n- option-0\n- option-1\n");
+    expect(stage1).toContain("Group B:\n- option-15\n");
+  });
+
+  it("spreads an unexpanded group evenly and flags the answer approximate", async () => {
+    const options = Array.from({ length: 27 }, (_, i) => `o${i}`);
+    const { answers } = await decide(
+      byInstructions({
+        "Options, in groups": () => logprobsReply({ A: 0.6, B: 0.4 }),
+        "A: o0\n": () => logprobsReply({ B: 1 }),
+        "A: o14\n": () => logprobsReply({ Nothing: 1 }),
+      }),
+      [{ key: "pick", type: "choice", instructions: "Pick one", options }],
+    );
+    const probabilities = answers.pick!.probabilities as Record<string, number>;
+    expect(probabilities.o1).toBe(0.6);
+    expect(probabilities.o14).toBeCloseTo(0.4 / 13, 6);
+    expect(answers.pick).toMatchObject({ choice: "o1", xApprox: true });
+  });
+});
+
+describe("verbalized fallback", () => {
+  const noLogprobs: FakeHandler = (r) =>
+    r.body.logprobs ? { status: 400, json: { error: { message: "logprobs are not supported with reasoning models" } } } : textReply('{"yes":1}');
+
+  it("averages option-order permutations of a JSON distribution and marks the method", async () => {
+    const { outcome, answers, fake } = await decide(
+      (r, index) => {
+        if (isProbe(r.body)) return noLogprobs(r, index);
+        const text = userContent(r);
+        const line = (name: string) => [...text.matchAll(/^([A-Z]): (\w+)$/gm)].find((m) => m[2] === name)![1]!;
+        if (text.includes("Which team?")) {
+          return textReply(JSON.stringify({ [line("billing")]: 0.2, [line("technical")]: 0.2, [line("sales")]: 0.6 }), { prompt: 90 });
+        }
+        return textReply('{"yes": 0.8, "no": 0.2}', { prompt: 80 });
+      },
+      questions.slice(0, 2),
+    );
+    expect(answers.team).toEqual({
+      type: "choice",
+      choice: "sales",
+      probabilities: { billing: 0.2, technical: 0.2, sales: 0.6 },
+      confidence: 0.4,
+      xMethod: "verbalized",
+      xAgreement: 1,
+    });
+    expect(answers.urgent).toMatchObject({ type: "noul", noul: 0.8, xMethod: "verbalized" });
+    expect(outcome.usage).toMatchObject({ inputTokens: 3 * 90 + 2 * 80, upstreamCalls: 5 });
+    const team = fake.questionRequests().filter((r) => userContent(r).includes("Which team?"));
+    expect(team.map((r) => userContent(r).match(/^A: (\w+)$/m)![1])).toEqual(["billing", "technical", "sales"]);
+    for (const r of team) {
+      expect(r.body.logprobs).toBeUndefined();
+      expect(r.body.response_format?.json_schema?.schema?.required).toEqual(["A", "B", "C"]);
+    }
+  });
+
+  it("asks again with feedback after a reply that is not the JSON, without billing it", async () => {
+    const { outcome, answers, fake } = await decide(
+      (r, index) => {
+        if (isProbe(r.body)) return noLogprobs(r, index);
+        const feedback = r.body.messages.length > 2;
+        return feedback ? textReply('{"yes": 0.3, "no": 0.7}', { prompt: 150 }) : textReply("Probably yes.", { prompt: 80 });
+      },
+      [questions[0]!],
+    );
+    expect(answers.urgent).toMatchObject({ type: "noul", noul: 0.3, xMethod: "verbalized" });
+    expect(outcome.usage).toMatchObject({ inputTokens: 300, upstreamCalls: 2 });
+    const retry = fake.questionRequests().find((r) => r.body.messages.length > 2)!;
+    expect(retry.body.messages.slice(2).map((m) => m.role)).toEqual(["assistant", "user"]);
+  });
+});

@@ -1,0 +1,248 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { hashApiKey } from "../../src/accounts/api-keys.js";
+import { revokeApiKey } from "../../src/accounts/store.js";
+import { admit, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
+import { decisionReserveUnits, searchReserveUnits } from "../../src/metering/meter.js";
+import { createTestAccount } from "../support/app.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { assertInvariants } from "../support/invariants.js";
+
+/**
+ * The metering functions, driven one round trip at a time with an injected
+ * clock (`now`): the deterministic half of the plan in
+ * shared/research/metering.md §3.2 A. Every test ends with the invariants.
+ */
+let database: TestDatabase;
+beforeAll(async () => {
+  database = await createTestDatabase();
+});
+afterAll(async () => {
+  await database?.close();
+});
+
+const T0 = new Date("2031-03-01T12:00:00.000Z");
+const at = (ms: number) => new Date(T0.getTime() + ms);
+const LEASE_MS = 90_000;
+
+async function account(init: { units?: number; freeRequests?: number } = {}) {
+  const created = await createTestAccount(database.db, init);
+  const keyHash = hashApiKey(created.apiKey);
+  const call = (input: Partial<AdmitInput> = {}): Promise<Admission> =>
+    admit(database.db, {
+      keyHash,
+      endpoint: "decide",
+      reserveUnits: decisionReserveUnits(1),
+      freeAllowed: true,
+      leaseMs: LEASE_MS,
+      now: T0,
+      ...input,
+    });
+  const row = () => database.db("accounts").where({ id: created.accountId }).first();
+  return { ...created, call, row, check: () => assertInvariants(database.db, created.accountId) };
+}
+
+function admitted(admission: Admission) {
+  if (admission.outcome !== "admitted") throw new Error(`expected an admission, got ${admission.outcome}`);
+  return admission;
+}
+
+describe("reserve math (A1)", () => {
+  it.each([
+    [1, 32_000],
+    [40, 1_280_000],
+  ])("a decision with %i question(s) holds %i units", async (questions, units) => {
+    expect(decisionReserveUnits(questions)).toBe(units);
+    const a = await account({ units: 2_000_000 });
+    const hold = admitted(await a.call({ reserveUnits: decisionReserveUnits(questions), freeAllowed: false }));
+    expect(hold.reservedUnits).toBe(units);
+    expect((await a.row()).reserved).toBe(units);
+    await a.check();
+  });
+
+  it("a search holds the price of every source it could query, never a free request", async () => {
+    const everySource = [{ priceUnits: 1_000 }, { priceUnits: 2_500 }, { priceUnits: 0 }, { priceUnits: 500 }];
+    const requested = everySource.slice(0, 2);
+    expect(searchReserveUnits(everySource)).toBe(4_000);
+    expect(searchReserveUnits(requested)).toBe(3_500);
+
+    const a = await account({ units: 10_000, freeRequests: 3 });
+    const all = admitted(await a.call({ endpoint: "search", reserveUnits: searchReserveUnits(everySource) }));
+    const some = admitted(await a.call({ endpoint: "search", reserveUnits: searchReserveUnits(requested), now: at(1) }));
+    expect([all.funding, all.reservedUnits, some.funding, some.reservedUnits]).toEqual(["paid", 4_000, "paid", 3_500]);
+    expect(await a.row()).toMatchObject({ reserved: 7_500, free_reserved: 0 });
+    await a.check();
+  });
+});
+
+describe("funding order (A2)", () => {
+  it("free, free, paid, then 402 — and a failed free call gives its free request back", async () => {
+    const a = await account({ units: decisionReserveUnits(1), freeRequests: 2 });
+    const outcomes: string[] = [];
+    const attempt = async (success: boolean, i: number) => {
+      const admission = await a.call({ now: at(i * 1000) });
+      if (admission.outcome !== "admitted") return outcomes.push(admission.outcome);
+      outcomes.push(admission.funding);
+      const resolution = await resolve(database.db, { requestId: admission.requestId, success, actualUnits: 10_000, now: at(i * 1000 + 10) });
+      expect(resolution.outcome).toBe(success ? "settled" : "released");
+    };
+    await attempt(false, 0);
+    for (let i = 1; i <= 4; i++) await attempt(true, i);
+
+    expect(outcomes).toEqual(["free", "free", "free", "paid", "insufficient_balance"]);
+    expect(await a.row()).toMatchObject({ balance: 22_000, reserved: 0, free_remaining: 0, free_reserved: 0, in_flight: 0 });
+    await a.check();
+  });
+
+  it("402 reports the available amount and consumes nothing", async () => {
+    const a = await account({ units: 40_000 });
+    admitted(await a.call({ freeAllowed: false }));
+    const before = await a.row();
+    const refused = await a.call({ freeAllowed: false, now: at(1) });
+    expect(refused).toMatchObject({ outcome: "insufficient_balance", requiredUnits: 32_000, availableUnits: 8_000 });
+    expect(await a.row()).toEqual(before);
+    await a.check();
+  });
+
+  it("an actual cost above the reservation is charged at the reservation (A8)", async () => {
+    const a = await account({ units: 100_000 });
+    const hold = admitted(await a.call({ freeAllowed: false }));
+    const settled = await resolve(database.db, { requestId: hold.requestId, success: true, actualUnits: 50_000, now: at(5) });
+    expect(settled).toMatchObject({ outcome: "settled", chargedUnits: 32_000, capped: true, balanceUnits: 68_000 });
+    await a.check();
+  });
+
+  it("resolves at most once: a second settle or release changes nothing", async () => {
+    const a = await account({ units: 100_000 });
+    const hold = admitted(await a.call({ freeAllowed: false }));
+    await resolve(database.db, { requestId: hold.requestId, success: true, actualUnits: 1_000, now: at(5) });
+    const again = await resolve(database.db, { requestId: hold.requestId, success: true, actualUnits: 9_000, now: at(6) });
+    const release = await resolve(database.db, { requestId: hold.requestId, success: false, now: at(7) });
+    expect([again.outcome, release.outcome]).toEqual(["not_active", "not_active"]);
+    expect(await a.row()).toMatchObject({ balance: 99_000, reserved: 0, in_flight: 0 });
+    await a.check();
+  });
+});
+
+describe("rolling-minute rate limit (A3)", () => {
+  it("admits 60 in a window, refuses the 61st with the exact wait, admits again after the window", async () => {
+    const a = await account({ units: 100 * 32_000 });
+    for (let i = 0; i < 60; i++) {
+      const hold = admitted(await a.call({ freeAllowed: false, now: at(i * 100) }));
+      await resolve(database.db, { requestId: hold.requestId, success: true, actualUnits: 1, now: at(i * 100 + 1) });
+    }
+    // The oldest admission (T0) leaves the window at T0 + 60 s.
+    const refused = await a.call({ freeAllowed: false, now: at(59_900) });
+    expect(refused).toMatchObject({ outcome: "rate_limited", retryAfterMs: 100, rateRemaining: 0 });
+    expect(await a.call({ freeAllowed: false, now: at(59_999) })).toMatchObject({ outcome: "rate_limited", retryAfterMs: 1 });
+    // The window is the 60 s before now, open at its start: T0 is out of it at T0 + 60 s.
+    const after = admitted(await a.call({ freeAllowed: false, now: at(60_000) }));
+    expect(after.rateRemaining).toBe(0);
+    await resolve(database.db, { requestId: after.requestId, success: false, now: at(60_002) });
+    // The next slot frees when the second admission (T0 + 100 ms) leaves.
+    expect(await a.call({ freeAllowed: false, now: at(60_050) })).toMatchObject({ outcome: "rate_limited", retryAfterMs: 50 });
+    expect((await a.row()).balance).toBe(100 * 32_000 - 60);
+    await a.check();
+  });
+});
+
+describe("concurrency limit (A4)", () => {
+  it("refuses the 6th call in flight without using a rate slot, and admits once one finishes", async () => {
+    const a = await account({ units: 10 * 32_000 });
+    const holds = [];
+    for (let i = 0; i < 5; i++) holds.push(admitted(await a.call({ freeAllowed: false, now: at(i) })));
+    const sixth = await a.call({ freeAllowed: false, now: at(10) });
+    expect(sixth).toMatchObject({ outcome: "concurrency_limited", inFlight: 5, maxInFlight: 5, rateRemaining: 55 });
+    expect((await a.row()).recent).toHaveLength(5);
+
+    await resolve(database.db, { requestId: holds[0]!.requestId, success: true, actualUnits: 100, now: at(20) });
+    admitted(await a.call({ freeAllowed: false, now: at(30) }));
+    expect(await a.row()).toMatchObject({ in_flight: 5, recent: expect.any(Array) });
+    expect((await a.row()).recent).toHaveLength(6);
+    await a.check();
+  });
+});
+
+describe("leases (A5)", () => {
+  it("the sweeper expires a hold after its lease; a late settle is refused and charges nothing", async () => {
+    // Ten days before the other tests' holds, so the (global) sweep sees only these.
+    const at = (ms: number) => new Date(T0.getTime() - 10 * 86_400_000 + ms);
+    const a = await account({ units: 100_000, freeRequests: 1 });
+    const free = admitted(await a.call({ now: at(0) }));
+    const paid = admitted(await a.call({ now: at(1) }));
+    expect([free.funding, paid.funding]).toEqual(["free", "paid"]);
+
+    expect(await sweep(database.db, at(LEASE_MS - 1))).toBe(0);
+    expect(await sweep(database.db, at(LEASE_MS + 1))).toBe(2);
+    const late = await resolve(database.db, { requestId: paid.requestId, success: true, actualUnits: 5_000, now: at(LEASE_MS + 2) });
+    expect(late).toMatchObject({ outcome: "not_active", status: "expired", chargedUnits: 0 });
+    expect(await a.row()).toMatchObject({ balance: 100_000, reserved: 0, free_remaining: 1, free_reserved: 0, in_flight: 0 });
+    await a.check();
+  });
+
+  it("the account's next admission expires its stale holds itself, with no sweeper", async () => {
+    const a = await account({ units: 5 * 32_000 });
+    for (let i = 0; i < 5; i++) admitted(await a.call({ freeAllowed: false, now: at(i) }));
+    expect((await a.call({ freeAllowed: false, now: at(1_000) })).outcome).toBe("concurrency_limited");
+    const next = admitted(await a.call({ freeAllowed: false, now: at(LEASE_MS + 10) }));
+    expect(next).toMatchObject({ inFlight: 1, availableUnits: 4 * 32_000 });
+    await a.check();
+  });
+});
+
+describe("idempotency keys (A6)", () => {
+  const hash = (text: string) => hashApiKey(text);
+
+  it("in flight → in progress; other body → mismatch; settled → replay without a second charge", async () => {
+    const a = await account({ units: 100_000 });
+    const key = { idempotencyKey: "order-42", requestHash: hash("body-1"), freeAllowed: false };
+    const first = admitted(await a.call({ ...key, now: at(0) }));
+    expect((await a.call({ ...key, now: at(1) })).outcome).toBe("idempotency_in_progress");
+    expect((await a.call({ ...key, requestHash: hash("body-2"), now: at(2) })).outcome).toBe("idempotency_mismatch");
+
+    await resolve(database.db, { requestId: first.requestId, success: true, actualUnits: 7_000, response: { answer: 42 }, now: at(3) });
+    const replay = await a.call({ ...key, now: at(4) });
+    expect(replay).toMatchObject({ outcome: "replay", requestId: first.requestId, chargedUnits: 7_000, response: { answer: 42 } });
+    expect((await a.call({ ...key, requestHash: hash("body-2"), now: at(5) })).outcome).toBe("idempotency_mismatch");
+    expect(await a.row()).toMatchObject({ balance: 93_000, in_flight: 0 });
+    // Replays and refusals take no rate slot.
+    expect((await a.row()).recent).toHaveLength(1);
+    await a.check();
+  });
+
+  it("a failed call frees its key for a retry; a settled key is forgotten after 24 h", async () => {
+    const a = await account({ units: 100_000 });
+    const key = { idempotencyKey: "retry-me", requestHash: hash("body"), freeAllowed: false };
+    const failed = admitted(await a.call({ ...key, now: at(0) }));
+    await resolve(database.db, { requestId: failed.requestId, success: false, now: at(1) });
+    const retried = admitted(await a.call({ ...key, now: at(2) }));
+    expect(retried.requestId).not.toBe(failed.requestId);
+    await resolve(database.db, { requestId: retried.requestId, success: true, actualUnits: 1_000, response: {}, now: at(3) });
+
+    const dayLater = 24 * 3600 * 1000 + 10;
+    expect((await a.call({ ...key, now: at(dayLater - 20) })).outcome).toBe("replay");
+    const fresh = admitted(await a.call({ ...key, now: at(dayLater) }));
+    expect(fresh.requestId).not.toBe(retried.requestId);
+    await a.check();
+  });
+});
+
+describe("keys (A7)", () => {
+  it("a revoked key is refused from the next call on", async () => {
+    const a = await account({ units: 100_000 });
+    admitted(await a.call({ freeAllowed: false }));
+    expect(await revokeApiKey(database.db, a.keyId)).toBe(true);
+    expect(await a.call({ freeAllowed: false, now: at(1) })).toEqual({ outcome: "unauthenticated" });
+    await a.check();
+  });
+
+  it("an unknown key is refused and touches no account", async () => {
+    const refused = await admit(database.db, {
+      keyHash: hashApiKey("ts_live_unknown"),
+      endpoint: "decide",
+      reserveUnits: 1,
+      freeAllowed: true,
+      leaseMs: 1_000,
+    });
+    expect(refused).toEqual({ outcome: "unauthenticated" });
+  });
+});
