@@ -129,6 +129,14 @@ interface QuestionResult {
   billed: ChatUsage[];
 }
 
+/** What every call of one request shares: the prefix, the cache key and the request's signal and deadline. */
+interface Asker {
+  stateBlock: string;
+  cacheKey: string;
+  options: CallOptions;
+}
+
+/** The engine over one LLM client; it keeps no state between requests (the client caches the probe). */
 export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): DecisionEngine {
   const { llm, logger } = deps;
 
@@ -163,12 +171,6 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
       usage: sumUsage(results.flatMap((r) => r.billed)),
       answered: results.filter((r) => r.answer.type !== "error").length,
     };
-  }
-
-  interface Asker {
-    stateBlock: string;
-    cacheKey: string;
-    options: CallOptions;
   }
 
   /** One logprobs call, read over `labels`; once more with the closing line repeated if no label came back. */

@@ -48,7 +48,6 @@ function dropEmptyAnswerFields(data: Record<string, unknown>): void {
 
 /** The contract promises `published_at` on every result: an ISO date or null. */
 function nullMissingDates(data: Record<string, unknown>): void {
-  for (const result of (data["results"] ?? []) as Record<string, unknown>[]) {
-    result["published_at"] ??= null;
-  }
+  const results = (data["results"] ?? []) as Record<string, unknown>[];
+  data["results"] = results.map(({ title, url, snippet, published_at = null, ...rest }) => ({ title, url, snippet, published_at, ...rest }));
 }

@@ -14,6 +14,7 @@ import { unitsToCredits } from "../units.js";
 import { cacheKey, createSingleFlight, createTtlCache, EMPTY_TTL_MS, normalizeQuery, TTL_MS } from "./cache.js";
 import { fuse, normalizeItems, postFilter, type NormalizedItem, type RankedList } from "./merge.js";
 import { createRateGate } from "./rate-gate.js";
+import { linkedSignal, type LinkedSignal } from "./signals.js";
 import { parseSourceCatalog, type SourceEntry } from "./source-config.js";
 import { createArxivSource } from "./sources/arxiv.js";
 import { createBraveSource } from "./sources/brave.js";
@@ -139,20 +140,21 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
         : { status: "rate_limited", reason: "provider budget exhausted; no call made", called: false };
     }
     const timeoutMs = Math.max(1, Math.floor(Math.min(entry.timeoutMs, budget())));
-    const timeout = AbortSignal.timeout(timeoutMs);
+    const link = linkedSignal([signal], timeoutMs);
     try {
-      return await call(entry, query, window, tMs, key, timeoutMs, timeout, signal);
+      return await call(entry, query, window, tMs, key, timeoutMs, link);
     } finally {
+      link.dispose();
       admission.release();
     }
   }
 
   /** The upstream call itself and the classification of its outcome. */
   async function call(
-    entry: SourceEntry, query: string, window: SearchWindow, tMs: number, key: string, timeoutMs: number, timeout: AbortSignal, signal: AbortSignal,
+    entry: SourceEntry, query: string, window: SearchWindow, tMs: number, key: string, timeoutMs: number, link: LinkedSignal,
   ): Promise<Attempt> {
     try {
-      const answer = await adapters.get(entry.id)!.search({ query, window, nowMs: tMs, signal: AbortSignal.any([signal, timeout]) });
+      const answer = await adapters.get(entry.id)!.search({ query, window, nowMs: tMs, signal: link.signal });
       gate.recordSuccess(entry.id);
       if (answer.pauseMs !== undefined) gate.suspend(entry.id, answer.pauseMs);
       const items = normalizeItems(answer.items);
@@ -171,11 +173,11 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
         logger.warn("search source failed", { source: entry.id, kind: err.kind, reason: err.reason });
         return { status: err.kind === "rate_limited" ? "rate_limited" : "error", reason: err.reason, called: true };
       }
-      if (timeout.aborted) {
+      if (link.timedOut()) {
         gate.recordFailure(entry.id);
         return { status: "timeout", reason: `no answer within ${timeoutMs} ms`, called: true };
       }
-      if (signal.aborted) {
+      if (link.signal.aborted) {
         // Every waiting caller left: not the upstream's fault, so no failure is counted.
         return { status: "timeout", reason: "the search was cancelled before this source answered", called: true };
       }
@@ -220,8 +222,9 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
     const suspended = gate.suspendedForMs(entry.id);
     if (suspended > 0) return finish("suspended", { reason: suspendedReason(suspended) });
 
+    const waiting = linkedSignal([caller, deadline]);
     try {
-      const { value, leader } = await flights.run(key, AbortSignal.any([caller, deadline]), (shared) =>
+      const { value, leader } = await flights.run(key, waiting.signal, (shared) =>
         attempt(entry, query, window, tMs, key, deadlineAt, shared),
       );
       if (value.status === "ok") return answered(value.items, value.note, !leader, leader);
@@ -231,6 +234,8 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
       if (deadline.aborted) return finish("timeout", { reason: "no answer before the search deadline" });
       logger.error("search source failed unexpectedly", { source: entry.id, err });
       return finish("error", { reason: "unexpected failure" });
+    } finally {
+      waiting.dispose();
     }
   }
 
@@ -303,17 +308,17 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
       const started = performance.now();
       const tMs = now();
       const deadlineAt = performance.now() + deadlineMs;
-      const deadline = AbortSignal.timeout(deadlineMs);
+      const deadline = linkedSignal([], deadlineMs);
       const planned = new Set([...plan.sources, ...plan.notConfigured]);
       const runs = await Promise.all(
         catalog.entries
           .filter((e) => planned.has(e.id))
           .map((e): Promise<SourceRun> | SourceRun =>
             plan.sources.includes(e.id) && e.configured
-              ? runSource(e, query, plan.window, tMs, deadlineAt, deadline, signal)
+              ? runSource(e, query, plan.window, tMs, deadlineAt, deadline.signal, signal)
               : notConfiguredRun(e.id),
           ),
-      );
+      ).finally(deadline.dispose);
       signal.throwIfAborted();
       const reports = runs.map((r) => r.report);
       const answered = runs.filter((r) => r.report.status === "ok" || r.report.status === "empty");

@@ -188,6 +188,26 @@ describe("POST /api/v1/decisions", () => {
   });
 });
 
+describe("Idempotency-Key", () => {
+  it("replays the stored answers without calling the upstream or charging again", async () => {
+    route(happyRoutes);
+    const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    const headers = { "idempotency-key": `decide-${accountId}` };
+    const first = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey, headers });
+    const calls = fake.requests.length;
+    const again = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey, headers });
+    expect(again.status).toBe(200);
+    expect(again.headers.get("idempotent-replayed")).toBe("true");
+    expect(again.body.data.answers).toEqual(first.body.data.answers);
+    expect(again.body.data.usage).toEqual(first.body.data.usage);
+    expect(fake.requests.length).toBe(calls);
+    expect(await balanceUnits(accountId)).toBe(1_000_000 - 3_300);
+    const other = await postJson(`${service.url}/api/v1/decisions`, { ...request, state: "another state" }, { apiKey, headers });
+    expect(other.status).toBe(422);
+    await assertInvariants(database.db, accountId);
+  });
+});
+
 describe("cancellation", () => {
   it("cancels the upstream calls when the caller goes away", { timeout: 5_000 }, async () => {
     const hold = deferred();

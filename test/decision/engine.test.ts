@@ -176,6 +176,15 @@ describe("logprobs path", () => {
   });
 });
 
+describe("a failing probe", () => {
+  it("fails every question, without inventing answers", async () => {
+    const { outcome } = await decide(() => ({ status: 401, json: { error: { message: "invalid api key sk-x" } } }), questions);
+    expect(outcome.answered).toBe(0);
+    expect(outcome.usage).toEqual({ inputTokens: 0, outputTokens: 0, cachedInputTokens: 0, upstreamCalls: 0 });
+    for (const [, answer] of outcome.answers) expect(answer).toMatchObject({ type: "error", code: "upstream_error", retryable: false });
+  });
+});
+
 describe("verbalized fallback", () => {
   const noLogprobs: FakeHandler = (r) =>
     r.body.logprobs ? { status: 400, json: { error: { message: "logprobs are not supported with reasoning models" } } } : textReply('{"yes":1}');
@@ -209,6 +218,17 @@ describe("verbalized fallback", () => {
       expect(r.body.logprobs).toBeUndefined();
       expect(r.body.response_format?.json_schema?.schema?.required).toEqual(["A", "B", "C"]);
     }
+  });
+
+  it("reports a choice over more than 26 options as unsupported, and answers the rest", async () => {
+    const options = Array.from({ length: 27 }, (_, i) => `o${i}`);
+    const { answers, fake } = await decide(
+      (r, index) => (isProbe(r.body) ? noLogprobs(r, index) : textReply('{"yes": 0.5, "no": 0.5}')),
+      [{ key: "pick", type: "choice", instructions: "Pick one", options }, questions[0]!],
+    );
+    expect(answers.pick).toMatchObject({ type: "error", code: "unsupported", retryable: false });
+    expect(answers.urgent).toMatchObject({ type: "noul", noul: 0.5, xMethod: "verbalized", xAgreement: 1 });
+    expect(fake.questionRequests().every((r) => !userContent(r).includes("Pick one"))).toBe(true);
   });
 
   it("asks again with feedback after a reply that is not the JSON, without billing it", async () => {

@@ -150,7 +150,7 @@ describe("calls", () => {
         questions += 1;
         return questions === 1 ? { hold: never.promise } : logprobsReply({ B: 1 });
       },
-      { callTimeoutMs: 150 },
+      { callTimeoutMs: 400 },
     );
     const completion = await client.complete(ask, opts());
     expect(completion.firstToken?.token).toBe("B");

@@ -1,8 +1,13 @@
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { DecideRequestSchema, DecisionService } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { defaultHandler, deferred, isProbe, startFakeLlm, type FakeHandler, type FakeLlm } from "../support/fake-llm.js";
 import { assertInvariants } from "../support/invariants.js";
+import { runAdmin } from "../support/process.js";
 import { waitFor } from "../support/wait.js";
 
 /**
@@ -224,5 +229,41 @@ describe("idempotency over HTTP", () => {
     expect(retry.body).toMatchObject({ code: 40901, data: { reason: "IDEMPOTENCY_IN_PROGRESS" } });
     expect((await first).status).toBe(200);
     await assertInvariants(database.db, accountId);
+  });
+});
+
+describe("the gRPC surface is metered by the same code", () => {
+  it("a gRPC Decide is admitted, settled and billed, and shares the account's limits with the gateway", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 100_000 });
+    const client = createClient(DecisionService, createGrpcTransport({ baseUrl: service.url }));
+    let rateRemaining: string | null = null;
+    const response = await client.decide(create(DecideRequestSchema, {
+      model: decision.model,
+      state: { kind: { case: "stringValue", value: decision.state } },
+      questions: { urgent: { type: "noul", instructions: "Is this urgent?" } },
+    }), {
+      headers: { authorization: `Bearer ${apiKey}` },
+      onHeader: (headers) => (rateRemaining = headers.get("ratelimit-remaining")),
+    });
+    expect(response.billing).toMatchObject({ funding: "paid", reservedCredits: 0.032, chargedCredits: 0.0001, balanceCredits: 0.0999 });
+    expect(rateRemaining).toBe("59");
+    expect((await decide(apiKey)).headers.get("ratelimit-remaining")).toBe("58");
+    await assertInvariants(database.db, accountId);
+  });
+});
+
+describe("operator view of the money", () => {
+  it("`usage` lists the charged calls and `accounts show` the balance, held credits and free requests", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 100_000, freeRequests: 1 });
+    await decide(apiKey);
+    await decide(apiKey);
+    const env = { DATABASE_URL: database.url };
+    const usage = JSON.parse((await runAdmin(["usage", "--account", accountId], env)).stdout);
+    expect(usage.calls.map((c: { funding: string; charged_credits: number }) => [c.funding, c.charged_credits])).toEqual([
+      ["paid", 0.0001],
+      ["free", 0],
+    ]);
+    const shown = JSON.parse((await runAdmin(["accounts", "show", "--account", accountId], env)).stdout);
+    expect(shown).toMatchObject({ balance_credits: 0.0999, held_credits: 0, free_requests_remaining: 0 });
   });
 });

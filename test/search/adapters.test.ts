@@ -382,3 +382,32 @@ describe("gdelt", () => {
     expect((await run(source("gdelt", createGdeltSource))).items).toEqual([]);
   });
 });
+
+describe("transport rules shared by every adapter", () => {
+  it("a keyed call never follows a redirect (the key would travel to another host)", async () => {
+    fakes.providers.brave.reply({ status: 302, headers: { location: `${fakes.providers.exa.url}/search` }, body: "" });
+    const err = await failure(run(source("brave", createBraveSource, BRAVE_KEY)));
+    expect(err.reason).toBe("upstream unreachable");
+    expect(fakes.providers.exa.requests).toHaveLength(0);
+  });
+
+  it("a keyless call follows a redirect", async () => {
+    let redirected = false;
+    fakes.providers.gdelt.reply((req) => {
+      if (redirected) return defaultHandler("gdelt", () => NOW)(req);
+      redirected = true;
+      return { status: 301, headers: { location: "/api/v2/doc/doc?query=x&mode=ArtList&format=json" }, body: "" };
+    });
+    expect((await run(source("gdelt", createGdeltSource))).items).toHaveLength(2);
+  });
+
+  it.each([
+    ["declared", true],
+    ["streamed", false],
+  ])("an answer above 4 MB (%s) is refused without being buffered", async (_name, declared) => {
+    const huge = "x".repeat(5 * 1024 * 1024);
+    fakes.providers.hackernews.reply({ headers: declared ? {} : { "transfer-encoding": "chunked" }, body: `{"hits":[],"pad":"${huge}"}` });
+    const err = await failure(run(source("hackernews", createHackerNewsSource)));
+    expect(err.reason).toBe("upstream answer too large");
+  });
+});

@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { ConfigError } from "../../src/config.js";
 import { cacheKey, createSingleFlight, createTtlCache, normalizeQuery } from "../../src/search/cache.js";
 import { createRateGate, FIRST_FAILURE_SUSPENSION_MS, MAX_FAILURE_SUSPENSION_MS } from "../../src/search/rate-gate.js";
+import { linkedSignal } from "../../src/search/signals.js";
 import { parseSourceCatalog } from "../../src/search/source-config.js";
 
 /** A clock the test moves by hand: TTLs and budgets are checked without waiting. */
@@ -199,5 +200,33 @@ describe("source catalog", () => {
     expect(error).toBeInstanceOf(ConfigError);
     expect((error as ConfigError).problems).toHaveLength(4);
     expect((error as ConfigError).problems[0]).toContain('unknown source ids "google"');
+  });
+});
+
+describe("linked signals", () => {
+  it("a parent's abort propagates with its reason; it is not a timeout", () => {
+    const parent = new AbortController();
+    const link = linkedSignal([parent.signal], 60_000);
+    parent.abort(new Error("caller left"));
+    expect([link.signal.aborted, (link.signal.reason as Error).message, link.timedOut()]).toEqual([true, "caller left", false]);
+  });
+
+  it("its own timeout aborts it and says so", async () => {
+    const link = linkedSignal([], 1);
+    await new Promise((resolve) => link.signal.addEventListener("abort", resolve, { once: true }));
+    expect(link.timedOut()).toBe(true);
+  });
+
+  it("after dispose a parent's abort no longer reaches it", () => {
+    const parent = new AbortController();
+    const link = linkedSignal([parent.signal], 60_000);
+    link.dispose();
+    parent.abort();
+    expect(link.signal.aborted).toBe(false);
+  });
+
+  it("an already aborted parent aborts it at once", () => {
+    const link = linkedSignal([AbortSignal.abort("gone")]);
+    expect([link.signal.aborted, link.signal.reason]).toEqual([true, "gone"]);
   });
 });

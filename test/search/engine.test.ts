@@ -141,6 +141,7 @@ describe("fan-out and merge", () => {
 describe("partial failure", () => {
   it("one times out, one errors, one is rate limited → the others answer with honest statuses", async () => {
     fakes.providers.gdelt.reply({ hang: true });
+    const gdeltCut = fakes.providers.gdelt.nextAbandon();
     fakes.providers.exa.reply({ status: 500, body: { error: "internal SECRET-UPSTREAM-DETAIL" } });
     fakes.providers.brave.reply(brave429(30));
     const e = engine({ TYPESAFE_SEARCH_GDELT_TIMEOUT_MS: "300" });
@@ -156,6 +157,9 @@ describe("partial failure", () => {
     ]);
     expect(outcome.chargeUnits).toBe(1000);
     expect(JSON.stringify(outcome)).not.toContain("SECRET");
+    // The straggler's connection was closed by us, not left hanging.
+    await gdeltCut;
+    expect(fakes.providers.gdelt.abandoned()).toBeGreaterThanOrEqual(1);
 
     // Brave asked for 30 s: it is suspended (no call) until then, on the injected clock.
     const again = await search(e, { q: "another query", s: ["brave", "hackernews"] });

@@ -18,6 +18,8 @@ export async function startTestApp(database: TestDatabase, env: Record<string, s
     TYPESAFE_LOG_LEVEL: "silent",
     TYPESAFE_SHUTDOWN_GRACE_MS: "2000",
     TYPESAFE_DB_POOL_MAX: database.isExternal ? "10" : "4",
+    // Tests never reach the real providers: a test enables the sources it points at its fakes.
+    TYPESAFE_SEARCH_SOURCES: "none",
     ...env,
     DATABASE_URL: database.url,
   });

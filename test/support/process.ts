@@ -28,7 +28,11 @@ export interface ServiceProcess {
 /** Starts `src/main.ts` as its own process and resolves once it logs that it listens. */
 export function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
   return new Promise((resolve, reject) => {
-    const child = spawn(tsx, ["src/main.ts"], { cwd: root, env: { ...cleanEnv(), PORT: "0", ...env } });
+    const child = spawn(tsx, ["src/main.ts"], {
+      cwd: root,
+      // Tests never reach the real providers: a test enables the sources it points at its fakes.
+      env: { ...cleanEnv(), PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", ...env },
+    });
     const logs: string[] = [];
     let buffered = "";
     const exited = new Promise<number | null>((done) => child.on("exit", (code) => done(code)));

@@ -1,5 +1,5 @@
 import {
-  callUpstream, endpoint, failForStatus, retryAfterMs, SourceFailure, windowCutoffMs,
+  callUpstream, endpoint, failForStatus, readText, retryAfterMs, SourceFailure, windowCutoffMs,
   type SearchSource, type SourceSettings,
 } from "./types.js";
 
@@ -35,7 +35,7 @@ export function createArxivSource(settings: SourceSettings): SearchSource {
       }
       if (res.status === 400) throw new SourceFailure("error", "upstream rejected the search", { upstreamFault: false });
       failForStatus(res, call.nowMs);
-      return { items: parseArxivFeed(await res.text()) };
+      return { items: parseArxivFeed(await readText(res)) };
     },
   };
 }

@@ -1,5 +1,5 @@
 import {
-  asArray, asRecord, asString, callUpstream, endpoint, failForStatus, SourceFailure,
+  asArray, asRecord, asString, callUpstream, endpoint, failForStatus, readText, SourceFailure,
   type SearchSource, type SourceSettings,
 } from "./types.js";
 import type { SearchWindow } from "../validate.js";
@@ -33,7 +33,7 @@ export function createGdeltSource(settings: SourceSettings): SearchSource {
       }
       failForStatus(res, call.nowMs);
       const type = res.headers.get("content-type") ?? "";
-      const text = await res.text();
+      const text = await readText(res);
       if (/text\/html/i.test(type) || !/^\s*\{/.test(text)) {
         throw new SourceFailure("error", "upstream rejected the query", { upstreamFault: false });
       }

@@ -28,6 +28,10 @@ export interface FakeProvider {
   url: string;
   /** Every request received, oldest first. */
   requests: RecordedRequest[];
+  /** Requests whose client went away before the answer was sent (a straggler cut by its caller). */
+  abandoned(): number;
+  /** Resolves at the next abandoned request. */
+  nextAbandon(): Promise<void>;
   /** Replaces the handler: the next requests get this answer. */
   reply(handler: FakeHandler | FakeReply): void;
   close(): Promise<void>;
@@ -42,7 +46,14 @@ export async function startFakeProvider(handler: FakeHandler): Promise<FakeProvi
   let current: FakeHandler = handler;
   const requests: RecordedRequest[] = [];
   const timers = new Set<NodeJS.Timeout>();
+  let abandoned = 0;
+  let abandonWaiters: Array<() => void> = [];
   const server = http.createServer((req, res) => {
+    res.on("close", () => {
+      if (res.writableEnded) return;
+      abandoned++;
+      for (const wake of abandonWaiters.splice(0)) wake();
+    });
     const chunks: Buffer[] = [];
     req.on("data", (chunk: Buffer) => chunks.push(chunk));
     req.on("end", () => {
@@ -87,10 +98,13 @@ export async function startFakeProvider(handler: FakeHandler): Promise<FakeProvi
   return {
     url: `http://127.0.0.1:${port}`,
     requests,
+    abandoned: () => abandoned,
+    nextAbandon: () => new Promise<void>((resolve) => abandonWaiters.push(resolve)),
     reply(next) {
       current = typeof next === "function" ? next : () => next;
     },
     async close() {
+      abandonWaiters = [];
       for (const timer of timers) clearTimeout(timer);
       server.closeAllConnections();
       await new Promise<void>((resolve) => server.close(() => resolve()));
