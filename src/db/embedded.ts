@@ -1,8 +1,8 @@
 import fs from "node:fs/promises";
 import { PGlite } from "@electric-sql/pglite";
-import { PGLiteSocketServer } from "@electric-sql/pglite-socket";
 import type { Logger } from "../logger.js";
 import { socketFilePath } from "./database.js";
+import { serveWire } from "./pglite-wire.js";
 
 export interface EmbeddedStore {
   url: string;
@@ -14,19 +14,17 @@ export interface EmbeddedStore {
  * dataDir/socket.json so the operator CLI can reach the running store
  * (PGlite's folder cannot be opened by two processes).
  */
-export async function openEmbeddedStore(dataDir: string, logger: Logger, maxConnections = 16): Promise<EmbeddedStore> {
+export async function openEmbeddedStore(dataDir: string, logger: Logger): Promise<EmbeddedStore> {
   await fs.mkdir(dataDir, { recursive: true });
   const pglite = await PGlite.create(dataDir);
-  const server = new PGLiteSocketServer({ db: pglite, host: "127.0.0.1", port: 0, maxConnections });
-  await server.start();
-  const url = `postgres://postgres@${server.getServerConn()}/postgres?sslmode=disable`;
-  await fs.writeFile(socketFilePath(dataDir), JSON.stringify({ url, pid: process.pid }), { mode: 0o600 });
+  const wire = await serveWire(pglite);
+  await fs.writeFile(socketFilePath(dataDir), JSON.stringify({ url: wire.url, pid: process.pid }), { mode: 0o600 });
   logger.info("embedded database ready", { data_dir: dataDir });
   return {
-    url,
+    url: wire.url,
     close: async () => {
       await fs.rm(socketFilePath(dataDir), { force: true });
-      await server.stop();
+      await wire.close();
       await pglite.close();
     },
   };

@@ -24,8 +24,7 @@ export default async function setup(project: TestProject) {
   }
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-test-"));
   const { openEmbeddedStore } = await import("../../src/db/embedded.js");
-  // Every test file's apps and replicas share this store: room for all their pools.
-  const store = await openEmbeddedStore(dataDir, createLogger("silent"), 200);
+  const store = await openEmbeddedStore(dataDir, createLogger("silent"));
   const db = createKnex(store.url, 1);
   await migrate(db, false);
   await db.destroy();

@@ -1,0 +1,158 @@
+import net from "node:net";
+import type { PGlite } from "@electric-sql/pglite";
+
+/**
+ * Serves one PGlite database over the PostgreSQL wire protocol on a loopback
+ * port, so the ordinary `pg` driver (the service's pool, the operator CLI,
+ * other test processes) can share it.
+ *
+ * PGlite has a single backend session. Clients are therefore given that
+ * session one exchange at a time: a client's messages are gathered up to the
+ * end of an exchange (Sync, a simple Query, or Flush), and the whole exchange
+ * runs while the client holds the session; a client that leaves a transaction
+ * open keeps the session until it commits or rolls back. Handing the session
+ * over message by message — what @electric-sql/pglite-socket 0.2 does — lets
+ * one client's Bind land on another's Parse under concurrency.
+ */
+export interface WireServer {
+  url: string;
+  close(): Promise<void>;
+}
+
+const SSL_REQUEST = 80877103;
+const GSSENC_REQUEST = 80877104;
+const CANCEL_REQUEST = 80877102;
+/** Message types that end an exchange: Sync, Query, Flush. */
+const EXCHANGE_END = new Set(["S", "Q", "H"]);
+const TERMINATE = "X";
+
+export async function serveWire(db: PGlite, host = "127.0.0.1", port = 0): Promise<WireServer> {
+  const session = createSessionLock();
+  const sockets = new Set<net.Socket>();
+
+  const server = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.setNoDelay(true);
+    const client = Symbol("client");
+    let buffered: Buffer = Buffer.alloc(0);
+    let started = false;
+    let exchange: Buffer[] = [];
+    let queue = Promise.resolve();
+
+    /** Runs messages in order; an exchange is run whole while this client holds the session. */
+    const run = (messages: Buffer[]) => {
+      queue = queue
+        .then(async () => {
+        await session.acquire(client);
+        try {
+          for (const message of messages) {
+            if (socket.destroyed) break;
+            await db.runExclusive(() =>
+              db.execProtocolRawStream(new Uint8Array(message), {
+                onRawData: (chunk) => {
+                  if (!socket.destroyed) socket.write(Buffer.from(chunk));
+                },
+              }),
+            );
+          }
+        } finally {
+          if (!db.isInTransaction()) session.release(client);
+        }
+        })
+        .catch(() => {
+          socket.destroy();
+        });
+    };
+
+    socket.on("data", (chunk: Buffer) => {
+      buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
+      for (;;) {
+        if (!started) {
+          // Untyped messages: Int32 length, Int32 code.
+          if (buffered.length < 8) return;
+          const length = buffered.readInt32BE(0);
+          if (buffered.length < length) return;
+          const message = buffered.subarray(0, length);
+          buffered = buffered.subarray(length);
+          const code = message.readInt32BE(4);
+          if (code === SSL_REQUEST || code === GSSENC_REQUEST) {
+            socket.write("N");
+          } else if (code === CANCEL_REQUEST) {
+            socket.end();
+            return;
+          } else {
+            started = true;
+            run([Buffer.from(message)]);
+          }
+          continue;
+        }
+        // Typed messages: Byte1 type, Int32 length (counting itself).
+        if (buffered.length < 5) return;
+        const length = 1 + buffered.readInt32BE(1);
+        if (buffered.length < length) return;
+        const message = Buffer.from(buffered.subarray(0, length));
+        buffered = buffered.subarray(length);
+        const type = String.fromCharCode(message[0]!);
+        if (type === TERMINATE) {
+          socket.end();
+          return;
+        }
+        exchange.push(message);
+        if (EXCHANGE_END.has(type)) {
+          run(exchange);
+          exchange = [];
+        }
+      }
+    });
+    socket.on("error", () => socket.destroy());
+    socket.on("close", () => {
+      sockets.delete(socket);
+      // A client gone mid-transaction must not keep the session.
+      queue = queue.then(async () => {
+        if (session.owner !== client) return;
+        try {
+          if (db.isInTransaction()) await db.exec("ROLLBACK");
+        } finally {
+          session.release(client);
+        }
+      });
+    });
+  });
+
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve());
+  });
+  const address = server.address() as net.AddressInfo;
+  return {
+    url: `postgres://postgres@${address.address}:${address.port}/postgres?sslmode=disable`,
+    close: async () => {
+      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      for (const socket of sockets) socket.destroy();
+      await closed;
+    },
+  };
+}
+
+/** The single backend session, held by one client at a time, handed over in arrival order. */
+function createSessionLock() {
+  const waiting: { client: symbol; grant: () => void }[] = [];
+  const lock = {
+    owner: undefined as symbol | undefined,
+    async acquire(client: symbol): Promise<void> {
+      if (lock.owner === client) return;
+      if (lock.owner === undefined) {
+        lock.owner = client;
+        return;
+      }
+      await new Promise<void>((grant) => waiting.push({ client, grant }));
+    },
+    release(client: symbol): void {
+      if (lock.owner !== client) return;
+      const next = waiting.shift();
+      lock.owner = next?.client;
+      next?.grant();
+    },
+  };
+  return lock;
+}
