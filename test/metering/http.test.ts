@@ -5,7 +5,8 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { DecideRequestSchema, DecisionService } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { defaultHandler, deferred, isProbe, startFakeLlm, type FakeHandler, type FakeLlm } from "../support/fake-llm.js";
+import { defaultHandler, deferred, startFakeLlm, type FakeHandler, type FakeLlm } from "../support/fake-llm.js";
+import { answerQuestions, holdQuestions } from "../support/held-upstream.js";
 import { assertInvariants } from "../support/invariants.js";
 import { runAdmin } from "../support/process.js";
 import { waitFor } from "../support/wait.js";
@@ -52,7 +53,6 @@ const accountRow = (accountId: string) => database.db("accounts").where({ id: ac
  * the upstream and collects every answer.
  */
 async function burst(apiKey: string, count: number) {
-  const release = deferred();
   const questionsBefore = fake.questionRequests().length;
   const reached = () => fake.questionRequests().length - questionsBefore;
   let answered = 0;
@@ -60,10 +60,9 @@ async function burst(apiKey: string, count: number) {
   const check = () => {
     if (answered + reached() >= count) settledOrHeld.resolve();
   };
-  fake.setHandler((request, index) => {
-    if (isProbe(request.body)) return defaultHandler(request, index);
+  const upstream = holdQuestions(fake, (request, index) => {
     queueMicrotask(check);
-    return { ...(defaultHandler(request, index) as object), hold: release.promise };
+    return defaultHandler(request, index);
   });
   const calls = Array.from({ length: count }, () =>
     decide(apiKey).then((response) => {
@@ -74,7 +73,7 @@ async function burst(apiKey: string, count: number) {
   );
   await settledOrHeld.promise;
   const reachedWhileHeld = reached();
-  release.resolve();
+  upstream.release();
   const responses = await Promise.all(calls);
   return { reachedWhileHeld, responses };
 }
@@ -135,7 +134,7 @@ describe("rate limit over HTTP", () => {
 describe("free requests over HTTP", () => {
   it("free first, then paid; a failed call gives its free request back", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000, freeRequests: 1 });
-    fake.setHandler((request, index) => (isProbe(request.body) ? defaultHandler(request, index) : { status: 500, json: { error: { message: "boom" } } }));
+    answerQuestions(fake, () => ({ status: 500, json: { error: { message: "boom" } } }));
     const failed = await decide(apiKey);
     expect(failed.status).toBe(502);
     fake.setHandler(defaultHandler);
@@ -160,7 +159,7 @@ describe("upstream faults: 502 and nothing charged", () => {
   ];
   it.each(faults)("%s", async (_name, fault) => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
-    fake.setHandler((request, index) => (isProbe(request.body) ? defaultHandler(request, index) : fault(request, index)));
+    answerQuestions(fake, fault);
     const response = await decide(apiKey);
     expect(response.status).toBe(502);
     expect(response.body).toMatchObject({ code: 50201, data: { reason: "UPSTREAM_FAILED" } });
@@ -172,19 +171,15 @@ describe("upstream faults: 502 and nothing charged", () => {
   it("a caller that goes away: the upstream call is aborted and the hold released", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
     const upstreamClosed = deferred();
-    const reached = deferred();
-    fake.setHandler((request, index) => {
-      if (isProbe(request.body)) return defaultHandler(request, index);
-      reached.resolve();
-      return { hold: new Promise(() => {}) };
-    });
+    const upstream = holdQuestions(fake);
     fake.onRequestClosed = () => upstreamClosed.resolve();
     const caller = new AbortController();
     const call = decide(apiKey, { signal: caller.signal }).catch((err: unknown) => err);
-    await reached.promise;
+    await upstream.reached;
     caller.abort();
     await call;
     await upstreamClosed.promise;
+    upstream.release();
     await waitFor(async () => (await accountRow(accountId)).in_flight === 0, "the hold to be released");
     expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0 });
     await assertInvariants(database.db, accountId);
@@ -213,18 +208,12 @@ describe("idempotency over HTTP", () => {
 
   it("a retry while the first is still in flight gets 409", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 100_000 });
-    const release = deferred();
-    const reached = deferred();
-    fake.setHandler((request, index) => {
-      if (isProbe(request.body)) return defaultHandler(request, index);
-      reached.resolve();
-      return { ...(defaultHandler(request, index) as object), hold: release.promise };
-    });
+    const upstream = holdQuestions(fake);
     const headers = { "idempotency-key": "slow-one" };
     const first = decide(apiKey, { headers });
-    await reached.promise;
+    await upstream.reached;
     const retry = await decide(apiKey, { headers });
-    release.resolve();
+    upstream.release();
     expect(retry.status).toBe(409);
     expect(retry.body).toMatchObject({ code: 40901, data: { reason: "IDEMPOTENCY_IN_PROGRESS" } });
     expect((await first).status).toBe(200);

@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestAccount, postJson } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { defaultHandler, deferred, isProbe, startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
+import { deferred, startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
+import { holdQuestions } from "../support/held-upstream.js";
 import { assertInvariants } from "../support/invariants.js";
 import { startServiceProcess, type ServiceProcess } from "../support/process.js";
 import { waitFor } from "../support/wait.js";
@@ -48,22 +49,10 @@ const decision = {
 const decide = (replica: ServiceProcess, apiKey: string) => postJson(`${replica.url}/api/v1/decisions`, decision, { apiKey });
 const accountRow = (accountId: string) => database.db("accounts").where({ id: accountId }).first();
 
-/** Holds every question call open until the returned release is called. */
-function holdUpstream() {
-  const release = deferred();
-  fake.setHandler((request, index) =>
-    isProbe(request.body) ? defaultHandler(request, index) : { ...(defaultHandler(request, index) as object), hold: release.promise },
-  );
-  return () => {
-    release.resolve();
-    fake.setHandler(defaultHandler);
-  };
-}
-
 describe("two replicas on one database", () => {
   it("40 concurrent calls spread over both replicas: exactly 5 reach the upstream", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 100 * 32_000 });
-    const release = holdUpstream();
+    const upstream = holdQuestions(fake);
     const before = fake.questionRequests().length;
     const reached = () => fake.questionRequests().length - before;
     let answered = 0;
@@ -81,7 +70,7 @@ describe("two replicas on one database", () => {
     );
     await allDecided.promise;
     expect(reached()).toBe(5);
-    release();
+    upstream.release();
     const statuses = (await Promise.all(calls)).map((r) => r.status).sort();
     expect(statuses).toEqual([...Array(5).fill(200), ...Array(35).fill(429)]);
     await assertInvariants(database.db, accountId);
@@ -91,13 +80,13 @@ describe("two replicas on one database", () => {
     const [victim, survivor] = replicas as [ServiceProcess, ServiceProcess];
     const held = await createTestAccount(database.db, { units: 10 * 32_000 });
     const other = await createTestAccount(database.db, { units: 10 * 32_000 });
-    const release = holdUpstream();
+    const upstream = holdQuestions(fake);
     const inFlight = Array.from({ length: 3 }, () => decide(victim, held.apiKey).catch((err: unknown) => err));
     await waitFor(async () => (await accountRow(held.accountId)).in_flight === 3, "3 holds in the database");
 
     await victim.stop("SIGKILL");
     await Promise.all(inFlight);
-    release();
+    upstream.release();
     expect((await decide(survivor, other.apiKey)).status).toBe(200);
 
     await waitFor(async () => (await accountRow(held.accountId)).in_flight === 0, "the lease to expire the dead replica's holds");
