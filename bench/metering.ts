@@ -16,11 +16,11 @@
 import crypto from "node:crypto";
 import pg from "pg";
 import { hashApiKey } from "../src/accounts/api-keys.js";
-import { createAccount, createApiKey } from "../src/accounts/store.js";
 import { loadConfig } from "../src/config.js";
 import { createKnex, migrate } from "../src/db/database.js";
 import { createLogger } from "../src/logger.js";
 import { createMeter, decisionReserveUnits } from "../src/metering/meter.js";
+import { createBenchAccounts, createScratchDatabase } from "./support.js";
 
 const WORKERS = 10;
 const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 4_000);
@@ -56,29 +56,15 @@ async function measure(op: (i: number) => Promise<void>): Promise<Figures> {
 const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 
 async function main() {
-  const serverUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
-  const dbName = `typesafe_bench_${crypto.randomBytes(4).toString("hex")}`;
-  const admin = new pg.Client({ connectionString: serverUrl });
-  await admin.connect();
-  await admin.query(`CREATE DATABASE ${dbName}`);
-  const url = new URL(serverUrl);
-  url.pathname = `/${dbName}`;
-  const db = createKnex(url.toString(), WORKERS);
-  const pool = new pg.Pool({ connectionString: url.toString(), max: WORKERS });
+  const scratch = await createScratchDatabase(process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres");
+  const db = createKnex(scratch.url, WORKERS);
+  const pool = new pg.Pool({ connectionString: scratch.url, max: WORKERS });
   try {
     await migrate(db, true);
     const meter = createMeter({ db, config: loadConfig({}).metering, logger: createLogger("silent") });
 
-    const makeAccounts = async (count: number) => {
-      const accounts = [];
-      for (let i = 0; i < count; i++) {
-        const account = await createAccount(db, { name: "bench", units: 1e15, freeRequests: 0 });
-        const { apiKey } = await createApiKey(db, account.id);
-        accounts.push({ id: account.id, apiKey, keyHash: hashApiKey(apiKey) });
-      }
-      await db("accounts").whereIn("id", accounts.map((a) => a.id)).update({ rate_limit: 1_000_000_000, rate_window_ms: 50, max_in_flight: 1_000 });
-      return accounts;
-    };
+    const makeAccounts = async (count: number) =>
+      (await createBenchAccounts(db, count, 1_000)).map((a) => ({ ...a, keyHash: hashApiKey(a.apiKey) }));
     const reserve = decisionReserveUnits(1);
     const signal = new AbortController().signal;
 
@@ -128,8 +114,7 @@ async function main() {
   } finally {
     await pool.end();
     await db.destroy();
-    await admin.query(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
-    await admin.end();
+    await scratch.drop();
   }
 }
 

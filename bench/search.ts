@@ -19,49 +19,11 @@
  * product's (60/min, 5 in flight), which would otherwise cap the load.
  * Load generator, fakes and service share this process and the machine's cores.
  */
-import crypto from "node:crypto";
-import fs from "node:fs/promises";
-import http from "node:http";
-import type { AddressInfo } from "node:net";
-import { createRequire } from "node:module";
-import os from "node:os";
-import path from "node:path";
-import pg from "pg";
 import { startApp } from "../src/app.js";
-import { createAccount, createApiKey } from "../src/accounts/store.js";
 import { loadConfig } from "../src/config.js";
 import { createLogger } from "../src/logger.js";
 import { defaultHandler, FAKE_SOURCE_IDS, startFakeSearch, type FakeSourceId } from "../test/support/fake-search/providers.js";
-
-interface AutocannonResult {
-  requests: { average: number; total: number };
-  latency: { p50: number; p99: number; average: number; max: number };
-  non2xx: number;
-  errors: number;
-  timeouts: number;
-}
-interface AutocannonRequest {
-  method?: string;
-  path?: string;
-  headers?: Record<string, string>;
-  body?: string;
-}
-type Autocannon = (options: {
-  url: string;
-  method?: string;
-  headers?: Record<string, string>;
-  body?: string;
-  connections?: number;
-  duration?: number;
-  requests?: Array<
-    AutocannonRequest & {
-      setupRequest?: (req: AutocannonRequest) => AutocannonRequest;
-      onResponse?: (status: number, body: string) => void;
-    }
-  >;
-}) => Promise<AutocannonResult>;
-// autocannon ships no type declarations; this is the part of its API used here.
-const autocannon = createRequire(import.meta.url)("autocannon") as Autocannon;
+import { createBenchAccounts, openBenchStore, printTable, runAutocannon, startBareBaseline } from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
@@ -82,43 +44,18 @@ async function main() {
     }
   };
 
-  const serverUrl = process.env.DATABASE_URL;
-  let cleanup = async () => {};
-  let env: Record<string, string>;
-  if (serverUrl) {
-    const name = `typesafe_bench_${crypto.randomBytes(4).toString("hex")}`;
-    const admin = new pg.Client({ connectionString: serverUrl });
-    await admin.connect();
-    await admin.query(`CREATE DATABASE ${name}`);
-    const url = new URL(serverUrl);
-    url.pathname = `/${name}`;
-    env = { DATABASE_URL: url.toString() };
-    cleanup = async () => {
-      await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
-      await admin.end();
-    };
-  } else {
-    const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-bench-"));
-    env = { TYPESAFE_DATA_DIR: dataDir };
-    cleanup = () => fs.rm(dataDir, { recursive: true, force: true });
-  }
-
+  const store = await openBenchStore(process.env.DATABASE_URL);
   const config = loadConfig({
     PORT: "0",
     TYPESAFE_LOG_LEVEL: "silent",
     ...fakes.env,
     TYPESAFE_SEARCH_GDELT_TIMEOUT_MS: String(HUNG_TIMEOUT_MS),
     TYPESAFE_SEARCH_CACHE_ENTRIES: "100000",
-    ...env,
+    ...store.env,
   });
   const app = await startApp(config, createLogger(process.env.BENCH_LOG_LEVEL === "warn" ? "warn" : "silent"));
   const { db } = app.database;
-  const apiKeys: string[] = [];
-  for (let i = 0; i < CONNECTIONS; i++) {
-    const account = await createAccount(db, { name: "bench", units: 1e15, freeRequests: 0 });
-    apiKeys.push((await createApiKey(db, account.id)).apiKey);
-    await db("accounts").where({ id: account.id }).update({ rate_limit: 1_000_000_000, rate_window_ms: 50, max_in_flight: 10_000 });
-  }
+  const apiKeys = (await createBenchAccounts(db, CONNECTIONS, 10_000)).map((a) => a.apiKey);
 
   const searchUrl = `${app.server.url}/api/v1/search`;
   const headersFor = (i: number) => ({ "content-type": "application/json", authorization: `Bearer ${apiKeys[i % apiKeys.length]}` });
@@ -129,40 +66,31 @@ async function main() {
   const fixed = await warm.text();
   if (warm.status !== 200) throw new Error(`warm-up search answered ${warm.status}: ${fixed}`);
 
-  const bare = http.createServer((req, res) => {
-    req.resume();
-    req.on("end", () => {
-      res.writeHead(200, { "content-type": "application/json" });
-      res.end(fixed);
-    });
-  });
-  await new Promise<void>((resolve) => bare.listen(0, "127.0.0.1", resolve));
-  const bareUrl = `http://127.0.0.1:${(bare.address() as AddressInfo).port}/`;
+  const bare = await startBareBaseline(fixed);
 
   let sequence = 0;
   const run = async (url: string, connections: number, mode: "miss" | "hit", durationS = DURATION_S) => {
     const failures: string[] = [];
-    const result = await autocannon({
-      url,
-      connections,
-      duration: durationS,
-      requests: [
-        {
-          method: "POST",
-          setupRequest: (req) => {
-            const n = sequence++;
-            return { ...req, headers: headersFor(n), body: body(mode === "miss" ? `bench query ${n}` : "bench hot query") };
+    return runAutocannon(
+      {
+        url,
+        connections,
+        duration: durationS,
+        requests: [
+          {
+            method: "POST",
+            setupRequest: (req) => {
+              const n = sequence++;
+              return { ...req, headers: headersFor(n), body: body(mode === "miss" ? `bench query ${n}` : "bench hot query") };
+            },
+            onResponse: (status, text) => {
+              if (status !== 200 && failures.length < 3) failures.push(`${status} ${text.slice(0, 300)}`);
+            },
           },
-          onResponse: (status, text) => {
-            if (status !== 200 && failures.length < 3) failures.push(`${status} ${text.slice(0, 300)}`);
-          },
-        },
-      ],
-    });
-    if (result.non2xx > 0 || result.errors > 0) {
-      throw new Error(`${url}: ${result.non2xx} non-2xx, ${result.errors} errors; first failures: ${failures.join(" | ")}`);
-    }
-    return result;
+        ],
+      },
+      failures,
+    );
   };
 
   try {
@@ -170,7 +98,7 @@ async function main() {
       `search bench: 8 sources, ${DURATION_S} s per measure, ${app.database.kind} store, Node ${process.version}; ` +
         `latency measures: sources answer after ${Object.entries(DELAYS_MS).map(([id, ms]) => `${id} ${ms}`).join(", ")} ms`,
     );
-    const baseline = await run(bareUrl, CONNECTIONS, "hit");
+    const baseline = await run(bare.url, CONNECTIONS, "hit");
 
     const miss = await run(searchUrl, CONNECTIONS, "miss");
     await fetch(searchUrl, { method: "POST", headers: headersFor(0), body: body("bench hot query") });
@@ -182,11 +110,7 @@ async function main() {
     setDelays(DELAYS_MS, "gdelt");
     const hung = await run(searchUrl, 1, "miss", Math.max(DURATION_S, 3));
 
-    const row = (name: string, r: AutocannonResult, ratio: string) =>
-      console.log(
-        `${name.padEnd(50)} | ${r.requests.average.toFixed(0).padStart(6)} | ${String(r.latency.p50).padStart(6)} | ${String(r.latency.p99).padStart(6)} | ${ratio}`,
-      );
-    console.log(`${"path".padEnd(50)} |  req/s | p50 ms | p99 ms | ratio`);
+    const row = printTable(50, 6);
     row(`bare node:http, fixed JSON (${CONNECTIONS} conn)`, baseline, "1.00 (throughput baseline)");
     row(`search, cache miss, 0 ms sources (${CONNECTIONS} conn)`, miss, `${(miss.requests.average / baseline.requests.average).toFixed(3)} of bare req/s`);
     row(`search, cache hit (${CONNECTIONS} conn)`, hit, `${(hit.requests.average / baseline.requests.average).toFixed(3)} of bare req/s`);
@@ -204,10 +128,10 @@ async function main() {
     );
     if (overhead > 25 || hung.latency.max > HUNG_TIMEOUT_MS + 250) process.exitCode = 1;
   } finally {
-    await new Promise((resolve) => bare.close(resolve));
+    await bare.close();
     await app.stop();
     await fakes.close();
-    await cleanup();
+    await store.cleanup();
   }
 }
 

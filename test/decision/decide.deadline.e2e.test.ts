@@ -1,8 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
+import { balanceUnits, createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { assertInvariants } from "../support/invariants.js";
-import { deferred, isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../support/fake-llm.js";
+import { deferred, logprobsReply, routeByMarker, startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
 
 let database: TestDatabase;
 let fake: FakeLlm;
@@ -39,16 +39,11 @@ const request = {
   },
 };
 
-async function balanceUnits(accountId: string): Promise<number> {
-  return Number((await database.db("accounts").where({ id: accountId }).first()).balance);
-}
-
 describe("the request deadline", () => {
   it("answers what finished in time; a hanging question becomes a retryable timeout", async () => {
-    fake.setHandler((r) => {
-      if (isProbe(r.body)) return PROBE_OK;
-      return userContent(r).includes("urgent") ? { hold: hang.promise } : logprobsReply({ yes: 1 }, { prompt: 77 });
-    });
+    fake.setHandler(
+      routeByMarker({ "Is it urgent?": () => ({ hold: hang.promise }), "Is this an outage?": () => logprobsReply({ yes: 1 }, { prompt: 77 }) }),
+    );
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const res = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey });
     expect(res.status).toBe(200);
@@ -57,17 +52,17 @@ describe("the request deadline", () => {
       outage: { type: "noul", noul: 1, x_label_mass: 1, x_method: "logprobs", x_unseen: 1 },
     });
     expect(res.body.data.usage).toMatchObject({ input_tokens: 77, upstream_calls: 1 });
-    expect(await balanceUnits(accountId)).toBe(1_000_000 - 77);
+    expect(await balanceUnits(database.db, accountId)).toBe(1_000_000 - 77);
     await assertInvariants(database.db, accountId);
   });
 
   it("answers 502 and releases the hold when every question hangs", async () => {
-    fake.setHandler((r) => (isProbe(r.body) ? PROBE_OK : { hold: hang.promise }));
+    fake.setHandler(routeByMarker({ "?": () => ({ hold: hang.promise }) }));
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const res = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey });
     expect(res.status).toBe(502);
     expect(res.body.code).toBe(50201);
-    expect(await balanceUnits(accountId)).toBe(1_000_000);
+    expect(await balanceUnits(database.db, accountId)).toBe(1_000_000);
     await assertInvariants(database.db, accountId);
   });
 });
@@ -80,6 +75,6 @@ describe("without TYPESAFE_LLM_BASE_URL", () => {
     expect(res.body.code).toBe(50301);
     const bad = await postJson(`${unconfigured.url}/api/v1/decisions`, request, { apiKey: apiKey.slice(0, -4) + "AAAA" });
     expect(bad.status).toBe(401);
-    expect(await balanceUnits(accountId)).toBe(1_000_000);
+    expect(await balanceUnits(database.db, accountId)).toBe(1_000_000);
   });
 });

@@ -7,18 +7,9 @@ import {
   type DecideResponse,
 } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
+import { balanceUnits, createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { assertInvariants } from "../support/invariants.js";
-import {
-  deferred,
-  isProbe,
-  logprobsReply,
-  PROBE_OK,
-  startFakeLlm,
-  userContent,
-  type FakeHandler,
-  type FakeLlm,
-} from "../support/fake-llm.js";
+import { deferred, logprobsReply, routeByMarker, startFakeLlm, userContent, type FakeLlm } from "../support/fake-llm.js";
 
 let database: TestDatabase;
 let fake: FakeLlm;
@@ -38,15 +29,6 @@ afterAll(async () => {
   await fake?.close();
   await database?.close();
 });
-
-/** Routes question requests by a marker in their text; the probe is answered as a healthy logprobs server. */
-function route(routes: Record<string, FakeHandler>) {
-  fake.setHandler((r, i) => {
-    if (isProbe(r.body)) return PROBE_OK;
-    const key = Object.keys(routes).find((k) => userContent(r).includes(k));
-    return key ? routes[key]!(r, i) : { status: 500, text: "unrouted" };
-  });
-}
 
 const request = {
   model: "typesafe/service-1.13",
@@ -88,14 +70,9 @@ const expectedAnswers = {
   },
 };
 
-async function balanceUnits(accountId: string): Promise<number> {
-  const row = await database.db("accounts").where({ id: accountId }).first();
-  return Number(row.balance);
-}
-
 describe("POST /api/v1/decisions", () => {
   it("answers every type, reports usage and charges the input tokens", async () => {
-    route(happyRoutes);
+    fake.setHandler(routeByMarker(happyRoutes));
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const res = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey });
     expect(res.status).toBe(200);
@@ -113,12 +90,12 @@ describe("POST /api/v1/decisions", () => {
       balance_credits: 0.9967,
       request_id: res.headers.get("x-request-id"),
     });
-    expect(await balanceUnits(accountId)).toBe(1_000_000 - 3_300);
+    expect(await balanceUnits(database.db, accountId)).toBe(1_000_000 - 3_300);
     await assertInvariants(database.db, accountId);
   });
 
   it("uses a free request first", async () => {
-    route(happyRoutes);
+    fake.setHandler(routeByMarker(happyRoutes));
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 0, freeRequests: 1 });
     const res = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey });
     expect(res.status).toBe(200);
@@ -127,7 +104,7 @@ describe("POST /api/v1/decisions", () => {
   });
 
   it("answers the other questions when one fails, and bills only the answered ones", async () => {
-    route({ ...happyRoutes, "Is it urgent?": () => ({ status: 503, text: "overloaded sk-secret" }) });
+    fake.setHandler(routeByMarker({ ...happyRoutes, "Is it urgent?": () => ({ status: 503, text: "overloaded sk-secret" }) }));
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const res = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey });
     expect(res.status).toBe(200);
@@ -141,35 +118,35 @@ describe("POST /api/v1/decisions", () => {
     expect(answers.team).toEqual(expectedAnswers.team);
     expect(res.body.data.usage).toMatchObject({ input_tokens: 2_300, upstream_calls: 2 });
     expect(JSON.stringify(res.body)).not.toMatch(/secret|overloaded/);
-    expect(await balanceUnits(accountId)).toBe(1_000_000 - 2_300);
+    expect(await balanceUnits(database.db, accountId)).toBe(1_000_000 - 2_300);
     await assertInvariants(database.db, accountId);
   });
 
   it("answers 502 when no question could be answered, and charges nothing", async () => {
-    route({ "?": () => ({ status: 500, text: "internal upstream detail" }) });
+    fake.setHandler(routeByMarker({ "?": () => ({ status: 500, text: "internal upstream detail" }) }));
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const res = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey });
     expect(res.status).toBe(502);
     expect(res.body.code).toBe(50201);
     expect(res.body.message).not.toMatch(/detail/);
-    expect(await balanceUnits(accountId)).toBe(1_000_000);
+    expect(await balanceUnits(database.db, accountId)).toBe(1_000_000);
     await assertInvariants(database.db, accountId);
   });
 
   it("refuses a question whose prompt alone exceeds 32K tokens with a 400, before reserving or calling", async () => {
-    route(happyRoutes);
+    fake.setHandler(routeByMarker(happyRoutes));
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const before = fake.requests.length;
     const res = await postJson(`${service.url}/api/v1/decisions`, { ...request, state: "x".repeat(97_000) }, { apiKey });
     expect(res.status).toBe(400);
     expect(res.body.message).toMatch(/^questions\.urgent: its prompt \(state included\) is about \d+ tokens, above 32000$/);
     expect(fake.requests.length).toBe(before);
-    expect(await balanceUnits(accountId)).toBe(1_000_000);
+    expect(await balanceUnits(database.db, accountId)).toBe(1_000_000);
     await assertInvariants(database.db, accountId);
   });
 
   it('orders integer-like option names first, ascending ("2" before "10"), then the others as given', async () => {
-    route({ "Which size?": () => logprobsReply({ A: 0.1, B: 0.2, C: 0.3, D: 0.4 }) });
+    fake.setHandler(routeByMarker({ "Which size?": () => logprobsReply({ A: 0.1, B: 0.2, C: 0.3, D: 0.4 }) }));
     const { apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const body =
       '{"model":"typesafe/service-1.13","state":"a shoe order",' +
@@ -190,7 +167,7 @@ describe("POST /api/v1/decisions", () => {
 
 describe("Idempotency-Key", () => {
   it("replays the stored answers without calling the upstream or charging again", async () => {
-    route(happyRoutes);
+    fake.setHandler(routeByMarker(happyRoutes));
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const headers = { "idempotency-key": `decide-${accountId}` };
     const first = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey, headers });
@@ -201,7 +178,7 @@ describe("Idempotency-Key", () => {
     expect(again.body.data.answers).toEqual(first.body.data.answers);
     expect(again.body.data.usage).toEqual(first.body.data.usage);
     expect(fake.requests.length).toBe(calls);
-    expect(await balanceUnits(accountId)).toBe(1_000_000 - 3_300);
+    expect(await balanceUnits(database.db, accountId)).toBe(1_000_000 - 3_300);
     const other = await postJson(`${service.url}/api/v1/decisions`, { ...request, state: "another state" }, { apiKey, headers });
     expect(other.status).toBe(422);
     await assertInvariants(database.db, accountId);
@@ -211,7 +188,7 @@ describe("Idempotency-Key", () => {
 describe("cancellation", () => {
   it("cancels the upstream calls when the caller goes away", { timeout: 5_000 }, async () => {
     const hold = deferred();
-    route({ "?": () => ({ hold: hold.promise }) });
+    fake.setHandler(routeByMarker({ "?": () => ({ hold: hold.promise }) }));
     const { apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const before = fake.requests.length;
     const caller = new AbortController();
@@ -257,7 +234,7 @@ describe("gRPC", () => {
   }
 
   it("gives the same answers and usage as the gateway", async () => {
-    route(happyRoutes);
+    fake.setHandler(routeByMarker(happyRoutes));
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const response = await grpcJsDecide(service.app.server.port, apiKey, fromJson(DecideRequestSchema, request as unknown as JsonValue));
     const json = toJson(DecideResponseSchema, response, { useProtoFieldName: true }) as Record<string, unknown>;

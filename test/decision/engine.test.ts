@@ -1,59 +1,31 @@
 import { fromJson } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
-import { afterEach, describe, expect, it } from "vitest";
-import type { LlmConfig } from "../../src/config.js";
+import { describe, expect, it, onTestFinished } from "vitest";
 import { createDecisionEngine, type QuestionSpec } from "../../src/decision/engine.js";
 import { renderState, SYSTEM_PROMPT } from "../../src/decision/prompt.js";
 import { createLogger } from "../../src/logger.js";
 import { createLlmClient } from "../../src/upstream/llm-client.js";
 import {
+  fakeLlmConfig,
   isProbe,
   logprobsReply,
-  PROBE_OK,
+  routeByMarker,
   startFakeLlm,
   textReply,
   userContent,
   type FakeHandler,
-  type FakeLlm,
-  type ReceivedRequest,
 } from "../support/fake-llm.js";
-
-let fake: FakeLlm | undefined;
-afterEach(async () => {
-  await fake?.close();
-  fake = undefined;
-});
 
 const STATE = renderState(fromJson(ValueSchema, { ticket: "I was charged twice", customer: { plan: "pro" } }));
 
 async function decide(handler: FakeHandler, questions: QuestionSpec[]) {
-  fake = await startFakeLlm(handler);
-  const config: LlmConfig = {
-    baseUrl: `${fake.url}/v1`,
-    apiKey: undefined,
-    model: "fake-model",
-    requestTimeoutMs: 5_000,
-    callTimeoutMs: 2_000,
-    maxConcurrentCalls: 64,
-    maxRetries: 0,
-  };
+  const fake = await startFakeLlm(handler);
+  onTestFinished(() => fake.close());
   const logger = createLogger("silent");
-  const engine = createDecisionEngine({ llm: createLlmClient({ config, logger }), logger });
+  const engine = createDecisionEngine({ llm: createLlmClient({ config: fakeLlmConfig(fake, { maxConcurrentCalls: 64 }), logger }), logger });
   const outcome = await engine.decide({ stateBlock: STATE, questions }, { signal: new AbortController().signal, deadlineMs: Date.now() + 5_000 });
   return { outcome, answers: Object.fromEntries(outcome.answers), fake };
 }
-
-/** Routes question requests by a marker in their instructions. */
-const byInstructions =
-  (routes: Record<string, (r: ReceivedRequest, n: number) => ReturnType<FakeHandler>>, probe = PROBE_OK): FakeHandler =>
-  (r) => {
-    if (isProbe(r.body)) return probe;
-    const text = userContent(r);
-    const key = Object.keys(routes).find((k) => text.includes(k));
-    if (!key) return { status: 400, text: "no route" };
-    const n = fake!.questionRequests().filter((q) => userContent(q).includes(key)).length;
-    return routes[key]!(r, n);
-  };
 
 const questions: QuestionSpec[] = [
   { key: "urgent", type: "noul", instructions: "Is it urgent?" },
@@ -64,7 +36,7 @@ const questions: QuestionSpec[] = [
 describe("logprobs path", () => {
   it("answers every type from the window, with one identical prefix and the exact request", async () => {
     const { outcome, answers, fake } = await decide(
-      byInstructions({
+      routeByMarker({
         "Is it urgent?": () => logprobsReply({ yes: 0.5, " Yes": 0.2, no: 0.2, Maybe: 0.1 }, { prompt: 120, cached: 0 }),
         "Which team?": () => logprobsReply({ A: 0.7, " A": 0.1, B: 0.1, a: 0.1 }, { prompt: 130, cached: 100 }),
         "How big": () => logprobsReply({ "0": 0.1, "1": 0.3, "2": 0.5, "3": 0.1 }, { prompt: 140, cached: 100 }),
@@ -110,7 +82,7 @@ describe("logprobs path", () => {
 
   it("retries once with the closing line repeated when no label came back, and bills only the answering call", async () => {
     const { outcome, answers, fake } = await decide(
-      byInstructions({
+      routeByMarker({
         "Is it urgent?": (_r, n) => (n === 1 ? logprobsReply({ The: 0.9, I: 0.1 }, { prompt: 100 }) : logprobsReply({ no: 1 }, { prompt: 111 })),
       }),
       [questions[0]!],
@@ -129,7 +101,7 @@ describe("logprobs path", () => {
     { name: "a 400", reply: () => ({ status: 400, text: "context length exceeded" }), expected: { code: "upstream_error", retryable: false } },
   ])("turns $name into a per-question error while the others answer", async ({ reply, expected }) => {
     const { outcome, answers } = await decide(
-      byInstructions({ "Is it urgent?": reply, "Which team?": () => logprobsReply({ C: 1 }, { prompt: 50 }) }),
+      routeByMarker({ "Is it urgent?": reply, "Which team?": () => logprobsReply({ C: 1 }, { prompt: 50 }) }),
       questions.slice(0, 2),
     );
     expect(answers.urgent).toEqual({ type: "error", message: expect.any(String), ...expected });
@@ -140,7 +112,7 @@ describe("logprobs path", () => {
   it("answers a choice over 30 options in two stages: P(option) = P(group)·P(option | group)", async () => {
     const options = Array.from({ length: 30 }, (_, i) => `option-${i}`);
     const { outcome, answers, fake } = await decide(
-      byInstructions({
+      routeByMarker({
         "Options, in groups": () => logprobsReply({ A: 0.7, B: 0.3 }, { prompt: 400 }),
         "A: option-0\n": () => logprobsReply({ C: 1 }, { prompt: 200 }),
         "A: option-15\n": () => logprobsReply({ A: 0.5, B: 0.5 }, { prompt: 200 }),
@@ -162,7 +134,7 @@ describe("logprobs path", () => {
   it("spreads an unexpanded group evenly and flags the answer approximate", async () => {
     const options = Array.from({ length: 27 }, (_, i) => `o${i}`);
     const { answers } = await decide(
-      byInstructions({
+      routeByMarker({
         "Options, in groups": () => logprobsReply({ A: 0.6, B: 0.4 }),
         "A: o0\n": () => logprobsReply({ B: 1 }),
         "A: o14\n": () => logprobsReply({ Nothing: 1 }),

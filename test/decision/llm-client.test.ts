@@ -1,36 +1,22 @@
-import { afterEach, describe, expect, it } from "vitest";
+import { describe, expect, it, onTestFinished } from "vitest";
 import type { LlmConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
 import { createLlmClient, LlmCallError, readUsage, type CallOptions } from "../../src/upstream/llm-client.js";
 import {
   deferred,
+  fakeLlmConfig,
   isProbe,
   logprobsReply,
   PROBE_OK,
   startFakeLlm,
   textReply,
   type FakeHandler,
-  type FakeLlm,
 } from "../support/fake-llm.js";
 
-let fake: FakeLlm | undefined;
-afterEach(async () => {
-  await fake?.close();
-  fake = undefined;
-});
-
 async function setup(handler: FakeHandler, overrides: Partial<LlmConfig> = {}) {
-  fake = await startFakeLlm(handler);
-  const config: LlmConfig = {
-    baseUrl: `${fake.url}/v1`,
-    apiKey: "sk-upstream-secret",
-    model: "fake-model",
-    requestTimeoutMs: 5_000,
-    callTimeoutMs: 2_000,
-    maxConcurrentCalls: 8,
-    maxRetries: 2,
-    ...overrides,
-  };
+  const fake = await startFakeLlm(handler);
+  onTestFinished(() => fake.close());
+  const config = fakeLlmConfig(fake, { apiKey: "sk-upstream-secret", maxRetries: 2, ...overrides });
   return { fake, client: createLlmClient({ config, logger: createLogger("silent") }) };
 }
 

@@ -33,12 +33,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await fakes?.close();
 });
-beforeEach(() => {
-  for (const [id, provider] of Object.entries(fakes.providers)) {
-    provider.requests.length = 0;
-    provider.reply(defaultHandler(id as FakeSourceId, () => NOW));
-  }
-});
+beforeEach(() => fakes.reset());
 
 type Factory = (settings: SourceSettings) => SearchSource;
 function source(id: FakeSourceId, factory: Factory, key?: string): SearchSource {

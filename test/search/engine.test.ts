@@ -22,12 +22,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await fakes?.close();
 });
-beforeEach(() => {
-  for (const id of FAKE_SOURCE_IDS) {
-    fakes.providers[id].requests.length = 0;
-    fakes.providers[id].reply(defaultHandler(id, now));
-  }
-});
+beforeEach(() => fakes.reset());
 
 function engine(env: Record<string, string> = {}, requestTimeoutMs = 3_000): SearchEngine {
   return createSearchEngine({ config: { requestTimeoutMs, env: { ...fakes.env, ...env } }, logger, now });

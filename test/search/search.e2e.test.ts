@@ -2,9 +2,9 @@ import { createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { SearchService } from "../../src/gen/typesafe/search/v1/search_service_pb.js";
-import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
+import { balanceUnits, createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { FAKE_SOURCE_IDS, defaultHandler, startFakeSearch, type FakeSearch } from "../support/fake-search/providers.js";
+import { startFakeSearch, type FakeSearch } from "../support/fake-search/providers.js";
 import { assertInvariants } from "../support/invariants.js";
 
 /**
@@ -29,16 +29,10 @@ afterAll(async () => {
   await fakes?.close();
   await database?.close();
 });
-beforeEach(() => {
-  for (const id of FAKE_SOURCE_IDS) fakes.providers[id].reply(defaultHandler(id));
-});
+beforeEach(() => fakes.reset());
 
 async function account(units = 1 * CREDITS) {
   return createTestAccount(database.db, { units });
-}
-async function balanceOf(accountId: string): Promise<number> {
-  const row = await database.db("accounts").where({ id: accountId }).first("balance");
-  return Number(row.balance);
 }
 async function holdsOf(accountId: string) {
   const rows = await database.db("requests").where({ account_id: accountId }).orderBy("created_at").select("reserved", "charged", "status", "endpoint");
@@ -79,7 +73,7 @@ describe("POST /api/v1/search", () => {
     expect(data["results"].find((r: any) => r.url === "https://rust-lang.github.io/async-book/").published_at).toBeNull();
     expect(data["usage"]).toMatchObject({ sources_requested: 5, sources_answered: 5, upstream_calls: 5, results: data["results"].length });
     expect(data["cost"]).toMatchObject({ funding: "paid", reserved_credits: 0.0155, charged_credits: 0.0155, balance_credits: 0.9845 });
-    expect(await balanceOf(accountId)).toBe(CREDITS - 15_500);
+    expect(await balanceUnits(database.db, accountId)).toBe(CREDITS - 15_500);
     expect(await holdsOf(accountId)).toEqual([{ reserved: 15_500, charged: 15_500, status: "settled", endpoint: "search" }]);
     await assertInvariants(database.db, accountId);
     expect(JSON.stringify(body)).not.toContain("test-subscription-token");
@@ -102,7 +96,7 @@ describe("POST /api/v1/search", () => {
       { reserved: 1000, charged: 1000, status: "settled", endpoint: "search" },
       { reserved: 1000, charged: 0, status: "settled", endpoint: "search" },
     ]);
-    expect(await balanceOf(accountId)).toBe(CREDITS - 1000);
+    expect(await balanceUnits(database.db, accountId)).toBe(CREDITS - 1000);
     await assertInvariants(database.db, accountId);
   });
 
@@ -120,7 +114,7 @@ describe("POST /api/v1/search", () => {
       ["gdelt", "timeout", 0],
     ]);
     expect(body.data["cost"]).toMatchObject({ reserved_credits: 0.015, charged_credits: 0.0005 });
-    expect(await balanceOf(accountId)).toBe(CREDITS - 500);
+    expect(await balanceUnits(database.db, accountId)).toBe(CREDITS - 500);
     await assertInvariants(database.db, accountId);
   });
 
@@ -135,7 +129,7 @@ describe("POST /api/v1/search", () => {
       message: "no search source answered",
       data: { reason: "UPSTREAM_FAILED", metadata: { source_wikipedia: "error: upstream answered HTTP 503", source_arxiv: "error: upstream answered HTTP 500" } },
     });
-    expect(await balanceOf(accountId)).toBe(CREDITS);
+    expect(await balanceUnits(database.db, accountId)).toBe(CREDITS);
     expect(await holdsOf(accountId)).toEqual([{ reserved: 1000, charged: 0, status: "released", endpoint: "search" }]);
     await assertInvariants(database.db, accountId);
   });
@@ -170,7 +164,7 @@ describe("POST /api/v1/search", () => {
     expect(again.headers.get("idempotent-replayed")).toBe("true");
     expect(again.body.data["results"]).toEqual(first.body.data["results"]);
     expect(fakes.providers.stackoverflow.requests.length).toBe(calls);
-    expect(await balanceOf(accountId)).toBe(CREDITS - 500);
+    expect(await balanceUnits(database.db, accountId)).toBe(CREDITS - 500);
   });
 });
 

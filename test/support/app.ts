@@ -37,6 +37,12 @@ export async function createTestAccount(
   return { accountId: account.id, apiKey, keyId };
 }
 
+/** An account's balance in integer units, read from its row. */
+export async function balanceUnits(db: Knex, accountId: string): Promise<number> {
+  const row = await db("accounts").where({ id: accountId }).first("balance");
+  return Number(row.balance);
+}
+
 /** POSTs JSON (or a raw string body) and returns status, headers and the parsed envelope. */
 export async function postJson(
   url: string,

@@ -1,5 +1,6 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
+import type { LlmConfig } from "../../src/config.js";
 
 /**
  * A real OpenAI-compatible Chat Completions server on 127.0.0.1 (port 0),
@@ -124,6 +125,20 @@ export async function startFakeLlm(handler: FakeHandler = defaultHandler): Promi
   return fake;
 }
 
+/** The client's config pointed at `fake`, with a generous deadline and no retries unless `overrides` say otherwise. */
+export function fakeLlmConfig(fake: FakeLlm, overrides: Partial<LlmConfig> = {}): LlmConfig {
+  return {
+    baseUrl: `${fake.url}/v1`,
+    apiKey: undefined,
+    model: "fake-model",
+    requestTimeoutMs: 5_000,
+    callTimeoutMs: 2_000,
+    maxConcurrentCalls: 8,
+    maxRetries: 0,
+    ...overrides,
+  };
+}
+
 /** The capability probe the client sends before its first question. */
 export function isProbe(body: ChatBody): boolean {
   return body.messages?.[0]?.content?.startsWith("Capability check") ?? false;
@@ -146,6 +161,20 @@ function usage(init: UsageInit = {}) {
   };
 }
 
+/** A chat.completion object with one choice and its usage. */
+function completion(choice: Record<string, unknown>, init: UsageInit): FakeReply {
+  return {
+    json: {
+      id: "chatcmpl-fake",
+      object: "chat.completion",
+      created: 1_700_000_000,
+      model: "fake-model",
+      choices: [{ index: 0, ...choice }],
+      usage: usage(init),
+    },
+  };
+}
+
 /**
  * A max_tokens-1 completion whose first-position window holds `probabilities`
  * (token → probability, as given; the sampled token is the most probable one).
@@ -154,37 +183,19 @@ export function logprobsReply(probabilities: Record<string, number>, init: Usage
   const entries = Object.entries(probabilities).sort((a, b) => b[1] - a[1]);
   const top = entries.map(([token, p]) => ({ token, logprob: p > 0 ? Math.log(p) : -9999, bytes: [...Buffer.from(token)] }));
   const first = top[0] ?? { token: "", logprob: 0, bytes: [] };
-  return {
-    json: {
-      id: "chatcmpl-fake",
-      object: "chat.completion",
-      created: 1_700_000_000,
-      model: "fake-model",
-      choices: [
-        {
-          index: 0,
-          message: { role: "assistant", content: first.token, refusal: init.refusal ?? null },
-          logprobs: { content: [{ ...first, top_logprobs: top }], refusal: null },
-          finish_reason: "length",
-        },
-      ],
-      usage: usage(init),
+  return completion(
+    {
+      message: { role: "assistant", content: first.token, refusal: init.refusal ?? null },
+      logprobs: { content: [{ ...first, top_logprobs: top }], refusal: null },
+      finish_reason: "length",
     },
-  };
+    init,
+  );
 }
 
 /** A completion without logprobs (the verbalized path, or a server that ignores the field). */
 export function textReply(content: string, init: UsageInit & { logprobs?: unknown } = {}): FakeReply {
-  return {
-    json: {
-      id: "chatcmpl-fake",
-      object: "chat.completion",
-      created: 1_700_000_000,
-      model: "fake-model",
-      choices: [{ index: 0, message: { role: "assistant", content }, logprobs: init.logprobs ?? null, finish_reason: "stop" }],
-      usage: usage(init),
-    },
-  };
+  return completion({ message: { role: "assistant", content }, logprobs: init.logprobs ?? null, finish_reason: "stop" }, init);
 }
 
 /** The reply of a healthy logprobs server to the probe. */
@@ -197,6 +208,25 @@ export const defaultHandler: FakeHandler = (request) =>
 /** The user message of a request: the state block, then the question block. */
 export function userContent(request: ReceivedRequest): string {
   return request.body.messages.find((m) => m.role === "user")?.content ?? "";
+}
+
+/**
+ * Answers the probe as a healthy logprobs server, then each question by the
+ * first marker its user message contains; the route gets how many questions
+ * that marker has taken, this one included. An unrouted question gets a 400,
+ * which the client does not retry, so a missing route fails the test.
+ */
+export function routeByMarker(routes: Record<string, (request: ReceivedRequest, n: number) => FakeReply | Promise<FakeReply>>): FakeHandler {
+  const taken = new Map<string, number>();
+  return (request) => {
+    if (isProbe(request.body)) return PROBE_OK;
+    const text = userContent(request);
+    const marker = Object.keys(routes).find((k) => text.includes(k));
+    if (marker === undefined) return { status: 400, text: "no route" };
+    const n = (taken.get(marker) ?? 0) + 1;
+    taken.set(marker, n);
+    return routes[marker]!(request, n);
+  };
 }
 
 /** A promise with its resolve, to hold a reply open until the test lets it go. */

@@ -438,7 +438,7 @@ function arxivDefault(nowMs: () => number): FakeHandler {
           id: "2611.01234v1",
           title: "Structured &lt;Async&gt; Effects in Rust",
           summary: "We study async effects.",
-          published: new Date(now - 2 * DAY).toISOString().replace(/\.\d{3}Z$/, "Z"),
+          published: isoNoMs(now - 2 * DAY),
         },
       ]),
     };
@@ -518,6 +518,8 @@ export interface FakeSearch {
   env: Record<string, string>;
   /** Every request the fakes received. */
   requests(): RecordedRequest[];
+  /** Every fake back to its default handler on the fakes' clock, its recorded requests dropped: the state before each test. */
+  reset(): void;
   close(): Promise<void>;
 }
 
@@ -543,6 +545,12 @@ export async function startFakeSearch(opts: { now?: () => number; ids?: FakeSour
     providers,
     env,
     requests: () => started.flatMap(([, p]) => p.requests),
+    reset: () => {
+      for (const [id, provider] of started) {
+        provider.requests.length = 0;
+        provider.reply(DEFAULTS[id](now));
+      }
+    },
     close: async () => {
       await Promise.all(started.map(([, p]) => p.close()));
     },

@@ -1,0 +1,149 @@
+/**
+ * What the bench scripts share: a scratch store they can throw away, bench
+ * accounts, the bare `node:http` baseline, and autocannon with its figures
+ * checked and printed the same way. Loopback only.
+ */
+import crypto from "node:crypto";
+import fs from "node:fs/promises";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { createRequire } from "node:module";
+import os from "node:os";
+import path from "node:path";
+import type { Knex } from "knex";
+import pg from "pg";
+import { createAccount, createApiKey } from "../src/accounts/store.js";
+
+/** A database of its own on a PostgreSQL server, so a run never touches anything it did not create. */
+export interface ScratchDatabase {
+  url: string;
+  /** Drops the database, forcing out connections still open. */
+  drop(): Promise<void>;
+}
+
+/** Creates a randomly named database on the server at `serverUrl`. */
+export async function createScratchDatabase(serverUrl: string): Promise<ScratchDatabase> {
+  const name = `typesafe_bench_${crypto.randomBytes(4).toString("hex")}`;
+  const admin = new pg.Client({ connectionString: serverUrl });
+  await admin.connect();
+  await admin.query(`CREATE DATABASE ${name}`);
+  const url = new URL(serverUrl);
+  url.pathname = `/${name}`;
+  return {
+    url: url.toString(),
+    drop: async () => {
+      await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+      await admin.end();
+    },
+  };
+}
+
+/** The store a benched service runs on: `env` points its config there, `cleanup` removes it. */
+export interface BenchStore {
+  env: Record<string, string>;
+  cleanup(): Promise<void>;
+}
+
+/**
+ * A scratch database on `serverUrl` when one is given, else the embedded
+ * store in a temp folder: a bench runs with or without a PostgreSQL server.
+ */
+export async function openBenchStore(serverUrl: string | undefined): Promise<BenchStore> {
+  if (serverUrl) {
+    const scratch = await createScratchDatabase(serverUrl);
+    return { env: { DATABASE_URL: scratch.url }, cleanup: scratch.drop };
+  }
+  const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-bench-"));
+  return { env: { TYPESAFE_DATA_DIR: dataDir }, cleanup: () => fs.rm(dataDir, { recursive: true, force: true }) };
+}
+
+/**
+ * Funded accounts with one key each. Their rate and concurrency limits are far
+ * above the product's (60/min, 5 in flight), which would otherwise cap the
+ * load at one call per second per account; the 50 ms rate window keeps their
+ * admission log near the product's size instead of growing with the load.
+ */
+export async function createBenchAccounts(
+  db: Knex,
+  count: number,
+  maxInFlight: number,
+): Promise<Array<{ id: string; apiKey: string }>> {
+  const accounts = [];
+  for (let i = 0; i < count; i++) {
+    const account = await createAccount(db, { name: "bench", units: 1e15, freeRequests: 0 });
+    const { apiKey } = await createApiKey(db, account.id);
+    await db("accounts").where({ id: account.id }).update({ rate_limit: 1_000_000_000, rate_window_ms: 50, max_in_flight: maxInFlight });
+    accounts.push({ id: account.id, apiKey });
+  }
+  return accounts;
+}
+
+/** A bare `node:http` server on loopback answering `body` to every request: the throughput baseline. */
+export async function startBareBaseline(body: string): Promise<{ url: string; close(): Promise<void> }> {
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(body);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/`,
+    close: () => new Promise((resolve) => server.close(() => resolve())),
+  };
+}
+
+export interface AutocannonResult {
+  requests: { average: number; total: number };
+  latency: { p50: number; p99: number; average: number; max: number };
+  non2xx: number;
+  errors: number;
+  timeouts: number;
+}
+interface AutocannonRequest {
+  method?: string;
+  path?: string;
+  headers?: Record<string, string>;
+  body?: string;
+}
+export interface AutocannonOptions {
+  url: string;
+  method?: string;
+  headers?: Record<string, string>;
+  body?: string;
+  connections?: number;
+  duration?: number;
+  setupClient?: (client: { setHeaders(headers: Record<string, string>): void }) => void;
+  requests?: Array<
+    AutocannonRequest & {
+      setupRequest?: (req: AutocannonRequest) => AutocannonRequest;
+      onResponse?: (status: number, body: string) => void;
+    }
+  >;
+}
+// autocannon ships no type declarations; this is the part of its API the benches use.
+const autocannon = createRequire(import.meta.url)("autocannon") as (options: AutocannonOptions) => Promise<AutocannonResult>;
+
+/**
+ * One autocannon measure that fails the bench on any non-2xx answer or error,
+ * so a figure is never printed for a run that did not do the work. `failures`,
+ * when the caller collects them, are quoted in the error.
+ */
+export async function runAutocannon(options: AutocannonOptions, failures?: string[]): Promise<AutocannonResult> {
+  const result = await autocannon(options);
+  if (result.non2xx > 0 || result.errors > 0) {
+    const quoted = failures ? `; first failures: ${failures.join(" | ")}` : "";
+    throw new Error(`${options.url}: ${result.non2xx} non-2xx, ${result.errors} errors${quoted}`);
+  }
+  return result;
+}
+
+/** Prints the header of a `path | req/s | p50 ms | p99 ms | ratio` table and returns its row printer. */
+export function printTable(nameWidth: number, rateWidth: number): (name: string, r: AutocannonResult, ratio: string) => void {
+  console.log(`${"path".padEnd(nameWidth)} | ${"req/s".padStart(rateWidth)} | p50 ms | p99 ms | ratio`);
+  return (name, r, ratio) =>
+    console.log(
+      `${name.padEnd(nameWidth)} | ${r.requests.average.toFixed(0).padStart(rateWidth)} | ${String(r.latency.p50).padStart(6)} | ${String(r.latency.p99).padStart(6)} | ${ratio}`,
+    );
+}
