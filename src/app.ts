@@ -50,6 +50,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
     router.service(SearchService, search);
     registerHealth(router, isReady);
   };
+  const shutdown = new AbortController();
   let server: RunningServer;
   try {
     server = await startServer(
@@ -60,10 +61,12 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
           logger,
           maxBodyBytes: config.maxBodyBytes,
           isReady,
+          shutdownSignal: shutdown.signal,
         }),
         interceptors: [createObserveInterceptor(logger)],
         maxBodyBytes: config.maxBodyBytes,
         logger,
+        shutdown,
       },
       config.host,
       config.port,
@@ -81,6 +84,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
     meter,
     async stop() {
       logger.info("shutting down", { grace_ms: config.shutdownGraceMs });
+      meter.beginShutdown();
       await server.close(config.shutdownGraceMs);
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();

@@ -22,6 +22,7 @@ export const REASONS = {
   IDEMPOTENCY_MISMATCH: { grpc: Code.FailedPrecondition, http: 422, envelope: 42201, meaning: "The Idempotency-Key was used with a different body." },
   RATE_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42901, meaning: "More than 60 calls in a rolling minute." },
   CONCURRENCY_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42902, meaning: "More than 5 calls in flight." },
+  CANCELLED: { grpc: Code.Canceled, http: 499, envelope: 49901, meaning: "The caller went away before the answer; nothing was charged." },
   INTERNAL: { grpc: Code.Internal, http: 500, envelope: 50001, meaning: "Unexpected error; the request id is in the log." },
   UPSTREAM_FAILED: { grpc: Code.Unavailable, http: 502, envelope: 50201, meaning: "The upstream LLM or every search source failed." },
   NOT_CONFIGURED: { grpc: Code.FailedPrecondition, http: 503, envelope: 50301, meaning: "The upstream for this operation is not configured." },
@@ -55,6 +56,7 @@ const reasonOfCode: Partial<Record<Code, Reason>> = {
   [Code.ResourceExhausted]: "PAYLOAD_TOO_LARGE",
   [Code.Unimplemented]: "NOT_FOUND",
   [Code.Unavailable]: "UNAVAILABLE",
+  [Code.Canceled]: "CANCELLED",
 };
 
 /** Reads the reason and detail of any thrown value; unknown errors are INTERNAL. */

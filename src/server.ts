@@ -7,6 +7,12 @@ import type { Logger } from "./logger.js";
 
 /** The HTTP/2 client preface starts with these bytes; no HTTP/1.1 method does. */
 const H2_PREFACE_START = Buffer.from("PRI ");
+/** A connection that has not said which protocol it speaks by then is dropped. */
+const SNIFF_TIMEOUT_MS = 10_000;
+/** HTTP/1.1 request headers must arrive within this. */
+const HEADERS_TIMEOUT_MS = 10_000;
+/** After the grace period, aborted calls get this long to send their 503 before sockets are dropped. */
+const ABORTED_ANSWER_MS = 1_000;
 
 export interface ServerOptions {
   routes: (router: ConnectRouter) => void;
@@ -15,6 +21,8 @@ export interface ServerOptions {
   interceptors: Interceptor[];
   maxBodyBytes: number;
   logger: Logger;
+  /** Aborted when the grace period of a shutdown ends; the gateway listens to it too. */
+  shutdown: AbortController;
 }
 
 export interface RunningServer {
@@ -34,17 +42,26 @@ export interface RunningServer {
  * works with TLS, hence the sniffing.
  */
 export async function startServer(options: ServerOptions, host: string, port: number): Promise<RunningServer> {
-  const shutdown = new AbortController();
+  const { shutdown } = options;
+  let closing = false;
   const handler = connectNodeAdapter({
     routes: options.routes,
     fallback: options.fallback,
     interceptors: options.interceptors,
     readMaxBytes: options.maxBodyBytes,
+    // Connect ignores unknown JSON fields by default; the contract rejects them on every surface.
+    jsonOptions: { ignoreUnknownFields: false },
     shutdownSignal: shutdown.signal,
   });
-  const http1 = http.createServer({ keepAliveTimeout: 5_000 }, handler);
+  const http1 = http.createServer({ keepAliveTimeout: 5_000, headersTimeout: HEADERS_TIMEOUT_MS }, handler);
+  // While draining, keep-alive connections close after their current answer.
+  http1.on("request", (_req: http.IncomingMessage, res: http.ServerResponse) => {
+    if (closing) res.shouldKeepAlive = false;
+  });
   const h2 = http2.createServer({}, handler);
   const sockets = new Set<net.Socket>();
+  /** Connections that have not yet sent enough bytes to choose HTTP/1.1 or HTTP/2. */
+  const sniffing = new Set<net.Socket>();
   const sessions = new Set<http2.ServerHttp2Session>();
   h2.on("session", (session) => {
     sessions.add(session);
@@ -56,13 +73,20 @@ export async function startServer(options: ServerOptions, host: string, port: nu
 
   const front = net.createServer((socket) => {
     sockets.add(socket);
-    socket.on("close", () => sockets.delete(socket));
+    sniffing.add(socket);
+    socket.on("close", () => {
+      sockets.delete(socket);
+      sniffing.delete(socket);
+    });
     socket.on("error", () => socket.destroy());
+    socket.setTimeout(SNIFF_TIMEOUT_MS, () => socket.destroy());
     let head = Buffer.alloc(0);
     const onData = (chunk: Buffer) => {
       head = Buffer.concat([head, chunk]);
       if (head.length < H2_PREFACE_START.length && H2_PREFACE_START.subarray(0, head.length).equals(head)) return;
       socket.off("data", onData);
+      sniffing.delete(socket);
+      socket.setTimeout(0);
       socket.pause();
       socket.unshift(head);
       if (head.subarray(0, H2_PREFACE_START.length).equals(H2_PREFACE_START)) {
@@ -88,17 +112,25 @@ export async function startServer(options: ServerOptions, host: string, port: nu
     url: `http://${displayHost}:${address.port}`,
     shutdownSignal: shutdown.signal,
     async close(graceMs) {
+      closing = true;
       const closed = new Promise<void>((resolve) => front.close(() => resolve()));
+      for (const socket of sniffing) socket.destroy();
       http1.close();
       http1.closeIdleConnections();
       for (const session of sessions) session.close();
+      let drop: NodeJS.Timeout | undefined;
       const deadline = setTimeout(() => {
+        // Calls still running are aborted: they release their holds and answer 503; then the rest is dropped.
         shutdown.abort(new Error("server shutting down"));
-        for (const socket of sockets) socket.destroy();
+        drop = setTimeout(() => {
+          for (const socket of sockets) socket.destroy();
+        }, ABORTED_ANSWER_MS);
+        drop.unref();
       }, graceMs);
       deadline.unref();
       await closed;
       clearTimeout(deadline);
+      clearTimeout(drop);
       shutdown.abort(new Error("server shut down"));
     },
   };

@@ -1,5 +1,15 @@
 import { apiError } from "./errors.js";
 
+/**
+ * How deeply free-form JSON (a `state`, a `criteria`) may nest objects and
+ * arrays. Far above any real state, far below protobuf-es's recursion limit,
+ * so a deep body is refused with its field named instead of a generic error.
+ */
+export const MAX_NESTING_DEPTH = 32;
+
+/** The rule broken by a key named `__proto__`: JavaScript maps would turn it into a prototype and drop it. */
+export const PROTO_KEY_RULE = '"__proto__" is not allowed as a key';
+
 /** One broken rule: the JSON path the caller sent, and the rule in words. */
 export interface Violation {
   field: string;

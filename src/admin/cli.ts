@@ -19,7 +19,11 @@ const USAGE = `usage: npm run --silent admin -- <command>
 
 Prints one JSON object on stdout. Credits are decimals (1 credit = 1,000,000 input tokens).`;
 
+/** A mistake in the command line: exit code 2 and the message alone on stderr. */
 class UsageError extends Error {}
+
+/** The largest count the integer columns behind --free-requests and --limit hold. */
+const MAX_INTEGER_OPTION = 2_147_483_647;
 
 /**
  * The operator CLI. It reaches the same store as the service: DATABASE_URL,
@@ -27,19 +31,7 @@ class UsageError extends Error {}
  * else the embedded store opened directly.
  */
 async function main(argv: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args: argv,
-    allowPositionals: true,
-    options: {
-      name: { type: "string" },
-      credits: { type: "string" },
-      "free-requests": { type: "string" },
-      account: { type: "string" },
-      key: { type: "string" },
-      limit: { type: "string" },
-      help: { type: "boolean", short: "h" },
-    },
-  });
+  const { values, positionals } = parseCommandLine(argv);
   const command = positionals.join(" ");
   if (values.help || command === "") {
     process.stdout.write(USAGE + "\n");
@@ -59,12 +51,43 @@ async function main(argv: string[]): Promise<number> {
 
 type Options = Record<string, string | boolean | undefined>;
 
+/**
+ * util.parseArgs, with its errors (unknown option, missing or ambiguous value
+ * such as `--credits -1`) turned into usage errors. Its messages already name
+ * the option and say how to pass a value that starts with "-".
+ */
+function parseCommandLine(argv: string[]) {
+  try {
+    return parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        name: { type: "string" },
+        credits: { type: "string" },
+        "free-requests": { type: "string" },
+        account: { type: "string" },
+        key: { type: "string" },
+        limit: { type: "string" },
+        help: { type: "boolean", short: "h" },
+      },
+    });
+  } catch (err) {
+    if (isParseArgsError(err)) throw new UsageError(`${err.message}\n\n${USAGE}`);
+    throw err;
+  }
+}
+
+function isParseArgsError(err: unknown): err is Error {
+  const code = (err as { code?: unknown } | null)?.code;
+  return err instanceof Error && typeof code === "string" && code.startsWith("ERR_PARSE_ARGS_");
+}
+
 async function run(db: Knex, command: string, options: Options, defaultFreeRequests: number): Promise<unknown> {
   switch (command) {
     case "accounts create": {
       const account = await createAccount(db, {
         name: stringOption(options, "name") ?? "",
-        units: parseCredits(stringOption(options, "credits") ?? "0"),
+        units: credits("credits", stringOption(options, "credits") ?? "0"),
         freeRequests: integerOption(options, "free-requests") ?? defaultFreeRequests,
       });
       const { apiKey, keyId } = await createApiKey(db, account.id);
@@ -92,7 +115,7 @@ async function run(db: Knex, command: string, options: Options, defaultFreeReque
     }
     case "credits grant": {
       const accountId = requiredOption(options, "account");
-      const units = parseCredits(requiredOption(options, "credits"));
+      const units = credits("credits", requiredOption(options, "credits"));
       const account = await grant(db, accountId, units, 0);
       if (!account) throw new UsageError(`no account with id ${accountId}`);
       return accountJson(account);
@@ -139,8 +162,19 @@ function requiredOption(options: Options, name: string): string {
 function integerOption(options: Options, name: string): number | undefined {
   const value = stringOption(options, name);
   if (value === undefined) return undefined;
-  if (!/^\d+$/.test(value)) throw new UsageError(`--${name} must be a whole number, got "${value}"`);
+  if (!/^\d+$/.test(value) || Number(value) > MAX_INTEGER_OPTION) {
+    throw new UsageError(`--${name} must be a whole number from 0 to ${MAX_INTEGER_OPTION}, got "${value}"`);
+  }
   return Number(value);
+}
+
+/** A credit amount in units; a malformed or too large one is a usage error naming the option. */
+function credits(name: string, value: string): number {
+  try {
+    return parseCredits(value);
+  } catch (err) {
+    throw new UsageError(`--${name}: ${err instanceof Error ? err.message : String(err)}`);
+  }
 }
 
 async function openStore(databaseUrl: string | undefined, dataDir: string, logger: ReturnType<typeof createLogger>) {
@@ -160,7 +194,7 @@ async function openStore(databaseUrl: string | undefined, dataDir: string, logge
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (err: unknown) => {
-    const known = err instanceof UsageError || err instanceof ConfigError || (err instanceof Error && /credit amount|too large/.test(err.message));
+    const known = err instanceof UsageError || err instanceof ConfigError;
     process.stderr.write(`admin: ${known && err instanceof Error ? err.message : `failed: ${err instanceof Error ? err.message : String(err)}`}\n`);
     process.exit(known ? 2 : 1);
   },

@@ -1,3 +1,4 @@
+import crypto from "node:crypto";
 import net from "node:net";
 import type { PGlite } from "@electric-sql/pglite";
 
@@ -13,6 +14,12 @@ import type { PGlite } from "@electric-sql/pglite";
  * open keeps the session until it commits or rolls back. Handing the session
  * over message by message — what @electric-sql/pglite-socket 0.2 does — lets
  * one client's Bind land on another's Parse under concurrency.
+ *
+ * Other local processes can reach a loopback port, so clients must send the
+ * password of the URL (random per start, published only in files readable
+ * by the owner), and a client idle inside a transaction for longer than
+ * `idleInTransactionMs` is disconnected, as PostgreSQL's
+ * idle_in_transaction_session_timeout does, so it cannot stall everyone else.
  */
 export interface WireServer {
   url: string;
@@ -22,11 +29,23 @@ export interface WireServer {
 const SSL_REQUEST = 80877103;
 const GSSENC_REQUEST = 80877104;
 const CANCEL_REQUEST = 80877102;
+const PASSWORD = "p";
+/** AuthenticationCleartextPassword: 'R', length 8, code 3. */
+const AUTHENTICATION_CLEARTEXT_PASSWORD = Buffer.from([0x52, 0, 0, 0, 8, 0, 0, 0, 3]);
+const PASSWORD_FAILED = errorResponse("28P01", "password authentication failed");
 /** Message types that end an exchange: Sync, Query, Flush. */
 const EXCHANGE_END = new Set(["S", "Q", "H"]);
 const TERMINATE = "X";
 
-export async function serveWire(db: PGlite, host = "127.0.0.1", port = 0): Promise<WireServer> {
+export interface WireOptions {
+  host?: string;
+  port?: number;
+  idleInTransactionMs?: number;
+}
+
+export async function serveWire(db: PGlite, options: WireOptions = {}): Promise<WireServer> {
+  const { host = "127.0.0.1", port = 0, idleInTransactionMs = 10_000 } = options;
+  const password = crypto.randomBytes(24).toString("base64url");
   const session = createSessionLock();
   const sockets = new Set<net.Socket>();
 
@@ -35,12 +54,15 @@ export async function serveWire(db: PGlite, host = "127.0.0.1", port = 0): Promi
     socket.setNoDelay(true);
     const client = Symbol("client");
     let buffered: Buffer = Buffer.alloc(0);
-    let started = false;
+    let phase: "startup" | "password" | "ready" = "startup";
+    let startupMessage: Buffer | undefined;
     let exchange: Buffer[] = [];
     let queue = Promise.resolve();
+    let idleTimer: NodeJS.Timeout | undefined;
 
     /** Runs messages in order; an exchange is run whole while this client holds the session. */
     const run = (messages: Buffer[]) => {
+      clearTimeout(idleTimer);
       queue = queue
         .then(async () => {
         await session.acquire(client);
@@ -57,6 +79,7 @@ export async function serveWire(db: PGlite, host = "127.0.0.1", port = 0): Promi
           }
         } finally {
           if (!db.isInTransaction()) session.release(client);
+          else idleTimer = setTimeout(() => socket.destroy(), idleInTransactionMs);
         }
         })
         .catch(() => {
@@ -67,7 +90,7 @@ export async function serveWire(db: PGlite, host = "127.0.0.1", port = 0): Promi
     socket.on("data", (chunk: Buffer) => {
       buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
       for (;;) {
-        if (!started) {
+        if (phase === "startup") {
           // Untyped messages: Int32 length, Int32 code.
           if (buffered.length < 8) return;
           const length = buffered.readInt32BE(0);
@@ -81,8 +104,10 @@ export async function serveWire(db: PGlite, host = "127.0.0.1", port = 0): Promi
             socket.end();
             return;
           } else {
-            started = true;
-            run([Buffer.from(message)]);
+            // Ask for the password before PGlite sees the startup message.
+            startupMessage = Buffer.from(message);
+            phase = "password";
+            socket.write(AUTHENTICATION_CLEARTEXT_PASSWORD);
           }
           continue;
         }
@@ -97,6 +122,15 @@ export async function serveWire(db: PGlite, host = "127.0.0.1", port = 0): Promi
           socket.end();
           return;
         }
+        if (phase === "password") {
+          if (type !== PASSWORD || !sameSecret(message.subarray(5, message.length - 1).toString("utf8"), password)) {
+            socket.end(PASSWORD_FAILED);
+            return;
+          }
+          phase = "ready";
+          run([startupMessage!]);
+          continue;
+        }
         exchange.push(message);
         if (EXCHANGE_END.has(type)) {
           run(exchange);
@@ -107,6 +141,7 @@ export async function serveWire(db: PGlite, host = "127.0.0.1", port = 0): Promi
     socket.on("error", () => socket.destroy());
     socket.on("close", () => {
       sockets.delete(socket);
+      clearTimeout(idleTimer);
       // A client gone mid-transaction must not keep the session.
       queue = queue.then(async () => {
         if (session.owner !== client) return;
@@ -125,7 +160,7 @@ export async function serveWire(db: PGlite, host = "127.0.0.1", port = 0): Promi
   });
   const address = server.address() as net.AddressInfo;
   return {
-    url: `postgres://postgres@${address.address}:${address.port}/postgres?sslmode=disable`,
+    url: `postgres://postgres:${password}@${address.address}:${address.port}/postgres?sslmode=disable`,
     close: async () => {
       const closed = new Promise<void>((resolve) => server.close(() => resolve()));
       for (const socket of sockets) socket.destroy();
@@ -155,4 +190,19 @@ function createSessionLock() {
     },
   };
   return lock;
+}
+
+function sameSecret(given: string, expected: string): boolean {
+  const a = Buffer.from(given);
+  const b = Buffer.from(expected);
+  return a.length === b.length && crypto.timingSafeEqual(a, b);
+}
+
+/** A FATAL ErrorResponse with an SQLSTATE code and a message. */
+function errorResponse(sqlState: string, message: string): Buffer {
+  const fields = Buffer.from(`SFATAL\0VFATAL\0C${sqlState}\0M${message}\0\0`, "utf8");
+  const header = Buffer.alloc(5);
+  header.write("E", 0);
+  header.writeInt32BE(4 + fields.length, 1);
+  return Buffer.concat([header, fields]);
 }

@@ -14,6 +14,7 @@ import type { Logger } from "../logger.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
 import { authenticate, requireApiKey } from "../rpc/auth.js";
+import { requestIdOf } from "../rpc/context.js";
 import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
 import { createDecisionEngine, firstCallMessages, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";
@@ -82,6 +83,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           const deadlineMs = Date.now() + Math.max(llm.requestTimeoutMs - DEADLINE_MARGIN_MS, llm.requestTimeoutMs / 2);
           const outcome = await engine.decide({ stateBlock, questions }, { signal, deadlineMs });
           logger.info("decided", {
+            request_id: requestIdOf(ctx),
             prompt_version: PROMPT_VERSION,
             questions: questions.length,
             answered: outcome.answered,

@@ -1,6 +1,6 @@
 import type { Value } from "@bufbuild/protobuf/wkt";
 import type { DecideRequest } from "../gen/typesafe/decision/v1/decision_service_pb.js";
-import { pathOf, type Violation } from "../validation.js";
+import { MAX_NESTING_DEPTH, PROTO_KEY_RULE, pathOf, type Violation } from "../validation.js";
 
 export const SUPPORTED_MODEL = "typesafe/service-1.13";
 export const MAX_QUESTIONS = 40;
@@ -22,6 +22,7 @@ export function validateDecideRequest(request: DecideRequest): Violation[] {
   }
   violations.push(...validateState(request.state));
 
+  if (hasProtoKey(request.questions)) violations.push({ field: pathOf("questions", "__proto__"), rule: PROTO_KEY_RULE });
   const keys = Object.keys(request.questions);
   if (keys.length < 1 || keys.length > MAX_QUESTIONS) {
     violations.push({ field: "questions", rule: `must hold 1 to ${MAX_QUESTIONS} questions, got ${keys.length}` });
@@ -50,29 +51,80 @@ export function validateDecideRequest(request: DecideRequest): Violation[] {
   return violations;
 }
 
+/** A state is a non-empty text or a non-empty JSON object: numbers, booleans and arrays say nothing to decide on. */
 function validateState(state: Value | undefined): Violation[] {
   const value = presentValue(state);
   if (!value) return [{ field: "state", rule: "is required: a text or a JSON object" }];
-  if (value.kind.case === "stringValue" && value.kind.value.trim() === "") {
-    return [{ field: "state", rule: "must not be empty" }];
+  switch (value.kind.case) {
+    case "stringValue":
+      return value.kind.value.trim() === "" ? [{ field: "state", rule: "must not be empty" }] : [];
+    case "structValue": {
+      const nested = findNestingViolation(value, "state", "state", 0);
+      if (nested) return [nested];
+      return Object.keys(value.kind.value.fields).length === 0 ? [{ field: "state", rule: "must not be empty" }] : [];
+    }
+    default:
+      return [{ field: "state", rule: "must be a text or a JSON object" }];
   }
-  return [];
+}
+
+/**
+ * The free-form rules the gateway checks on the JSON (json-shape.ts), again on
+ * the decoded message for gRPC callers: a `__proto__` key shows as a changed
+ * prototype (the decoder assigned it into a plain object), nesting is bounded,
+ * and numbers are finite (the prompt prints the state as JSON).
+ */
+function findNestingViolation(value: Value, at: string, root: string, depth: number): Violation | undefined {
+  const kind = value.kind;
+  if (kind.case === "numberValue" && !Number.isFinite(kind.value)) return { field: at, rule: "must be a finite number" };
+  if (kind.case !== "structValue" && kind.case !== "listValue") return undefined;
+  if (depth >= MAX_NESTING_DEPTH) return { field: root, rule: `nesting deeper than ${MAX_NESTING_DEPTH} levels` };
+  if (kind.case === "listValue") {
+    for (const [index, item] of kind.value.values.entries()) {
+      const violation = findNestingViolation(item, `${at}[${index}]`, root, depth + 1);
+      if (violation) return violation;
+    }
+    return undefined;
+  }
+  if (hasProtoKey(kind.value.fields)) return { field: pathOf(at, "__proto__"), rule: PROTO_KEY_RULE };
+  for (const [key, item] of Object.entries(kind.value.fields)) {
+    const violation = findNestingViolation(item, pathOf(at, key), root, depth + 1);
+    if (violation) return violation;
+  }
+  return undefined;
+}
+
+/** True when a `__proto__` key was assigned into this map object (setting its prototype instead of an entry). */
+function hasProtoKey(map: object): boolean {
+  return Object.getPrototypeOf(map) !== Object.prototype;
+}
+
+/** Labels and option names the prompt would show alike (whitespace only differs) are duplicates; case still counts. */
+function labelKey(text: string): string {
+  return text.replace(/\s+/gu, " ").trim().normalize("NFC");
 }
 
 function validateChoiceCriteria(criteria: Value | undefined, field: string): Violation[] {
   const rule = `choice needs an object of at least 2 options, each mapped to null`;
   if (criteria?.kind.case !== "structValue") return [{ field, rule }];
   const options = criteria.kind.value.fields;
+  if (hasProtoKey(options)) return [{ field: pathOf(field, "__proto__"), rule: PROTO_KEY_RULE }];
   const names = Object.keys(options);
   if (names.length < 2) return [{ field, rule }];
   if (names.length > MAX_CHOICE_OPTIONS) {
     return [{ field, rule: `choice takes at most ${MAX_CHOICE_OPTIONS} options, got ${names.length}` }];
   }
+  const seen = new Map<string, string>();
   for (const name of names) {
     if (name.trim() === "") return [{ field: pathOf(field, name), rule: "option names must not be empty" }];
     if (options[name]!.kind.case !== "nullValue") {
       return [{ field: pathOf(field, name), rule: "options must map to null" }];
     }
+    const first = seen.get(labelKey(name));
+    if (first !== undefined) {
+      return [{ field: pathOf(field, name), rule: `duplicate option: same as ${JSON.stringify(first)} apart from whitespace` }];
+    }
+    seen.set(labelKey(name), name);
   }
   return [];
 }
@@ -85,14 +137,17 @@ function validateScoreCriteria(criteria: Value | undefined, field: string): Viol
   if (labels.length > MAX_SCORE_LABELS) {
     return [{ field, rule: `score takes at most ${MAX_SCORE_LABELS} labels, got ${labels.length}` }];
   }
-  const seen = new Set<string>();
+  const seen = new Map<string, number>();
   for (const [index, label] of labels.entries()) {
     const at = `${field}[${index}]`;
     if (label.kind.case !== "stringValue" || label.kind.value.trim() === "") {
       return [{ field: at, rule: "labels must be non-empty strings" }];
     }
-    if (seen.has(label.kind.value)) return [{ field: at, rule: `duplicate label "${label.kind.value}"` }];
-    seen.add(label.kind.value);
+    const first = seen.get(labelKey(label.kind.value));
+    if (first !== undefined) {
+      return [{ field: at, rule: `duplicate label ${JSON.stringify(label.kind.value)}: same as [${first}] apart from whitespace` }];
+    }
+    seen.set(labelKey(label.kind.value), index);
   }
   return [];
 }

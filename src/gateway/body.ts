@@ -9,7 +9,7 @@ import { apiError } from "../errors.js";
 export async function readBody(req: NodeRequest, maxBytes: number): Promise<Buffer> {
   const declared = Number(req.headers["content-length"] ?? NaN);
   if (declared > maxBytes) {
-    drain(req, maxBytes);
+    discardBody(req, maxBytes);
     throw tooLarge(maxBytes);
   }
   const chunks: Buffer[] = [];
@@ -17,7 +17,7 @@ export async function readBody(req: NodeRequest, maxBytes: number): Promise<Buff
   for await (const chunk of req as AsyncIterable<Buffer>) {
     total += chunk.length;
     if (total > maxBytes) {
-      drain(req, maxBytes);
+      discardBody(req, maxBytes);
       throw tooLarge(maxBytes);
     }
     chunks.push(chunk);
@@ -33,8 +33,12 @@ function tooLarge(maxBytes: number) {
   });
 }
 
-/** Discards up to 16 × maxBytes more of the body, then drops the connection. */
-function drain(req: NodeRequest, maxBytes: number): void {
+/**
+ * Discards up to 16 × maxBytes more of the body, then drops the connection:
+ * for answers sent before (or instead of) reading a body, so an unread body
+ * cannot keep the connection busy without bound.
+ */
+export function discardBody(req: NodeRequest, maxBytes: number): void {
   let discarded = 0;
   req.on("data", (chunk: Buffer) => {
     discarded += chunk.length;

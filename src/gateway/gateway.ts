@@ -1,12 +1,13 @@
 import crypto from "node:crypto";
 import { create, fromJson, toJson, type DescMessage, type DescMethodUnary, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
-import { apiError } from "../errors.js";
+import { apiError, toPublicError } from "../errors.js";
 import type { Logger } from "../logger.js";
 import { kRequestId } from "../rpc/context.js";
 import { observeCall } from "../rpc/observe.js";
 import { throwIfInvalid, type Violation } from "../validation.js";
-import { readBody } from "./body.js";
+import { requireApiKey } from "../rpc/auth.js";
+import { discardBody, readBody } from "./body.js";
 import { findShapeViolation } from "./json-shape.js";
 import { sendEnvelope, sendError, sendOk, type NodeRequest, type NodeResponse } from "./envelope.js";
 
@@ -37,6 +38,8 @@ export interface GatewayOptions {
   maxBodyBytes: number;
   /** True when the service can serve (database reachable). */
   isReady: () => Promise<boolean>;
+  /** Aborted when a shutdown's grace period ends: calls still running are cut off (503). */
+  shutdownSignal?: AbortSignal;
 }
 
 /** The fallback handler of the Connect adapter: /api/v1 paths, health probes, and enveloped 404/405. */
@@ -45,38 +48,62 @@ export function createGateway(options: GatewayOptions) {
   for (const route of options.routes) byPath.set(route.path, [...(byPath.get(route.path) ?? []), route]);
 
   return (req: NodeRequest, res: NodeResponse): void => {
-    void handle(req, res).catch((err: unknown) => {
-      options.logger.error("gateway failure", { error: err instanceof Error ? err : String(err) });
-      sendError(res, apiError("INTERNAL", "internal error"));
+    const requestId = crypto.randomUUID();
+    void handle(req, res, requestId).catch((err: unknown) => {
+      options.logger.error("gateway failure", { request_id: requestId, error: err instanceof Error ? err : String(err) });
+      sendError(res, toPublicError(err, requestId), { "x-request-id": requestId });
     });
   };
 
-  async function handle(req: NodeRequest, res: NodeResponse): Promise<void> {
+  async function handle(req: NodeRequest, res: NodeResponse, requestId: string): Promise<void> {
     const path = (req.url ?? "/").split("?")[0]!;
-    if (path === "/healthz") return sendOk(res, { status: "up" });
-    if (path === "/readyz") {
+    if (path === "/healthz" || path === "/readyz") {
+      if (req.method !== "GET") return refuse(req, res, requestId, path, methodNotAllowed(path, "GET"), { allow: "GET" });
+      if (path === "/healthz") return sendOk(res, { status: "up" }, { "x-request-id": requestId });
       const ready = await options.isReady().catch(() => false);
-      if (ready) return sendOk(res, { status: "ready" });
-      return sendError(res, apiError("UNAVAILABLE", "not ready: the database is unreachable"));
+      if (ready) return sendOk(res, { status: "ready" }, { "x-request-id": requestId });
+      const notReady = apiError("UNAVAILABLE", "not ready: the database is unreachable");
+      return sendError(res, toPublicError(notReady, requestId), { "x-request-id": requestId });
     }
     const candidates = byPath.get(path);
     if (!candidates) {
-      return sendError(res, apiError("NOT_FOUND", `no such path: ${req.method} ${path}`));
+      return refuse(req, res, requestId, path, apiError("NOT_FOUND", `no such path: ${req.method} ${path}`));
     }
     const route = candidates.find((r) => r.httpMethod === req.method);
     if (!route) {
       const allow = candidates.map((r) => r.httpMethod).join(", ");
-      return sendError(res, apiError("METHOD_NOT_ALLOWED", `${path} accepts ${allow}`, { metadata: { allow } }), { allow });
+      return refuse(req, res, requestId, path, methodNotAllowed(path, allow), { allow });
     }
-    await serveRpc(route, req, res);
+    await serveRpc(route, req, res, requestId);
   }
 
-  async function serveRpc(route: RpcRoute, req: NodeRequest, res: NodeResponse): Promise<void> {
-    const requestId = crypto.randomUUID();
+  /** A 404 or 405: logged and given a request id like every other call; the body is never read. */
+  async function refuse(
+    req: NodeRequest,
+    res: NodeResponse,
+    requestId: string,
+    path: string,
+    error: Error,
+    headers: Record<string, string> = {},
+  ): Promise<void> {
+    const procedure = path.length > MAX_LOGGED_PATH_CHARS ? `${path.slice(0, MAX_LOGGED_PATH_CHARS)}…` : path;
+    try {
+      await observeCall(options.logger, { requestId, procedure, protocol: "gateway" }, () => Promise.reject(error));
+    } catch (err) {
+      discardBody(req, options.maxBodyBytes);
+      sendError(res, err, { ...headers, "x-request-id": requestId });
+    }
+  }
+
+  async function serveRpc(route: RpcRoute, req: NodeRequest, res: NodeResponse, requestId: string): Promise<void> {
     const requestAbort = new AbortController();
     res.on("close", () => {
       if (!res.writableFinished) requestAbort.abort(new Error("client closed the connection"));
     });
+    // At the end of a shutdown's grace period, calls still running are cut off (503, holds released).
+    const onShutdown = () => requestAbort.abort(new Error("server shutting down"));
+    options.shutdownSignal?.addEventListener("abort", onShutdown, { once: true });
+    res.on("close", () => options.shutdownSignal?.removeEventListener("abort", onShutdown));
     const ctx = createHandlerContext({
       service: route.method.parent,
       method: route.method,
@@ -90,6 +117,8 @@ export function createGateway(options: GatewayOptions) {
     const procedure = `/${route.method.parent.typeName}/${route.method.name}`;
     try {
       const data = await observeCall(options.logger, { requestId, procedure, protocol: "gateway" }, async () => {
+        // Key presence and shape first, so a caller without a key learns nothing about its body.
+        requireApiKey(ctx);
         const request = route.httpMethod === "POST" ? await parseBody(route, req) : create(route.method.input);
         const output = create(route.method.output, await route.impl(request, ctx));
         const json = toJson(route.method.output, output, { useProtoFieldName: true, alwaysEmitImplicit: true }) as Record<string, unknown>;
@@ -98,14 +127,18 @@ export function createGateway(options: GatewayOptions) {
       });
       sendEnvelope(res, 200, { code: 0, message: "ok", data }, responseHeaders(ctx, requestId));
     } catch (err) {
+      if (req.readableFlowing === null) discardBody(req, options.maxBodyBytes);
       sendError(res, err, responseHeaders(ctx, requestId));
     }
   }
 
   async function parseBody(route: RpcRoute, req: NodeRequest): Promise<MessageShape<DescMessage>> {
-    const contentType = String(req.headers["content-type"] ?? "application/json");
-    if (!/^application\/json\s*(;|$)/i.test(contentType)) {
-      throw apiError("UNSUPPORTED_MEDIA_TYPE", "content-type: must be application/json", { field: "content-type" });
+    const contentType = req.headers["content-type"];
+    if (contentType === undefined || !/^application\/json\s*(;|$)/i.test(contentType)) {
+      throw apiError("UNSUPPORTED_MEDIA_TYPE", "content-type: must be application/json", {
+        field: "content-type",
+        rule: "must be application/json",
+      });
     }
     const body = await readBody(req, options.maxBodyBytes);
     let json: unknown;
@@ -121,9 +154,19 @@ export function createGateway(options: GatewayOptions) {
     try {
       return fromJson(route.method.input, json as JsonValue);
     } catch (err) {
-      throw apiError("INVALID_ARGUMENT", "body: does not match the request schema", { field: "body", cause: err });
+      throw apiError("INVALID_ARGUMENT", "body: does not match the request schema", {
+        field: "body",
+        rule: "must match the request schema",
+        cause: err,
+      });
     }
   }
+}
+
+const MAX_LOGGED_PATH_CHARS = 200;
+
+function methodNotAllowed(path: string, allow: string): Error {
+  return apiError("METHOD_NOT_ALLOWED", `${path} accepts ${allow}`, { metadata: { allow } });
 }
 
 /** Request headers without HTTP/2 pseudo-headers, as a fetch Headers object. */

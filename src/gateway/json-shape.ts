@@ -1,15 +1,23 @@
 import type { DescField, DescMessage } from "@bufbuild/protobuf";
 import { ScalarType } from "@bufbuild/protobuf";
-import { pathOf, type Violation } from "../validation.js";
+import { MAX_NESTING_DEPTH, PROTO_KEY_RULE, pathOf, type Violation } from "../validation.js";
+
+/** Well-known types whose JSON is free-form: any keys, any nesting. */
+const FREE_FORM_TYPES = new Set(["google.protobuf.Value", "google.protobuf.Struct", "google.protobuf.ListValue"]);
+/** JSON.parse reads 1e999 as Infinity, which a google.protobuf.Value cannot print back. */
+const FINITE_RULE = "must be a finite number";
+const UNICODE_RULE = "must be valid Unicode text (no lone surrogates)";
 
 /**
  * Walks a parsed JSON body along a message descriptor and names the first
- * unknown field or wrong JSON type with its full path
- * (`questions.q1.instuctions: unknown field`). protobuf-es's fromJson rejects
- * the same bodies, but its messages lose the path of nested fields.
+ * unknown field, wrong JSON type, `__proto__` key, lone surrogate, infinite
+ * number or too deep nesting with its full path (`questions.q1.instuctions: unknown field`).
+ * protobuf-es's fromJson rejects most of these bodies, but its messages lose
+ * the path; and it silently drops `__proto__` keys (assigning one into a map
+ * object sets the prototype), so they must be refused here.
  */
 export function findShapeViolation(desc: DescMessage, json: unknown, path = ""): Violation | undefined {
-  if (desc.typeName === "google.protobuf.Value") return undefined;
+  if (FREE_FORM_TYPES.has(desc.typeName)) return findFreeFormViolation(json, path || "body", path || "body", 0);
   if (!isObject(json)) return { field: path || "body", rule: "must be a JSON object" };
   for (const [key, value] of Object.entries(json)) {
     const at = path ? pathOf(path, key) : key;
@@ -27,7 +35,8 @@ function checkField(field: DescField, value: unknown, at: string): Violation | u
     case "scalar":
       return checkScalar(field.scalar, value, at);
     case "enum":
-      return typeof value === "string" || typeof value === "number" ? undefined : { field: at, rule: "must be a string" };
+      if (typeof value === "string") return checkText(value, at);
+      return typeof value === "number" ? undefined : { field: at, rule: "must be a string" };
     case "message":
       return findShapeViolation(field.message, value, at);
     case "list": {
@@ -49,11 +58,12 @@ function checkField(field: DescField, value: unknown, at: string): Violation | u
       for (const [key, item] of Object.entries(value)) {
         const itemAt = pathOf(at, key);
         const violation =
-          field.mapKind === "message"
+          checkKey(key, itemAt) ??
+          (field.mapKind === "message"
             ? findShapeViolation(field.message, item, itemAt)
             : field.mapKind === "scalar"
               ? checkScalar(field.scalar, item, itemAt)
-              : undefined;
+              : undefined);
         if (violation) return violation;
       }
       return undefined;
@@ -61,10 +71,40 @@ function checkField(field: DescField, value: unknown, at: string): Violation | u
   }
 }
 
+/** Free-form JSON: keys and texts as anywhere else; nesting is reported at the field itself (`state`). */
+function findFreeFormViolation(json: unknown, at: string, root: string, depth: number): Violation | undefined {
+  if (typeof json === "string") return checkText(json, at);
+  if (typeof json === "number") return Number.isFinite(json) ? undefined : { field: at, rule: FINITE_RULE };
+  if (typeof json !== "object" || json === null) return undefined;
+  if (depth >= MAX_NESTING_DEPTH) return { field: root, rule: `nesting deeper than ${MAX_NESTING_DEPTH} levels` };
+  if (Array.isArray(json)) {
+    for (const [index, item] of json.entries()) {
+      const violation = findFreeFormViolation(item, `${at}[${index}]`, root, depth + 1);
+      if (violation) return violation;
+    }
+    return undefined;
+  }
+  for (const [key, item] of Object.entries(json)) {
+    const itemAt = pathOf(at, key);
+    const violation = checkKey(key, itemAt) ?? findFreeFormViolation(item, itemAt, root, depth + 1);
+    if (violation) return violation;
+  }
+  return undefined;
+}
+
+function checkKey(key: string, at: string): Violation | undefined {
+  if (key === "__proto__") return { field: at, rule: PROTO_KEY_RULE };
+  return checkText(key, at);
+}
+
+function checkText(text: string, at: string): Violation | undefined {
+  return /\p{Cs}/u.test(text) ? { field: at, rule: UNICODE_RULE } : undefined;
+}
+
 function checkScalar(type: ScalarType, value: unknown, at: string): Violation | undefined {
   switch (type) {
     case ScalarType.STRING:
-      return typeof value === "string" ? undefined : { field: at, rule: "must be a string" };
+      return typeof value === "string" ? checkText(value, at) : { field: at, rule: "must be a string" };
     case ScalarType.BOOL:
       return typeof value === "boolean" ? undefined : { field: at, rule: "must be a boolean" };
     case ScalarType.BYTES:

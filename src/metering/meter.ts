@@ -1,6 +1,6 @@
 import crypto from "node:crypto";
 import { setTimeout as delay } from "node:timers/promises";
-import { Code, ConnectError } from "@connectrpc/connect";
+import type { ConnectError } from "@connectrpc/connect";
 import type { Knex } from "knex";
 import { hashApiKey, isWellFormedApiKey } from "../accounts/api-keys.js";
 import type { MeteringConfig } from "../config.js";
@@ -104,7 +104,9 @@ export interface Meter {
    * A settled Idempotency-Key replays the stored response without running the work.
    */
   run<T>(call: MeteredCall, work: (signal: AbortSignal) => Promise<WorkResult<T>>): Promise<MeteredResult<T>>;
-  /** Graceful shutdown: refuses new calls and releases every hold this process still has. */
+  /** Shutdown begins: new calls are refused (UNAVAILABLE); calls in flight go on. */
+  beginShutdown(): void;
+  /** Graceful shutdown: refuses new calls, waits for releases under way, and releases every hold this process still has. */
   releaseAll(): Promise<void>;
   /** Expires every hold whose lease has passed, now (what the sweeper runs); returns how many. */
   sweepNow(): Promise<number>;
@@ -139,6 +141,8 @@ export function createMeter(deps: MeterDeps): Meter {
   const now = (): Date | undefined => deps.now?.();
   const retryDelaysMs = deps.settleRetryDelaysMs ?? [50, 200, 500];
   const held = new Set<string>();
+  /** Releases under way, so shutdown can wait for them before the pool closes. */
+  const releasing = new Set<Promise<void>>();
   const counters: MeterStats = { holdsExpired: 0, lateSettles: 0, settleFailures: 0, releaseFailures: 0, cappedCharges: 0 };
   let closing = false;
   let sweeper: NodeJS.Timeout | undefined;
@@ -157,19 +161,23 @@ export function createMeter(deps: MeterDeps): Meter {
     }
   }
 
-  async function release(requestId: string, log: Logger): Promise<void> {
-    try {
-      await resolveWithRetry({ requestId, success: false, now: now() });
-    } catch (err) {
-      counters.releaseFailures++;
-      log.warn("release failed; the lease will release the hold", { err });
-    } finally {
-      held.delete(requestId);
-    }
+  function release(requestId: string, log: Logger): Promise<void> {
+    const releasing_ = (async () => {
+      try {
+        await resolveWithRetry({ requestId, success: false, now: now() });
+      } catch (err) {
+        counters.releaseFailures++;
+        log.warn("release failed; the lease will release the hold", { err });
+      } finally {
+        held.delete(requestId);
+      }
+    })();
+    releasing.add(releasing_);
+    return releasing_.finally(() => releasing.delete(releasing_));
   }
 
   async function run<T>(call: MeteredCall, work: (signal: AbortSignal) => Promise<WorkResult<T>>): Promise<MeteredResult<T>> {
-    if (closing) throw apiError("UNAVAILABLE", "the server is shutting down; retry");
+    if (closing) throw shuttingDown();
     if (!Number.isSafeInteger(call.reserveUnits) || call.reserveUnits < 0) {
       throw new Error(`reserveUnits must be a non-negative integer, got ${call.reserveUnits}`);
     }
@@ -250,11 +258,13 @@ export function createMeter(deps: MeterDeps): Meter {
       case "idempotency_in_progress":
         throw apiError("IDEMPOTENCY_IN_PROGRESS", "a request with this Idempotency-Key is still in flight; retry after it completes", {
           field: "idempotency_key",
+          rule: "one call at a time per key",
           metadata: { original_request_id: admission.requestId, ...rateMetadata(admission) },
         });
       case "idempotency_mismatch":
         throw apiError("IDEMPOTENCY_MISMATCH", "this Idempotency-Key was used with a different request", {
           field: "idempotency_key",
+          rule: "a key stands for one request body",
           metadata: { original_request_id: admission.requestId, ...rateMetadata(admission) },
         });
       case "replay":
@@ -287,6 +297,8 @@ export function createMeter(deps: MeterDeps): Meter {
       }
     } catch (err) {
       await release(requestId, log);
+      // Work that failed because the caller left or the server is stopping says so, not "upstream failed".
+      if (call.signal.aborted) throw closing ? shuttingDown() : cancelled(call.signal);
       throw err;
     } finally {
       clearTimeout(timer);
@@ -345,8 +357,12 @@ export function createMeter(deps: MeterDeps): Meter {
   return {
     run,
     sweepNow,
+    beginShutdown() {
+      closing = true;
+    },
     async releaseAll() {
       closing = true;
+      await Promise.all([...releasing]);
       await Promise.all([...held].map((id) => release(id, logger.child({ request_id: id }))));
     },
     startSweeper() {
@@ -407,5 +423,9 @@ function ceilSeconds(ms: number): number {
 }
 
 function cancelled(signal: AbortSignal): ConnectError {
-  return new ConnectError("the caller cancelled the call", Code.Canceled, undefined, undefined, signal.reason);
+  return apiError("CANCELLED", "the caller cancelled the call; nothing was charged", { cause: signal.reason });
+}
+
+function shuttingDown(): ConnectError {
+  return apiError("UNAVAILABLE", "the server is shutting down; retry", { metadata: { retry_after_seconds: "1" } });
 }

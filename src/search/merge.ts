@@ -86,14 +86,25 @@ export function cleanUrl(raw: string): URL | null {
   return url;
 }
 
-/** ISO-8601 UTC without milliseconds, or null when absent or unreadable. */
+/**
+ * ISO-8601 UTC without milliseconds, or null when absent or not a real time
+ * (unparseable, out of Date's range, or a calendar day that does not exist
+ * such as 2026-02-30, which Date.parse would roll into March).
+ */
 export function cleanDate(raw: string | null): string | null {
-  if (raw === null || raw.trim() === "") return null;
+  if (typeof raw !== "string" || raw.trim() === "") return null;
   const text = raw.trim();
+  const day = /^(\d{4})-(\d\d)-(\d\d)/.exec(text);
+  if (day && !isCalendarDay(Number(day[1]), Number(day[2]), Number(day[3]))) return null;
   // An ISO date-time without a zone is UTC here (Brave's page_age); Date.parse would read it as local time.
   const ms = Date.parse(/^\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d(\.\d+)?)?$/.test(text) ? `${text}Z` : text);
   if (Number.isNaN(ms)) return null;
   return new Date(ms).toISOString().replace(".000Z", "Z");
+}
+
+function isCalendarDay(year: number, month: number, day: number): boolean {
+  const date = new Date(Date.UTC(year, month - 1, day));
+  return date.getUTCMonth() === month - 1 && date.getUTCDate() === day;
 }
 
 const TRACKING = /^(utm_.*|gclid|fbclid|mc_cid|mc_eid)$/i;
@@ -156,12 +167,17 @@ function safeDecode(text: string): string {
   }
 }
 
-/** Cleans one source's list; invalid URLs are dropped and ranks count only the survivors. */
+/**
+ * Cleans one source's list. Items without a usable http(s) URL or a title are
+ * dropped (one odd item never fails the list), and ranks count only the survivors.
+ */
 export function normalizeItems(items: RawItem[]): NormalizedItem[] {
   const out: NormalizedItem[] = [];
   for (const item of items) {
     const url = cleanUrl(item.url);
     if (!url) continue;
+    const title = cleanText(item.title, TITLE_MAX);
+    if (title === "") continue;
     const keys: string[] = [];
     const doi = doiOf(item.doi, url);
     if (doi) keys.push(`doi:${doi}`);
@@ -169,7 +185,7 @@ export function normalizeItems(items: RawItem[]): NormalizedItem[] {
     if (arxiv) keys.push(`arxiv:${arxiv}`);
     keys.push(urlKey(url));
     out.push({
-      title: cleanText(item.title, TITLE_MAX),
+      title,
       url: url.href,
       snippet: cleanText(item.snippet, SNIPPET_MAX),
       publishedAt: cleanDate(item.publishedAt),

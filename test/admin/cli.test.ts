@@ -67,6 +67,13 @@ describe("operator CLI against the service's database", () => {
     [["credits", "grant", "--account", "00000000-0000-0000-0000-000000000000", "--credits", "1.2345678"], /credit amount/],
     [["keys", "revoke"], /--key is required/],
     [["frobnicate"], /unknown command/],
+    [["credits", "grant", "--account", "00000000-0000-0000-0000-000000000000", "--credits", "-1"], /'--credits' argument is ambiguous/],
+    [["credits", "grant", "--account", "00000000-0000-0000-0000-000000000000", "--credits=-1"], /--credits: "-1" is not a credit amount/],
+    [["credits", "grant", "--account", "00000000-0000-0000-0000-000000000000", "--credits", "99999999999999"], /--credits: .* is too large/],
+    [["accounts", "create", "--credits", "1", "--bogus"], /Unknown option '--bogus'/],
+    [["accounts", "create", "--name"], /'--name <value>' argument missing/],
+    [["keys", "list", "--help=yes"], /'-h, --help' does not take an argument/],
+    [["accounts", "create", "--free-requests", "99999999999"], /--free-requests must be a whole number from 0 to 2147483647/],
   ])("%j fails with a clear message and exit code 2", async (args, message) => {
     const result = await runAdmin(args, { DATABASE_URL: database.url });
     expect(result.code).toBe(2);

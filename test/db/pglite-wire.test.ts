@@ -12,7 +12,7 @@ let db: PGlite;
 let wire: WireServer;
 beforeAll(async () => {
   db = await PGlite.create();
-  wire = await serveWire(db);
+  wire = await serveWire(db, { idleInTransactionMs: 300 });
   await db.exec("CREATE TABLE t (id serial PRIMARY KEY, worker int NOT NULL)");
 }, 60_000);
 afterAll(async () => {
@@ -59,6 +59,28 @@ describe("pglite wire server", () => {
     await leaver.end();
     await connected;
     expect((await other.query("SELECT count(*)::int AS n FROM t WHERE worker = 999")).rows[0].n).toBe(0);
+    await other.end();
+  });
+
+  it.each([
+    ["a wrong password", (url: URL) => (url.password = "guess")],
+    ["no password", (url: URL) => (url.password = "")],
+  ])("refuses %s before PGlite sees the connection", async (_name, spoil) => {
+    const url = new URL(wire.url);
+    spoil(url);
+    const intruder = new pg.Client({ connectionString: url.toString() });
+    await expect(intruder.connect()).rejects.toThrow(/password/);
+  });
+
+  it("disconnects a client idle inside a transaction, so others get the session back", async () => {
+    const idler = new pg.Client({ connectionString: wire.url });
+    const idlerGone = new Promise((resolve) => idler.on("error", resolve));
+    await idler.connect();
+    await idler.query("BEGIN");
+    await idler.query("INSERT INTO t (worker) VALUES (777)");
+    const other = new pg.Client({ connectionString: wire.url });
+    await Promise.all([other.connect(), idlerGone]);
+    expect((await other.query("SELECT count(*)::int AS n FROM t WHERE worker = 777")).rows[0].n).toBe(0);
     await other.end();
   });
 });

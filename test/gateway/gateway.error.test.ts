@@ -23,6 +23,8 @@ const valid = {
   questions: { q1: { type: "noul", instructions: "Is this a refund request?" } },
 };
 const withQuestion = (question: unknown) => ({ ...valid, questions: { q3: question } });
+const nested = (levels: number): unknown => (levels === 0 ? "x" : { a: nested(levels - 1) });
+const UNICODE_RULE = "must be valid Unicode text (no lone surrogates)";
 const forty = Object.fromEntries(Array.from({ length: 41 }, (_, i) => [`q${i}`, { type: "noul", instructions: "x" }]));
 
 describe("POST /api/v1/decisions rejects invalid input before anything is charged", () => {
@@ -44,6 +46,24 @@ describe("POST /api/v1/decisions rejects invalid input before anything is charge
     ["score with an object", withQuestion({ type: "score", instructions: "x", criteria: { low: null, high: null } }), "questions.q3.criteria", "array"],
     ["score duplicate labels", withQuestion({ type: "score", instructions: "x", criteria: ["low", "low"] }), "questions.q3.criteria[1]", "duplicate label"],
     ["score empty label", withQuestion({ type: "score", instructions: "x", criteria: ["low", ""] }), "questions.q3.criteria[1]", "non-empty"],
+    ["score labels equal once trimmed", withQuestion({ type: "score", instructions: "x", criteria: ["a", " a"] }), "questions.q3.criteria[1]", 'duplicate label " a": same as [0]'],
+    ["score labels equal but for a newline", withQuestion({ type: "score", instructions: "x", criteria: ["low", "high", "low\n"] }), "questions.q3.criteria[2]", "same as [0] apart from whitespace"],
+    ["score labels equal but for inner spaces", withQuestion({ type: "score", instructions: "x", criteria: ["very low", "very  low"] }), "questions.q3.criteria[1]", "duplicate label"],
+    ["choice options equal once trimmed", withQuestion({ type: "choice", instructions: "x", criteria: { a: null, " a": null } }), 'questions.q3.criteria[" a"]', 'duplicate option: same as "a"'],
+    ["state a number", { ...valid, state: 123 }, "state", "must be a text or a JSON object"],
+    ["state true", { ...valid, state: true }, "state", "must be a text or a JSON object"],
+    ["state an array", { ...valid, state: ["a"] }, "state", "must be a text or a JSON object"],
+    ["state an empty array", { ...valid, state: [] }, "state", "must be a text or a JSON object"],
+    ["state an empty object", { ...valid, state: {} }, "state", "must not be empty"],
+    ["state nested 33 levels", { ...valid, state: nested(33) }, "state", "nesting deeper than 32 levels"],
+    ["state nested 100 levels", { ...valid, state: nested(100) }, "state", "nesting deeper than 32 levels"],
+    ["state too deep through arrays", { ...valid, state: { a: JSON.parse("[".repeat(40) + "]".repeat(40)) } }, "state", "nesting deeper than 32 levels"],
+    ["state with an infinite number", `{"model":"typesafe/service-1.13","state":{"n":1e999},"questions":{"q":{"type":"noul","instructions":"x"}}}`, "state.n", "must be a finite number"],
+    ["lone surrogate in the state text", `{"model":"typesafe/service-1.13","state":"\\ud800","questions":{"q":{"type":"noul","instructions":"x"}}}`, "state", UNICODE_RULE],
+    ["lone surrogate in a state key", `{"model":"typesafe/service-1.13","state":{"\\udc00":"x"},"questions":{"q":{"type":"noul","instructions":"x"}}}`, 'state["\\udc00"]', UNICODE_RULE],
+    ["lone surrogate in instructions", `{"model":"typesafe/service-1.13","state":"x","questions":{"q":{"type":"noul","instructions":"why \\ud800?"}}}`, "questions.q.instructions", UNICODE_RULE],
+    ["lone surrogate in a question key", `{"model":"typesafe/service-1.13","state":"x","questions":{"\\ud83d":{"type":"noul","instructions":"x"}}}`, 'questions["\\ud83d"]', UNICODE_RULE],
+    ["lone surrogate in a score label", withQuestion({ type: "score", instructions: "x", criteria: ["low", "\udfff"] }), "questions.q3.criteria[1]", UNICODE_RULE],
     ["unknown top-level field", { ...valid, temperature: 0 }, "temperature", "unknown field"],
     ["unknown nested field", withQuestion({ type: "noul", instructions: "x", instuctions: "typo" }), "questions.q3.instuctions", "unknown field"],
     ["wrong JSON type", { ...valid, model: 13 }, "model", "must be a string"],
@@ -55,8 +75,22 @@ describe("POST /api/v1/decisions rejects invalid input before anything is charge
     expect(envelope.code).toBe(40001);
     expect(envelope.data["reason"]).toBe("INVALID_ARGUMENT");
     expect(envelope.data["field"]).toBe(field);
+    expect(envelope.data["rule"]).toContain(rule);
     expect(envelope.message).toContain(`${field}: `);
     expect(envelope.message).toContain(rule);
+  });
+
+  it.each([
+    ["a state nested 32 levels", { ...valid, state: nested(32) }],
+    ["score labels that differ only in case", withQuestion({ type: "score", instructions: "x", criteria: ["A", "a"] })],
+    ["choice options that differ only in case", withQuestion({ type: "choice", instructions: "x", criteria: { Yes: null, yes: null } })],
+    ["an emoji (a valid surrogate pair) in the state", { ...valid, state: "🙂" }],
+    ["a state object with a number", { ...valid, state: { n: 1 } }],
+  ])("%s passes validation", async (_name, body) => {
+    const { status, body: envelope } = await postJson(`${service.url}/api/v1/decisions`, body, { apiKey });
+    // No upstream LLM is configured here: a valid request ends at 503 NOT_CONFIGURED.
+    expect(status).toBe(503);
+    expect(envelope.data["reason"]).toBe("NOT_CONFIGURED");
   });
 
   it("malformed JSON → 400 MALFORMED_JSON", async () => {
@@ -65,13 +99,32 @@ describe("POST /api/v1/decisions rejects invalid input before anything is charge
     expect(body).toMatchObject({ code: 40002, data: { reason: "MALFORMED_JSON", field: "body" } });
   });
 
-  it("a content type other than JSON → 415", async () => {
-    const { status, body } = await postJson(`${service.url}/api/v1/decisions`, JSON.stringify(valid), {
-      apiKey,
-      headers: { "content-type": "text/plain" },
-    });
+  it.each([
+    ["text/plain", { "content-type": "text/plain" }],
+    ["empty", { "content-type": "" }],
+    ["application/jsonx", { "content-type": "application/jsonx" }],
+  ])("content type %s → 415 with field and rule", async (_name, headers) => {
+    const { status, body } = await postJson(`${service.url}/api/v1/decisions`, JSON.stringify(valid), { apiKey, headers });
     expect(status).toBe(415);
-    expect(body.code).toBe(41501);
+    expect(body).toMatchObject({
+      code: 41501,
+      message: "content-type: must be application/json",
+      data: { reason: "UNSUPPORTED_MEDIA_TYPE", field: "content-type", rule: "must be application/json" },
+    });
+  });
+
+  it("no content type at all → 415 (fetch would add text/plain, so the request is written by hand)", async () => {
+    const { status, body } = await rawPost("/api/v1/decisions", [JSON.stringify(valid)], { "content-type": undefined });
+    expect(status).toBe(415);
+    expect(JSON.parse(body)).toMatchObject({ code: 41501, data: { field: "content-type", rule: "must be application/json" } });
+  });
+
+  it("a content type with parameters is JSON", async () => {
+    const { status } = await postJson(`${service.url}/api/v1/decisions`, JSON.stringify(valid), {
+      apiKey,
+      headers: { "content-type": "Application/JSON; charset=utf-8" },
+    });
+    expect(status).toBe(503);
   });
 });
 
@@ -84,10 +137,14 @@ describe("POST /api/v1/search validation", () => {
     ["empty source list", { q: "x", s: [] }, "s", "at least one source"],
     ["duplicate source", { q: "x", s: ["brave", "brave"] }, "s", 'lists "brave" twice'],
     ["s not an array", { q: "x", s: "brave" }, "s", "must be an array"],
+    ["lone high surrogate in q", '{"q":"\\ud800"}', "q", UNICODE_RULE],
+    ["lone low surrogate in q", '{"q":"a\\udc00b"}', "q", UNICODE_RULE],
+    ["lone surrogate in a source id", '{"q":"x","s":["brave","\\ud800"]}', "s[1]", UNICODE_RULE],
   ])("%s → 400 naming %s", async (_name, body, field, rule) => {
     const { status, body: envelope } = await postJson(`${service.url}/api/v1/search`, body, { apiKey });
     expect(status).toBe(400);
     expect(envelope.data["field"]).toBe(field);
+    expect(envelope.data["rule"]).toContain(rule);
     expect(envelope.message).toContain(rule);
   });
 
@@ -171,12 +228,13 @@ describe("body size, paths and methods", () => {
   });
 });
 
-/** A chunked POST (no Content-Length), written piece by piece. */
-function rawPost(path: string, pieces: string[]): Promise<{ status: number; body: string }> {
+/** A chunked POST (no Content-Length), written piece by piece; a header given as undefined is not sent. */
+function rawPost(path: string, pieces: string[], extraHeaders: Record<string, string | undefined> = {}): Promise<{ status: number; body: string }> {
+  const headers = { "content-type": "application/json", authorization: `Bearer ${apiKey}`, "transfer-encoding": "chunked", ...extraHeaders };
   return new Promise((resolve, reject) => {
     const req = http.request(`${service.url}${path}`, {
       method: "POST",
-      headers: { "content-type": "application/json", authorization: `Bearer ${apiKey}`, "transfer-encoding": "chunked" },
+      headers: Object.fromEntries(Object.entries(headers).filter(([, value]) => value !== undefined)) as Record<string, string>,
     });
     req.on("response", (res) => {
       let body = "";

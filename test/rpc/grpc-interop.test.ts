@@ -162,3 +162,15 @@ describe("the real app serves reflection and health on the shared port", () => {
     expect(JSON.parse(out)).toEqual({ status: "SERVING" });
   });
 });
+
+describe("the Connect JSON surface applies the contract like the gateway", () => {
+  it("an unknown field is INVALID_ARGUMENT, not ignored", async () => {
+    const response = await fetch(`${service.url}/typesafe.search.v1.SearchService/Search`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${apiKey}` },
+      body: JSON.stringify({ q: "x", bogus: 1 }),
+    });
+    expect(response.status).toBe(400);
+    expect(await response.json()).toMatchObject({ code: "invalid_argument" });
+  });
+});

@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { createLogger } from "../../src/logger.js";
 import { normalizeItems } from "../../src/search/merge.js";
 import { createArxivSource } from "../../src/search/sources/arxiv.js";
@@ -13,8 +13,9 @@ import { createWikipediaSource } from "../../src/search/sources/wikipedia.js";
 import type { SearchWindow } from "../../src/search/validate.js";
 import {
   ARXIV_ERROR_FEED, BRAVE_KEY, EXA_KEY, GDELT_429, GDELT_HTML_ERROR, brave429, defaultHandler, githubBody,
-  hackernewsBody, stackoverflowBody, stackoverflowThrottle, startFakeSearch, type FakeSearch, type FakeSourceId,
+  hackernewsBody, stackoverflowBody, stackoverflowThrottle, type FakeSearch, type FakeSourceId,
 } from "../support/fake-search/providers.js";
+import { useFakeSearch } from "../support/fake-search/per-file.js";
 
 /**
  * Each adapter against a local server speaking its provider's protocol: the
@@ -25,19 +26,11 @@ import {
 const NOW = Date.parse("2026-11-23T06:00:00Z");
 const USER_AGENT = "typesafe-search/1.0 (+ops@typesafe.test)";
 const logger = createLogger("silent");
-let fakes: FakeSearch;
-
-beforeAll(async () => {
-  fakes = await startFakeSearch({ now: () => NOW });
-});
-afterAll(async () => {
-  await fakes?.close();
-});
-beforeEach(() => fakes.reset());
+const shared = useFakeSearch(() => NOW);
 
 type Factory = (settings: SourceSettings) => SearchSource;
 function source(id: FakeSourceId, factory: Factory, key?: string): SearchSource {
-  return factory({ baseUrl: fakes.providers[id].url, key, userAgent: USER_AGENT, logger });
+  return factory({ baseUrl: shared.current.providers[id].url, key, userAgent: USER_AGENT, logger });
 }
 function run(adapter: SearchSource, window: SearchWindow = "any", query = "rust async"): Promise<SourceAnswer> {
   return adapter.search({ query, window, nowMs: NOW, signal: AbortSignal.timeout(5_000) });
@@ -48,7 +41,7 @@ async function failure(promise: Promise<unknown>): Promise<SourceFailure> {
   return err as SourceFailure;
 }
 function lastRequest(id: FakeSourceId) {
-  const requests = fakes.providers[id].requests;
+  const requests = shared.current.providers[id].requests;
   expect(requests).toHaveLength(1);
   return requests[0]!;
 }
@@ -87,7 +80,7 @@ describe("brave", () => {
   });
 
   it("429 with Retry-After → rate_limited for that long, no upstream text", async () => {
-    fakes.providers.brave.reply(brave429(7));
+    shared.current.providers.brave.reply(brave429(7));
     const err = await failure(run(source("brave", createBraveSource, BRAVE_KEY)));
     expect(err.kind).toBe("rate_limited");
     expect(err.opts.retryAfterMs).toBe(7_000);
@@ -151,7 +144,7 @@ describe("wikipedia", () => {
   });
 
   it("a MediaWiki ratelimited error → rate_limited", async () => {
-    fakes.providers.wikipedia.reply({ body: { error: { code: "ratelimited", info: "You've exceeded your rate limit." } } });
+    shared.current.providers.wikipedia.reply({ body: { error: { code: "ratelimited", info: "You've exceeded your rate limit." } } });
     expect((await failure(run(source("wikipedia", createWikipediaSource)))).kind).toBe("rate_limited");
   });
 });
@@ -184,7 +177,7 @@ describe("hackernews", () => {
   });
 
   it("drops a hit without an objectID instead of inventing a link", async () => {
-    fakes.providers.hackernews.reply({
+    shared.current.providers.hackernews.reply({
       body: hackernewsBody([{ objectID: "", title: "x", url: null, author: "a", points: 1, num_comments: 0, created_at_i: NOW / 1000 }]),
     });
     expect(normalizeItems((await run(source("hackernews", createHackerNewsSource))).items)).toEqual([]);
@@ -222,19 +215,19 @@ describe("stackoverflow", () => {
   });
 
   it("honours `backoff`: the answer is kept and the source pauses for that long", async () => {
-    fakes.providers.stackoverflow.reply({ body: stackoverflowBody([], { backoff: 10 }) });
+    shared.current.providers.stackoverflow.reply({ body: stackoverflowBody([], { backoff: 10 }) });
     const answer = await run(source("stackoverflow", createStackOverflowSource));
     expect(answer.pauseMs).toBe(10_000);
     expect(answer.note).toBe("upstream asked for a 10 s pause; source paused");
   });
 
   it("an exhausted daily quota pauses the source until midnight UTC", async () => {
-    fakes.providers.stackoverflow.reply({ body: stackoverflowBody([], { quota_remaining: 0 }) });
+    shared.current.providers.stackoverflow.reply({ body: stackoverflowBody([], { quota_remaining: 0 }) });
     expect((await run(source("stackoverflow", createStackOverflowSource))).pauseMs).toBe(18 * 3600_000);
   });
 
   it("the throttle error (HTTP 400, error_id 502) → rate_limited for the seconds it names", async () => {
-    fakes.providers.stackoverflow.reply(stackoverflowThrottle(77));
+    shared.current.providers.stackoverflow.reply(stackoverflowThrottle(77));
     const err = await failure(run(source("stackoverflow", createStackOverflowSource)));
     expect([err.kind, err.opts.retryAfterMs]).toEqual(["rate_limited", 77_000]);
   });
@@ -274,12 +267,12 @@ describe("github", () => {
   });
 
   it("complete results carry no note", async () => {
-    fakes.providers.github.reply({ body: githubBody([], false) });
+    shared.current.providers.github.reply({ body: githubBody([], false) });
     expect((await run(source("github", createGitHubSource))).note).toBeUndefined();
   });
 
   it("a primary rate limit (403, x-ratelimit-remaining 0) → rate_limited until the reset", async () => {
-    fakes.providers.github.reply({
+    shared.current.providers.github.reply({
       status: 403,
       headers: { "x-ratelimit-remaining": "0", "x-ratelimit-reset": String(NOW / 1000 + 42) },
       body: { message: "API rate limit exceeded for 1.2.3.4." },
@@ -326,14 +319,14 @@ describe("arxiv", () => {
     ["an error feed with HTTP 200", { headers: { "content-type": "application/atom+xml" }, body: ARXIV_ERROR_FEED }],
     ["an error feed with HTTP 400", { status: 400, headers: { "content-type": "application/atom+xml" }, body: ARXIV_ERROR_FEED }],
   ])("%s → error caused by the query, no upstream text", async (_name, reply) => {
-    fakes.providers.arxiv.reply(reply);
+    shared.current.providers.arxiv.reply(reply);
     const err = await failure(run(source("arxiv", createArxivSource)));
     expect([err.kind, err.upstreamFault]).toEqual(["error", false]);
     expect(err.reason).not.toContain("SECRET");
   });
 
   it("503 under load → rate_limited with its Retry-After", async () => {
-    fakes.providers.arxiv.reply({ status: 503, headers: { "retry-after": "30" }, body: "Service Unavailable" });
+    shared.current.providers.arxiv.reply({ status: 503, headers: { "retry-after": "30" }, body: "Service Unavailable" });
     const err = await failure(run(source("arxiv", createArxivSource)));
     expect([err.kind, err.opts.retryAfterMs]).toEqual(["rate_limited", 30_000]);
   });
@@ -361,34 +354,34 @@ describe("gdelt", () => {
   });
 
   it("HTTP 200 text/html (an invalid query) → error caused by the query, no upstream text", async () => {
-    fakes.providers.gdelt.reply(GDELT_HTML_ERROR);
+    shared.current.providers.gdelt.reply(GDELT_HTML_ERROR);
     const err = await failure(run(source("gdelt", createGdeltSource)));
     expect([err.kind, err.upstreamFault, err.reason]).toEqual(["error", false, "upstream rejected the query"]);
   });
 
   it("429 load shedding → rate_limited for 5 s", async () => {
-    fakes.providers.gdelt.reply(GDELT_429);
+    shared.current.providers.gdelt.reply(GDELT_429);
     const err = await failure(run(source("gdelt", createGdeltSource)));
     expect([err.kind, err.opts.retryAfterMs]).toEqual(["rate_limited", 5_000]);
   });
 
   it("an empty object (GDELT's no-match answer) → no items", async () => {
-    fakes.providers.gdelt.reply({ body: {} });
+    shared.current.providers.gdelt.reply({ body: {} });
     expect((await run(source("gdelt", createGdeltSource))).items).toEqual([]);
   });
 });
 
 describe("transport rules shared by every adapter", () => {
   it("a keyed call never follows a redirect (the key would travel to another host)", async () => {
-    fakes.providers.brave.reply({ status: 302, headers: { location: `${fakes.providers.exa.url}/search` }, body: "" });
+    shared.current.providers.brave.reply({ status: 302, headers: { location: `${shared.current.providers.exa.url}/search` }, body: "" });
     const err = await failure(run(source("brave", createBraveSource, BRAVE_KEY)));
     expect(err.reason).toBe("upstream unreachable");
-    expect(fakes.providers.exa.requests).toHaveLength(0);
+    expect(shared.current.providers.exa.requests).toHaveLength(0);
   });
 
   it("a keyless call follows a redirect", async () => {
     let redirected = false;
-    fakes.providers.gdelt.reply((req) => {
+    shared.current.providers.gdelt.reply((req) => {
       if (redirected) return defaultHandler("gdelt", () => NOW)(req);
       redirected = true;
       return { status: 301, headers: { location: "/api/v2/doc/doc?query=x&mode=ArtList&format=json" }, body: "" };
@@ -401,7 +394,7 @@ describe("transport rules shared by every adapter", () => {
     ["streamed", false],
   ])("an answer above 4 MB (%s) is refused without being buffered", async (_name, declared) => {
     const huge = "x".repeat(5 * 1024 * 1024);
-    fakes.providers.hackernews.reply({ headers: declared ? {} : { "transfer-encoding": "chunked" }, body: `{"hits":[],"pad":"${huge}"}` });
+    shared.current.providers.hackernews.reply({ headers: declared ? {} : { "transfer-encoding": "chunked" }, body: `{"hits":[],"pad":"${huge}"}` });
     const err = await failure(run(source("hackernews", createHackerNewsSource)));
     expect(err.reason).toBe("upstream answer too large");
   });

@@ -12,7 +12,11 @@ export interface TestApp {
 }
 
 /** The real service, in-process on port 0, against a test database, with extra environment. */
-export async function startTestApp(database: TestDatabase, env: Record<string, string> = {}): Promise<TestApp> {
+export async function startTestApp(
+  database: TestDatabase,
+  env: Record<string, string> = {},
+  options: { onLogLine?: (line: string) => void } = {},
+): Promise<TestApp> {
   const config = loadConfig({
     PORT: "0",
     TYPESAFE_LOG_LEVEL: "silent",
@@ -23,7 +27,7 @@ export async function startTestApp(database: TestDatabase, env: Record<string, s
     ...env,
     DATABASE_URL: database.url,
   });
-  const app = await startApp(config, createLogger(config.logLevel));
+  const app = await startApp(config, createLogger(config.logLevel, {}, options.onLogLine));
   return { app, url: app.server.url, stop: () => app.stop() };
 }
 

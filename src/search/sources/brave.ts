@@ -1,5 +1,5 @@
 import {
-  asArray, asRecord, asString, callUpstream, endpoint, failForStatus, readJson,
+  asRecord, asString, callUpstream, endpoint, failForStatus, optionalArray, optionalRecord, readJson, requireRecord,
   type SearchSource, type SourceSettings,
 } from "./types.js";
 import type { SearchWindow } from "../validate.js";
@@ -26,8 +26,9 @@ export function createBraveSource(settings: SourceSettings): SearchSource {
         headers: { Accept: "application/json", "X-Subscription-Token": settings.key ?? "" },
       });
       failForStatus(res, call.nowMs);
-      const body = asRecord(await readJson(res));
-      const results = asArray(asRecord(body?.["web"])?.["results"]);
+      // Brave leaves `web` out when it has no web results; present, it must hold a list.
+      const body = requireRecord(await readJson(res));
+      const results = optionalArray(optionalRecord(body["web"])["results"]);
       return {
         items: results.map((raw) => {
           const r = asRecord(raw) ?? {};

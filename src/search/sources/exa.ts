@@ -1,6 +1,6 @@
 import {
-  asArray, asNumber, asRecord, asString, callUpstream, endpoint, failForStatus, readJson, windowCutoffMs,
-  type SearchSource, type SourceSettings,
+  asArray, asNumber, asRecord, asString, callUpstream, endpoint, failForStatus, readJson, requireArray, requireRecord,
+  windowCutoffMs, type SearchSource, type SourceSettings,
 } from "./types.js";
 
 /**
@@ -26,11 +26,12 @@ export function createExaSource(settings: SourceSettings): SearchSource {
         body: JSON.stringify(body),
       });
       failForStatus(res, call.nowMs);
-      const answer = asRecord(await readJson(res));
-      const cost = asNumber(asRecord(answer?.["costDollars"])?.["total"]);
+      const answer = requireRecord(await readJson(res));
+      const results = requireArray(answer["results"]);
+      const cost = asNumber(asRecord(answer["costDollars"])?.["total"]);
       if (cost !== undefined) settings.logger.debug("exa upstream cost", { source: "exa", costDollars: cost });
       return {
-        items: asArray(answer?.["results"]).map((raw) => {
+        items: results.map((raw) => {
           const r = asRecord(raw) ?? {};
           const published = asString(r["publishedDate"]);
           return {

@@ -1,5 +1,5 @@
 import {
-  asArray, asRecord, asString, callUpstream, endpoint, failForStatus, readText, SourceFailure,
+  asRecord, asString, callUpstream, endpoint, failForStatus, optionalArray, readText, requireRecord, SourceFailure,
   type SearchSource, type SourceSettings,
 } from "./types.js";
 import type { SearchWindow } from "../validate.js";
@@ -37,14 +37,16 @@ export function createGdeltSource(settings: SourceSettings): SearchSource {
       if (/text\/html/i.test(type) || !/^\s*\{/.test(text)) {
         throw new SourceFailure("error", "upstream rejected the query", { upstreamFault: false });
       }
-      let body: Record<string, unknown> | undefined;
+      let parsed: unknown;
       try {
-        body = asRecord(JSON.parse(text));
+        parsed = JSON.parse(text);
       } catch (err) {
         throw new SourceFailure("error", "upstream sent unreadable JSON", { cause: err });
       }
+      // No match is `{}`: `articles` is left out, never null.
+      const articles = optionalArray(requireRecord(parsed)["articles"]);
       return {
-        items: asArray(body?.["articles"]).map((raw) => {
+        items: articles.map((raw) => {
           const a = asRecord(raw) ?? {};
           return {
             title: asString(a["title"]),

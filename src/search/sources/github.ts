@@ -1,6 +1,6 @@
 import {
-  asArray, asNumber, asRecord, asString, callUpstream, endpoint, failForStatus, readJson, retryAfterMs, SourceFailure,
-  windowCutoffMs, type SearchSource, type SourceSettings,
+  asArray, asNumber, asRecord, asString, callUpstream, clampPauseMs, endpoint, failForStatus, readJson, requireArray,
+  requireRecord, retryAfterMs, SourceFailure, windowCutoffMs, type SearchSource, type SourceSettings,
 } from "./types.js";
 
 /**
@@ -34,8 +34,8 @@ export function createGitHubSource(settings: SourceSettings): SearchSource {
       }
       if (res.status === 422) throw new SourceFailure("error", "upstream rejected the search", { upstreamFault: false });
       failForStatus(res, call.nowMs);
-      const body = asRecord(await readJson(res));
-      const items = asArray(body?.["items"]).map((raw) => {
+      const body = requireRecord(await readJson(res));
+      const items = requireArray(body["items"]).map((raw) => {
         const r = asRecord(raw) ?? {};
         const facts = [`★ ${asNumber(r["stargazers_count"]) ?? 0}`, asString(r["language"])].filter((f) => f !== "");
         const description = asString(r["description"]);
@@ -47,7 +47,7 @@ export function createGitHubSource(settings: SourceSettings): SearchSource {
           publishedAt: pushed === "" ? null : pushed,
         };
       });
-      return body?.["incomplete_results"] === true ? { items, note: "upstream search timed out; results may be incomplete" } : { items };
+      return body["incomplete_results"] === true ? { items, note: "upstream search timed out; results may be incomplete" } : { items };
     },
   };
 }
@@ -58,5 +58,5 @@ function isRateLimited(headers: Headers): boolean {
 
 function resetMs(headers: Headers, nowMs: number): number | undefined {
   const reset = Number(headers.get("x-ratelimit-reset"));
-  return Number.isFinite(reset) && reset > 0 ? Math.max(1000, reset * 1000 - nowMs) : undefined;
+  return Number.isFinite(reset) && reset > 0 ? clampPauseMs(Math.max(1000, reset * 1000 - nowMs)) : undefined;
 }

@@ -1,6 +1,6 @@
 import {
-  asArray, asNumber, asRecord, asString, callUpstream, endpoint, failForStatus, readJson, windowCutoffMs,
-  type SearchSource, type SourceSettings,
+  asNumber, asRecord, asString, callUpstream, endpoint, failForStatus, isoFromUnixSeconds, readJson, requireArray,
+  requireRecord, windowCutoffMs, type SearchSource, type SourceSettings,
 } from "./types.js";
 
 /**
@@ -22,12 +22,11 @@ export function createHackerNewsSource(settings: SourceSettings): SearchSource {
       if (cutoff !== undefined) url.searchParams.set("numericFilters", `created_at_i>${Math.floor(cutoff / 1000)}`);
       const res = await callUpstream(settings, url, call, { headers: { Accept: "application/json" } });
       failForStatus(res, call.nowMs);
-      const body = asRecord(await readJson(res));
+      const body = requireRecord(await readJson(res));
       return {
-        items: asArray(body?.["hits"]).map((raw) => {
+        items: requireArray(body["hits"]).map((raw) => {
           const h = asRecord(raw) ?? {};
           const id = asString(h["objectID"]);
-          const created = asNumber(h["created_at_i"]);
           const article = asString(h["url"]);
           const facts = [
             `${asNumber(h["points"]) ?? 0} points`,
@@ -40,7 +39,7 @@ export function createHackerNewsSource(settings: SourceSettings): SearchSource {
             title: asString(h["title"]),
             url: /^\d+$/.test(id) ? `https://news.ycombinator.com/item?id=${id}` : "",
             snippet: text !== "" ? `${facts.join(" · ")} — ${text}` : facts.join(" · "),
-            publishedAt: created === undefined ? null : new Date(created * 1000).toISOString(),
+            publishedAt: isoFromUnixSeconds(h["created_at_i"]),
           };
         }),
       };

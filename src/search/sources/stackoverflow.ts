@@ -1,6 +1,6 @@
 import {
-  asArray, asNumber, asRecord, asString, callUpstream, endpoint, readJson, SourceFailure, windowCutoffMs,
-  type SearchSource, type SourceSettings,
+  asArray, asNumber, asRecord, asString, callUpstream, clampPauseMs, endpoint, isoFromUnixSeconds, readJson,
+  requireArray, requireRecord, SourceFailure, windowCutoffMs, type SearchSource, type SourceSettings,
 } from "./types.js";
 
 const DEFAULT_THROTTLE_MS = 180_000;
@@ -28,25 +28,27 @@ export function createStackOverflowSource(settings: SourceSettings): SearchSourc
       if (settings.key) url.searchParams.set("key", settings.key);
       const res = await callUpstream(settings, url, call, { headers: { Accept: "application/json" } });
       if (res.status === 429) throw new SourceFailure("rate_limited", "upstream rate limit reached", { retryAfterMs: DEFAULT_THROTTLE_MS });
-      const body = asRecord(await readJson(res));
-      const errorId = asNumber(body?.["error_id"]);
-      if (!res.ok || errorId !== undefined) throw classifyError(res.status, errorId, asString(body?.["error_message"]));
+      const answer = await readJson(res);
+      const errorId = asNumber(asRecord(answer)?.["error_id"]);
+      if (!res.ok || errorId !== undefined) throw classifyError(res.status, errorId, asString(asRecord(answer)?.["error_message"]));
+      const body = requireRecord(answer);
+      const questions = requireArray(body["items"]);
 
       const pauses: number[] = [];
       const notes: string[] = [];
-      const backoff = asNumber(body?.["backoff"]);
+      const backoff = asNumber(body["backoff"]);
       if (backoff !== undefined && backoff > 0) {
-        pauses.push(backoff * 1000);
-        notes.push(`upstream asked for a ${Math.ceil(backoff)} s pause; source paused`);
+        const pauseMs = clampPauseMs(backoff * 1000);
+        pauses.push(pauseMs);
+        notes.push(`upstream asked for a ${Math.ceil(pauseMs / 1000)} s pause; source paused`);
       }
-      if (asNumber(body?.["quota_remaining"]) === 0) {
+      if (asNumber(body["quota_remaining"]) === 0) {
         pauses.push(msUntilNextUtcMidnight(call.nowMs));
         notes.push("upstream daily quota used up; source paused until 00:00 UTC");
       }
       return {
-        items: asArray(body?.["items"]).map((raw) => {
+        items: questions.map((raw) => {
           const q = asRecord(raw) ?? {};
-          const created = asNumber(q["creation_date"]);
           const tags = asArray(q["tags"]).map(asString).filter((t) => t !== "");
           const answered = q["is_answered"] === true ? "answered" : "unanswered";
           const facts = [answered, `score ${asNumber(q["score"]) ?? 0}`, `${asNumber(q["answer_count"]) ?? 0} answers`];
@@ -55,7 +57,7 @@ export function createStackOverflowSource(settings: SourceSettings): SearchSourc
             title: asString(q["title"]),
             url: asString(q["link"]),
             snippet: facts.join(" · "),
-            publishedAt: created === undefined ? null : new Date(created * 1000).toISOString(),
+            publishedAt: isoFromUnixSeconds(q["creation_date"]),
           };
         }),
         ...(pauses.length > 0 ? { pauseMs: Math.max(...pauses), note: notes.join("; ") } : {}),
@@ -68,7 +70,7 @@ function classifyError(status: number, errorId: number | undefined, message: str
   if (errorId === 502) {
     const seconds = /available in (\d+) seconds/.exec(message)?.[1];
     return new SourceFailure("rate_limited", "upstream rate limit reached", {
-      retryAfterMs: seconds ? Number(seconds) * 1000 : DEFAULT_THROTTLE_MS,
+      retryAfterMs: seconds ? clampPauseMs(Number(seconds) * 1000) : DEFAULT_THROTTLE_MS,
     });
   }
   if (errorId === 401 || errorId === 402 || errorId === 403 || errorId === 405 || status === 401 || status === 403) {

@@ -124,13 +124,25 @@ export function failForStatus(res: Response, nowMs: number): void {
   throw new SourceFailure("error", `upstream answered HTTP ${res.status}`);
 }
 
-/** Retry-After as delta seconds or an HTTP date; undefined when absent or unreadable. */
+/** Retry-After as delta seconds or an HTTP date, at most MAX_PAUSE_MS; undefined when absent or unreadable. */
 export function retryAfterMs(headers: Headers, nowMs: number): number | undefined {
   const raw = headers.get("retry-after")?.trim();
   if (!raw) return undefined;
-  if (/^\d+$/.test(raw)) return Number(raw) * 1000;
+  if (/^\d+$/.test(raw)) return clampPauseMs(Number(raw) * 1000);
   const at = Date.parse(raw);
-  return Number.isNaN(at) ? undefined : Math.max(0, at - nowMs);
+  return Number.isNaN(at) ? undefined : clampPauseMs(at - nowMs);
+}
+
+/**
+ * Longest pause an upstream can impose on a source (a day covers Stack
+ * Exchange's daily quota). An absurd Retry-After or backoff must not suspend
+ * a source for ever.
+ */
+export const MAX_PAUSE_MS = 24 * 3600_000;
+
+/** A requested pause within 0..MAX_PAUSE_MS. */
+export function clampPauseMs(ms: number): number {
+  return Number.isNaN(ms) ? MAX_PAUSE_MS : Math.min(MAX_PAUSE_MS, Math.max(0, ms));
 }
 
 /** Largest answer read from a provider; ten results never come near it. */
@@ -185,6 +197,43 @@ export function asString(value: unknown): string {
 }
 export function asNumber(value: unknown): number | undefined {
   return typeof value === "number" && Number.isFinite(value) ? value : undefined;
+}
+
+/**
+ * Unix seconds from a provider as ISO-8601, or null when they are not a
+ * time Date can represent (e.g. 1e20): one odd item must not fail the answer.
+ */
+export function isoFromUnixSeconds(value: unknown): string | null {
+  const seconds = asNumber(value);
+  if (seconds === undefined) return null;
+  const date = new Date(seconds * 1000);
+  return Number.isNaN(date.getTime()) ? null : date.toISOString();
+}
+
+/** Fixed reason for an answer whose top-level shape is not the provider's documented one. */
+export const UNEXPECTED_SHAPE = "upstream answer has an unexpected shape";
+
+/**
+ * Guards for the top-level shape of an answer. A wrong shape (`"hits": null`,
+ * a missing list) means we cannot tell "no results" from "something else
+ * answered", so it is an error, never an empty (and charged) answer.
+ */
+export function requireRecord(value: unknown): Record<string, unknown> {
+  const record = asRecord(value);
+  if (!record) throw new SourceFailure("error", UNEXPECTED_SHAPE);
+  return record;
+}
+export function requireArray(value: unknown): unknown[] {
+  if (!Array.isArray(value)) throw new SourceFailure("error", UNEXPECTED_SHAPE);
+  return value;
+}
+/** A list the provider omits when it has nothing to say (Brave's `web`, GDELT's `articles`); present, it must be a list. */
+export function optionalArray(value: unknown): unknown[] {
+  return value === undefined ? [] : requireArray(value);
+}
+/** An object the provider omits when it has nothing to say; present, it must be an object. */
+export function optionalRecord(value: unknown): Record<string, unknown> {
+  return value === undefined ? {} : requireRecord(value);
 }
 
 /** The cutoff of a window relative to T; undefined for "any". */

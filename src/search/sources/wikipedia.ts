@@ -1,5 +1,5 @@
 import {
-  asArray, asRecord, asString, callUpstream, endpoint, failForStatus, readJson, SourceFailure,
+  asRecord, asString, callUpstream, endpoint, failForStatus, readJson, requireArray, requireRecord, SourceFailure,
   type SearchSource, type SourceSettings,
 } from "./types.js";
 
@@ -26,14 +26,14 @@ export function createWikipediaSource(settings: SourceSettings): SearchSource {
       url.searchParams.set("formatversion", "2");
       const res = await callUpstream(settings, url, call, { headers: { Accept: "application/json" } });
       failForStatus(res, call.nowMs);
-      const body = asRecord(await readJson(res));
-      const error = asRecord(body?.["error"]);
+      const body = requireRecord(await readJson(res));
+      const error = asRecord(body["error"]);
       if (error) {
         const code = asString(error["code"]);
         if (code === "ratelimited" || code === "maxlag") throw new SourceFailure("rate_limited", "upstream rate limit reached");
         throw new SourceFailure("error", "upstream rejected the search", { upstreamFault: false });
       }
-      const hits = asArray(asRecord(body?.["query"])?.["search"]);
+      const hits = requireArray(requireRecord(body["query"])["search"]);
       return {
         items: hits
           .map((raw) => asRecord(raw) ?? {})
@@ -42,7 +42,7 @@ export function createWikipediaSource(settings: SourceSettings): SearchSource {
             const title = asString(h["title"]);
             return {
               title,
-              url: title === "" ? "" : WIKIPEDIA_ARTICLE_BASE + articlePath(title),
+              url: title === "" || !isWellFormed(title) ? "" : WIKIPEDIA_ARTICLE_BASE + articlePath(title),
               snippet: asString(h["snippet"]),
               publishedAt: null,
             };
@@ -50,6 +50,11 @@ export function createWikipediaSource(settings: SourceSettings): SearchSource {
       };
     },
   };
+}
+
+/** False for text with a lone surrogate: no article has such a title, and encodeURIComponent throws on it. */
+function isWellFormed(text: string): boolean {
+  return !/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(text);
 }
 
 /** Wikipedia's own form of an article path: spaces as "_", "/" and ":" left readable. */

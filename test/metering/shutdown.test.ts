@@ -1,0 +1,93 @@
+import net from "node:net";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createTestAccount, postJson, startTestApp } from "../support/app.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
+import { holdQuestions } from "../support/held-upstream.js";
+import { assertInvariants } from "../support/invariants.js";
+
+/**
+ * Graceful shutdown: calls that finish within the grace period are answered
+ * and billed; calls still running when it ends are cut off with a 503 and
+ * their holds released; nothing new is admitted while draining.
+ */
+let database: TestDatabase;
+let fake: FakeLlm;
+beforeAll(async () => {
+  database = await createTestDatabase();
+  fake = await startFakeLlm();
+});
+afterAll(async () => {
+  await fake?.close();
+  await database?.close();
+});
+
+const decision = {
+  model: "typesafe/service-1.13",
+  state: "a deploy is stuck at 90%",
+  questions: { rollback: { type: "noul", instructions: "Should we roll back?" } },
+};
+const startService = () =>
+  startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_SHUTDOWN_GRACE_MS: "300" });
+const accountRow = (accountId: string) => database.db("accounts").where({ id: accountId }).first();
+
+describe("graceful shutdown", () => {
+  it("a call still running when the grace period ends gets a 503 envelope and its hold back", async () => {
+    const service = await startService();
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    const upstream = holdQuestions(fake);
+    const call = postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
+    await upstream.reached;
+    await service.stop();
+    const response = await call;
+    upstream.release();
+    expect(response.status).toBe(503);
+    expect(response.body).toMatchObject({ code: 50302, data: { reason: "UNAVAILABLE" } });
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("a call that finishes within the grace period is answered and billed", async () => {
+    const service = await startService();
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    const upstream = holdQuestions(fake);
+    const call = postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
+    await upstream.reached;
+    const stopped = service.stop();
+    upstream.release();
+    const [response] = await Promise.all([call, stopped]);
+    expect(response.status).toBe(200);
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000 - 100, reserved: 0, in_flight: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("while draining, a new call on a kept-alive connection is refused with 503 and not charged", async () => {
+    const service = await startService();
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 64_000 });
+    const upstream = holdQuestions(fake);
+    const first = postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
+    await upstream.reached;
+    const stopped = service.stop();
+    const late = await service.app.meter
+      .run(
+        { apiKey, requestId: crypto.randomUUID(), endpoint: "decide", reserveUnits: 32_000, freeAllowed: false, timeoutMs: 1_000, signal: new AbortController().signal },
+        async () => ({ value: null, chargeUnits: 1 }),
+      )
+      .catch((err: unknown) => err);
+    upstream.release();
+    await Promise.all([first, stopped]);
+    expect(String(late)).toContain("shutting down");
+    expect((await accountRow(accountId)).recent).toHaveLength(1);
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("connections that never sent a request do not hold up a stop (grace 60 s, test limit 30 s)", async () => {
+    const service = await startTestApp(database, { TYPESAFE_SHUTDOWN_GRACE_MS: "60000" });
+    const silent = net.connect(service.app.server.port, "127.0.0.1");
+    const halfPreface = net.connect(service.app.server.port, "127.0.0.1", () => halfPreface.write("PR"));
+    await Promise.all([silent, halfPreface].map((socket) => new Promise((resolve) => socket.once("connect", resolve))));
+    const closedByServer = Promise.all([silent, halfPreface].map((socket) => new Promise((resolve) => socket.once("close", resolve))));
+    await service.stop();
+    await closedByServer;
+  });
+});
