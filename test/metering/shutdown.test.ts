@@ -85,6 +85,7 @@ describe("graceful shutdown", () => {
     const service = await startTestApp(database, { TYPESAFE_SHUTDOWN_GRACE_MS: "60000" });
     const silent = net.connect(service.app.server.port, "127.0.0.1");
     const halfPreface = net.connect(service.app.server.port, "127.0.0.1", () => halfPreface.write("PR"));
+    for (const socket of [silent, halfPreface]) socket.on("error", () => {}); // the server resets them
     await Promise.all([silent, halfPreface].map((socket) => new Promise((resolve) => socket.once("connect", resolve))));
     const closedByServer = Promise.all([silent, halfPreface].map((socket) => new Promise((resolve) => socket.once("close", resolve))));
     await service.stop();

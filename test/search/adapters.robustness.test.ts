@@ -15,7 +15,7 @@ import { MAX_PAUSE_MS, SourceFailure, UNEXPECTED_SHAPE, type SearchSource, type 
 import { createWikipediaSource } from "../../src/search/sources/wikipedia.js";
 import {
   BRAVE_KEY, EXA_KEY, arxivFeed, braveBody, exaBody, gdeltBody, gdeltSeen, githubBody, hackernewsBody, stackoverflowBody,
-  wikipediaBody, type FakeSearch, type FakeSourceId,
+  wikipediaBody, type FakeSourceId,
 } from "../support/fake-search/providers.js";
 import { useFakeSearch } from "../support/fake-search/per-file.js";
 import type { FakeReply } from "../support/fake-search/server.js";

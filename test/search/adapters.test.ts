@@ -13,7 +13,7 @@ import { createWikipediaSource } from "../../src/search/sources/wikipedia.js";
 import type { SearchWindow } from "../../src/search/validate.js";
 import {
   ARXIV_ERROR_FEED, BRAVE_KEY, EXA_KEY, GDELT_429, GDELT_HTML_ERROR, brave429, defaultHandler, githubBody,
-  hackernewsBody, stackoverflowBody, stackoverflowThrottle, type FakeSearch, type FakeSourceId,
+  hackernewsBody, stackoverflowBody, stackoverflowThrottle, type FakeSourceId,
 } from "../support/fake-search/providers.js";
 import { useFakeSearch } from "../support/fake-search/per-file.js";
 
