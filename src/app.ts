@@ -1,3 +1,4 @@
+import { setMaxListeners } from "node:events";
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
@@ -51,6 +52,8 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
     registerHealth(router, isReady);
   };
   const shutdown = new AbortController();
+  // Every call in flight listens for the end of a shutdown's grace period.
+  setMaxListeners(0, shutdown.signal);
   let server: RunningServer;
   try {
     server = await startServer(
