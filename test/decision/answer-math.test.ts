@@ -192,8 +192,13 @@ describe("labels and prompt", () => {
     );
   });
 
-  it("estimates 3 bytes per token plus 8 per message", () => {
-    expect(estimateTokens([{ role: "user", content: "abcdef" }])).toBe(10);
-    expect(estimateTokens([{ role: "user", content: "é".repeat(3) }])).toBe(10);
+  it.each([
+    ["ASCII: 4 characters a token", "abcdefgh", 8 + 2],
+    ["a partial token counts whole", "abcdefghi", 8 + 3],
+    ["non-ASCII: a token each", "é".repeat(3), 8 + 3],
+    ["mixed", "日本 ok", 8 + 2 + 1],
+    ["96 KB of plain text stays under the 32K budget", "word ".repeat(19_660), 8 + 24_575],
+  ])("estimates tokens: %s", (_name, content, tokens) => {
+    expect(estimateTokens([{ role: "user", content }])).toBe(tokens);
   });
 });

@@ -134,10 +134,11 @@ describe("POST /api/v1/decisions", () => {
   });
 
   it("refuses a question whose prompt alone exceeds 32K tokens with a 400, before reserving or calling", async () => {
+    // 32,100 CJK characters: 96.3 KB, inside the body limit, about a token each.
     fake.setHandler(routeByMarker(happyRoutes));
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
     const before = fake.requests.length;
-    const res = await postJson(`${service.url}/api/v1/decisions`, { ...request, state: "x".repeat(97_000) }, { apiKey });
+    const res = await postJson(`${service.url}/api/v1/decisions`, { ...request, state: "日".repeat(32_100) }, { apiKey });
     expect(res.status).toBe(400);
     expect(res.body.message).toMatch(/^questions\.urgent: its prompt \(state included\) is about \d+ tokens, above 32000$/);
     expect(fake.requests.length).toBe(before);
