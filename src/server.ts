@@ -28,8 +28,6 @@ export interface ServerOptions {
 export interface RunningServer {
   port: number;
   url: string;
-  /** Aborted when shutdown begins; handlers pass it on to their work. */
-  shutdownSignal: AbortSignal;
   /** Stops accepting, lets in-flight calls finish within graceMs, then drops what is left. */
   close(graceMs: number): Promise<void>;
 }
@@ -110,7 +108,6 @@ export async function startServer(options: ServerOptions, host: string, port: nu
   return {
     port: address.port,
     url: `http://${displayHost}:${address.port}`,
-    shutdownSignal: shutdown.signal,
     async close(graceMs) {
       closing = true;
       const closed = new Promise<void>((resolve) => front.close(() => resolve()));

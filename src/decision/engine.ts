@@ -1,6 +1,7 @@
 import crypto from "node:crypto";
 import { setMaxListeners } from "node:events";
 import type { Logger } from "../logger.js";
+import { linkedSignal } from "../signals.js";
 import {
   LlmCallError,
   type CallOptions,
@@ -150,12 +151,9 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
     }
     const cacheKey = crypto.createHash("sha256").update(input.stateBlock).digest("hex").slice(0, 32);
     // Every call of the request listens on one signal: up to 40 questions × (call, retry wait, semaphore).
-    const controller = new AbortController();
-    setMaxListeners(0, controller.signal);
-    const forward = () => controller.abort(options.signal.reason);
-    if (options.signal.aborted) forward();
-    else options.signal.addEventListener("abort", forward, { once: true });
-    const ask: Asker = { stateBlock: input.stateBlock, cacheKey, options: { signal: controller.signal, deadlineMs: options.deadlineMs } };
+    const request = linkedSignal([options.signal]);
+    setMaxListeners(0, request.signal);
+    const ask: Asker = { stateBlock: input.stateBlock, cacheKey, options: { signal: request.signal, deadlineMs: options.deadlineMs } };
     const results = await Promise.all(
       input.questions.map(async (q): Promise<QuestionResult> => {
         try {
@@ -165,7 +163,7 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
         }
       }),
     );
-    options.signal.removeEventListener("abort", forward);
+    request.dispose();
     return {
       answers: input.questions.map((q, i) => [q.key, results[i]!.answer]),
       usage: sumUsage(results.flatMap((r) => r.billed)),

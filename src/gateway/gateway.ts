@@ -97,13 +97,13 @@ export function createGateway(options: GatewayOptions) {
 
   async function serveRpc(route: RpcRoute, req: NodeRequest, res: NodeResponse, requestId: string): Promise<void> {
     const requestAbort = new AbortController();
-    res.on("close", () => {
-      if (!res.writableFinished) requestAbort.abort(new Error("client closed the connection"));
-    });
     // At the end of a shutdown's grace period, calls still running are cut off (503, holds released).
     const onShutdown = () => requestAbort.abort(new Error("server shutting down"));
     options.shutdownSignal?.addEventListener("abort", onShutdown, { once: true });
-    res.on("close", () => options.shutdownSignal?.removeEventListener("abort", onShutdown));
+    res.on("close", () => {
+      options.shutdownSignal?.removeEventListener("abort", onShutdown);
+      if (!res.writableFinished) requestAbort.abort(new Error("client closed the connection"));
+    });
     const ctx = createHandlerContext({
       service: route.method.parent,
       method: route.method,

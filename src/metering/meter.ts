@@ -7,6 +7,7 @@ import type { MeteringConfig } from "../config.js";
 import { apiError } from "../errors.js";
 import type { Logger } from "../logger.js";
 import { isDatabaseUnavailable } from "../db/unavailable.js";
+import { linkedSignal } from "../signals.js";
 import { unitsToCredits } from "../units.js";
 import { admit, resolve, sweep, type AccountSnapshot, type Endpoint, type Funding, type Resolution } from "./ledger.js";
 
@@ -162,7 +163,7 @@ export function createMeter(deps: MeterDeps): Meter {
   }
 
   function release(requestId: string, log: Logger): Promise<void> {
-    const releasing_ = (async () => {
+    const pending = (async () => {
       try {
         await resolveWithRetry({ requestId, success: false, now: now() });
       } catch (err) {
@@ -172,8 +173,8 @@ export function createMeter(deps: MeterDeps): Meter {
         held.delete(requestId);
       }
     })();
-    releasing.add(releasing_);
-    return releasing_.finally(() => releasing.delete(releasing_));
+    releasing.add(pending);
+    return pending.finally(() => releasing.delete(pending));
   }
 
   async function run<T>(call: MeteredCall, work: (signal: AbortSignal) => Promise<WorkResult<T>>): Promise<MeteredResult<T>> {
@@ -283,14 +284,10 @@ export function createMeter(deps: MeterDeps): Meter {
     const log = logger.child({ request_id: requestId, account_id: admission.accountId, endpoint: call.endpoint });
     held.add(requestId);
 
-    const controller = new AbortController();
-    const timer = setTimeout(() => controller.abort(new Error(`metered call exceeded ${call.timeoutMs} ms`)), call.timeoutMs);
-    const onAbort = () => controller.abort(call.signal.reason);
-    call.signal.addEventListener("abort", onAbort, { once: true });
-
+    const workSignal = linkedSignal([call.signal], call.timeoutMs);
     let result: WorkResult<T>;
     try {
-      result = await work(controller.signal);
+      result = await work(workSignal.signal);
       if (call.signal.aborted) throw cancelled(call.signal);
       if (!Number.isSafeInteger(result.chargeUnits) || result.chargeUnits < 0) {
         throw new Error(`chargeUnits must be a non-negative integer, got ${result.chargeUnits}`);
@@ -301,8 +298,7 @@ export function createMeter(deps: MeterDeps): Meter {
       if (call.signal.aborted) throw closing ? shuttingDown() : cancelled(call.signal);
       throw err;
     } finally {
-      clearTimeout(timer);
-      call.signal.removeEventListener("abort", onAbort);
+      workSignal.dispose();
     }
 
     let settled: Resolution;

@@ -1,3 +1,5 @@
+import { linkedSignal } from "../signals.js";
+
 /**
  * The one HTTP wrapper for upstream calls: a per-attempt timeout, cancellation
  * through the caller's signal, and bounded retries with jittered backoff on
@@ -8,7 +10,6 @@
  * kind: no body text and no header values, so nothing an upstream says can
  * reach a caller or a log line through an error message.
  */
-
 export interface HttpCall {
   url: string;
   headers: Record<string, string>;
@@ -96,29 +97,21 @@ type AttemptOutcome =
   | { kind: "timeout" | "network" | "aborted" };
 
 async function attempt(call: HttpCall, signal: AbortSignal, timeoutMs: number): Promise<AttemptOutcome> {
-  const controller = new AbortController();
-  let timedOut = false;
-  const timer = setTimeout(() => {
-    timedOut = true;
-    controller.abort();
-  }, timeoutMs);
-  const onAbort = () => controller.abort();
-  signal.addEventListener("abort", onAbort, { once: true });
+  const link = linkedSignal([signal], timeoutMs);
   try {
     const response = await fetch(call.url, {
       method: "POST",
       headers: { "content-type": "application/json", accept: "application/json", ...call.headers },
       body: call.body,
-      signal: controller.signal,
+      signal: link.signal,
     });
     const text = await response.text();
     return { kind: "response", status: response.status, text, retryAfterMs: parseRetryAfterMs(response.headers.get("retry-after")) };
   } catch {
     if (signal.aborted) return { kind: "aborted" };
-    return { kind: timedOut ? "timeout" : "network" };
+    return { kind: link.timedOut() ? "timeout" : "network" };
   } finally {
-    clearTimeout(timer);
-    signal.removeEventListener("abort", onAbort);
+    link.dispose();
   }
 }
 

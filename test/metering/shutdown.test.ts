@@ -27,17 +27,21 @@ const decision = {
   state: "a deploy is stuck at 90%",
   questions: { rollback: { type: "noul", instructions: "Should we roll back?" } },
 };
-const startService = () =>
-  startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_SHUTDOWN_GRACE_MS: "300" });
 const accountRow = (accountId: string) => database.db("accounts").where({ id: accountId }).first();
+
+/** A service (300 ms grace) with one decision call held at the upstream. */
+async function serviceWithHeldCall(units: number) {
+  const service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_SHUTDOWN_GRACE_MS: "300" });
+  const { apiKey, accountId } = await createTestAccount(database.db, { units });
+  const upstream = holdQuestions(fake);
+  const call = postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
+  await upstream.reached;
+  return { service, apiKey, accountId, upstream, call };
+}
 
 describe("graceful shutdown", () => {
   it("a call still running when the grace period ends gets a 503 envelope and its hold back", async () => {
-    const service = await startService();
-    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
-    const upstream = holdQuestions(fake);
-    const call = postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
-    await upstream.reached;
+    const { service, accountId, upstream, call } = await serviceWithHeldCall(32_000);
     await service.stop();
     const response = await call;
     upstream.release();
@@ -48,11 +52,7 @@ describe("graceful shutdown", () => {
   });
 
   it("a call that finishes within the grace period is answered and billed", async () => {
-    const service = await startService();
-    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
-    const upstream = holdQuestions(fake);
-    const call = postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
-    await upstream.reached;
+    const { service, accountId, upstream, call } = await serviceWithHeldCall(32_000);
     const stopped = service.stop();
     upstream.release();
     const [response] = await Promise.all([call, stopped]);
@@ -62,11 +62,7 @@ describe("graceful shutdown", () => {
   });
 
   it("while draining, a new call on a kept-alive connection is refused with 503 and not charged", async () => {
-    const service = await startService();
-    const { apiKey, accountId } = await createTestAccount(database.db, { units: 64_000 });
-    const upstream = holdQuestions(fake);
-    const first = postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
-    await upstream.reached;
+    const { service, apiKey, accountId, upstream, call: first } = await serviceWithHeldCall(64_000);
     const stopped = service.stop();
     const late = await service.app.meter
       .run(

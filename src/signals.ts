@@ -9,8 +9,9 @@ export interface LinkedSignal {
 /**
  * Aborts when any parent aborts or after timeoutMs. Unlike AbortSignal.any and
  * AbortSignal.timeout, it removes its listeners and clears its timer on
- * dispose(): a search creates several per source, and on Node 20 the built-ins
- * leave that cleanup to the garbage collector (measurable under load).
+ * dispose(): metering, every upstream attempt and every search source make
+ * one per call, and on Node 20 the built-ins leave that cleanup to the
+ * garbage collector (measurable under load).
  */
 export function linkedSignal(parents: readonly AbortSignal[], timeoutMs?: number): LinkedSignal {
   const controller = new AbortController();
