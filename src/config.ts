@@ -31,6 +31,8 @@ export interface MeteringConfig {
   leaseMarginMs: number;
   /** How often each replica releases expired holds. */
   sweepIntervalMs: number;
+  /** Client-side deadline of one metering statement; a lost reply ends here and the call asks again. */
+  statementTimeoutMs: number;
 }
 
 export interface LlmConfig {
@@ -99,6 +101,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       defaultFreeRequests: int("TYPESAFE_DEFAULT_FREE_REQUESTS", 0),
       leaseMarginMs: int("TYPESAFE_LEASE_MARGIN_MS", 30_000, 1_000),
       sweepIntervalMs: int("TYPESAFE_SWEEP_INTERVAL_MS", 5_000, 100),
+      statementTimeoutMs: int("TYPESAFE_DB_STATEMENT_TIMEOUT_MS", 5_000, 100, 60_000),
     },
     llm: {
       baseUrl: llmBaseUrl?.replace(/\/+$/, ""),
