@@ -7,7 +7,8 @@ import { createGateway } from "./gateway/gateway.js";
 import { createMeter, type Meter } from "./metering/meter.js";
 import { apiRoutes } from "./gateway/routes.js";
 import { DecisionService } from "./gen/typesafe/decision/v1/decision_service_pb.js";
-import { SearchService } from "./gen/typesafe/search/v1/search_service_pb.js";
+import { SearchRequestSchema, SearchService } from "./gen/typesafe/search/v1/search_service_pb.js";
+import { findSearchJsonViolation } from "./search/validate.js";
 import type { Logger } from "./logger.js";
 import { file_typesafe_error_v1_error } from "./gen/typesafe/error/v1/error_pb.js";
 import { file_google_rpc_error_details } from "./gen/google/rpc/error_details_pb.js";
@@ -70,6 +71,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
         interceptors: [createObserveInterceptor(logger)],
         maxBodyBytes: config.maxBodyBytes,
         keyedServices: new Set([DecisionService.typeName, SearchService.typeName]),
+        jsonRules: { [SearchRequestSchema.typeName]: findSearchJsonViolation },
         logger,
         shutdown,
       },

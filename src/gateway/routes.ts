@@ -1,6 +1,7 @@
 import type { ServiceImpl } from "@connectrpc/connect";
 import { DecisionService } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchService } from "../gen/typesafe/search/v1/search_service_pb.js";
+import { findSearchJsonViolation } from "../search/validate.js";
 import { rpcRoute, type RpcRoute } from "./gateway.js";
 
 /** The /api/v1 path table: each path is one unary RPC of the Protobuf contract. */
@@ -21,10 +22,7 @@ export function apiRoutes(services: {
       path: "/api/v1/search",
       method: SearchService.method.search,
       impl: services.search.search,
-      checkBody: (json) =>
-        Array.isArray(json["s"]) && json["s"].length === 0
-          ? { field: "s", rule: "must list at least one source id when given; omit it for the defaults" }
-          : undefined,
+      checkBody: findSearchJsonViolation,
       finishData: nullMissingDates,
     }),
     rpcRoute({

@@ -3,7 +3,7 @@ import { createContextKey, createContextValues, type ConnectError } from "@conne
 import { bearerToken, isWellFormedApiKey } from "../accounts/api-keys.js";
 import { apiError } from "../errors.js";
 import { findShapeViolation } from "../gateway/json-shape.js";
-import { throwIfInvalid } from "../validation.js";
+import { throwIfInvalid, type Violation } from "../validation.js";
 import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
@@ -53,6 +53,8 @@ export interface BodyGateOptions {
   maxBodyBytes: number;
   /** Services whose methods need an API key: without a well-formed one their body is never read. */
   keyedServices: ReadonlySet<string>;
+  /** Rules of a request's JSON form that its message cannot express, by message type (the gateway applies the same). */
+  jsonRules?: Readonly<Record<string, (json: Record<string, unknown>) => Violation | undefined>>;
 }
 
 /**
@@ -83,7 +85,8 @@ export async function gateBody(
   }
   const limit = options.maxBodyBytes + (format.enveloped ? 5 : 0);
   const bytes = await readUpTo(body, limit, dropRest);
-  const problem = bytes === undefined ? payloadTooLarge(options.maxBodyBytes) : findProblem(method.input, bytes, format);
+  const problem =
+    bytes === undefined ? payloadTooLarge(options.maxBodyBytes) : findProblem(method.input, bytes, format, options.jsonRules?.[method.input.typeName]);
   if (problem) {
     const contextValues = request.contextValues ?? createContextValues();
     contextValues.set(kBodyProblem, problem);
@@ -99,7 +102,12 @@ export function isConnectPayloadTooLarge(request: UniversalRequest): boolean {
   return problem !== undefined && format?.enveloped === false && problem.rawMessage.startsWith(TOO_LARGE_PREFIX);
 }
 
-function findProblem(desc: DescMessage, body: Uint8Array, format: WireFormat): ConnectError | undefined {
+function findProblem(
+  desc: DescMessage,
+  body: Uint8Array,
+  format: WireFormat,
+  jsonRule: ((json: Record<string, unknown>) => Violation | undefined) | undefined,
+): ConnectError | undefined {
   let message = body;
   if (format.enveloped) {
     const view = new DataView(body.buffer, body.byteOffset, body.byteLength);
@@ -123,7 +131,7 @@ function findProblem(desc: DescMessage, body: Uint8Array, format: WireFormat): C
   } catch {
     return apiError("MALFORMED_JSON", "body: must be valid JSON", { field: "body", rule: "valid JSON" });
   }
-  const violation = findShapeViolation(desc, json);
+  const violation = findShapeViolation(desc, json) ?? jsonRule?.(json as Record<string, unknown>);
   try {
     throwIfInvalid(violation ? [violation] : []);
   } catch (err) {

@@ -38,3 +38,14 @@ export function validateSearchRequest(request: SearchRequest): Violation[] {
   }
   return violations;
 }
+
+/**
+ * A rule of the JSON form only: proto3 cannot tell an empty `s` from an absent
+ * one, so a JSON caller who sends `"s": []` is told instead of getting the
+ * defaults. The gateway and Connect JSON both apply it (gRPC cannot send it).
+ */
+export function findSearchJsonViolation(json: Record<string, unknown>): Violation | undefined {
+  return Array.isArray(json["s"]) && json["s"].length === 0
+    ? { field: "s", rule: "must list at least one source id when given; omit it for the defaults" }
+    : undefined;
+}

@@ -42,7 +42,7 @@ export async function callConnect(baseUrl: string, path: string, body: string | 
   return {
     status: response.status,
     reason: detail?.reason,
-    field: detail?.field,
+    field: detail?.field || undefined,
     metadata: detail?.metadata,
     requestId,
     detailTypes: details.map((d) => d.type),
@@ -87,7 +87,7 @@ export async function callGrpc(
     return {
       status,
       reason: detail?.reason,
-      field: detail?.field,
+      field: detail?.field || undefined,
       metadata: detail?.metadata,
       requestId,
       detailTypes: anys.map((a) => a.typeUrl.slice(a.typeUrl.lastIndexOf("/") + 1)),

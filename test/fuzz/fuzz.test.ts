@@ -1,0 +1,51 @@
+import fc from "fast-check";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createTestAccount, startTestApp, type TestApp } from "../support/app.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { binaryCase, jsonCase, sendBinary, sendJson } from "./cases.js";
+
+/**
+ * Property-based fuzzing of every surface in `npm test`: seeded and bounded
+ * (a fixed number of runs and a time cap), so it fails the same way twice.
+ * `npm run fuzz -- --seconds 600` runs the same cases for longer.
+ */
+let database: TestDatabase;
+let service: TestApp;
+let apiKey: string;
+
+beforeAll(async () => {
+  database = await createTestDatabase(4);
+  service = await startTestApp(database);
+  ({ apiKey } = await createTestAccount(database.db, { units: 1_000_000 }));
+});
+afterAll(async () => {
+  await service?.stop();
+  await database?.close();
+});
+
+const settings = { seed: 20261124, numRuns: 150, interruptAfterTimeLimit: 12_000 };
+const sameVerdict = (verdicts: { reason?: string; field?: string }[]) => new Set(verdicts.map((v) => `${v.reason}|${v.field}`)).size === 1;
+
+describe("fuzzing every surface", () => {
+  it("mutated JSON: no 5xx of ours, a reason (and field) on every error, no leak, the same verdict on the gateway and Connect", async () => {
+    await fc.assert(
+      fc.asyncProperty(jsonCase, async ({ rpc, body }) => {
+        const verdicts = await sendJson(service.url, apiKey, rpc, body);
+        expect(verdicts.flatMap((v) => (v.problem ? [`${v.surface}: ${v.problem}`] : []))).toEqual([]);
+        expect(sameVerdict(verdicts), JSON.stringify(verdicts)).toBe(true);
+      }),
+      settings,
+    );
+  });
+
+  it("mutated binary protobuf: no 5xx of ours, the same verdict on Connect and gRPC", async () => {
+    await fc.assert(
+      fc.asyncProperty(binaryCase, async ({ rpc, bytes }) => {
+        const verdicts = await sendBinary(service.url, apiKey, rpc, bytes);
+        expect(verdicts.flatMap((v) => (v.problem ? [`${v.surface}: ${v.problem}`] : []))).toEqual([]);
+        expect(sameVerdict(verdicts), JSON.stringify(verdicts)).toBe(true);
+      }),
+      settings,
+    );
+  });
+});

@@ -1,0 +1,69 @@
+/**
+ * npm run fuzz [-- --seconds 600 --seed 7]
+ *
+ * The fuzz cases of `npm test` for as long as asked, against the real service
+ * (in this process, on a scratch database: DATABASE_URL's server, or an
+ * embedded store in a temp folder). Prints counts by class, surface and
+ * reason, and every broken rule; exits 1 when any rule broke. Loopback only.
+ */
+import fs from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { parseArgs } from "node:util";
+import fc from "fast-check";
+import { startApp } from "../../src/app.js";
+import { loadConfig } from "../../src/config.js";
+import { createLogger } from "../../src/logger.js";
+import { createTestAccount } from "../support/app.js";
+import { binaryCase, jsonCase, sendBinary, sendJson, type Verdict } from "./cases.js";
+
+const { values } = parseArgs({ options: { seconds: { type: "string", default: "60" }, seed: { type: "string", default: "1" } } });
+const seconds = Math.max(1, Number(values.seconds));
+
+async function main(): Promise<void> {
+  const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-fuzz-"));
+  const config = loadConfig({ PORT: "0", TYPESAFE_LOG_LEVEL: "silent", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_DATA_DIR: dataDir, ...(process.env.DATABASE_URL ? { DATABASE_URL: process.env.DATABASE_URL } : {}) });
+  const app = await startApp(config, createLogger("silent"));
+  const { apiKey } = await createTestAccount(app.database.db, { units: 1_000_000 });
+  const counts = new Map<string, number>();
+  const problems: string[] = [];
+  let broken = 0;
+  let disagreements = 0;
+  const record = (kind: string, verdicts: Verdict[], input: unknown) => {
+    for (const v of verdicts) {
+      const key = `${kind.padEnd(6)} ${v.surface.padEnd(13)} ${String(v.status).padEnd(4)} ${v.reason ?? "OK"}`;
+      counts.set(key, (counts.get(key) ?? 0) + 1);
+      if (v.problem) broken++;
+      if (v.problem && problems.length < 50) problems.push(`${v.surface}: ${v.problem} ← ${JSON.stringify(input).slice(0, 200)}`);
+    }
+    if (new Set(verdicts.map((v) => `${v.reason}|${v.field}`)).size > 1) {
+      disagreements++;
+      if (problems.length < 50) problems.push(`surfaces disagree: ${JSON.stringify(verdicts)} ← ${JSON.stringify(input).slice(0, 200)}`);
+    }
+  };
+  const deadline = Date.now() + seconds * 1000;
+  let calls = 0;
+  for (let batch = 0; Date.now() < deadline; batch++) {
+    const seed = Number(values.seed) * 1_000_003 + batch;
+    const jsons = fc.sample(jsonCase, { seed, numRuns: 20 });
+    const binaries = fc.sample(binaryCase, { seed, numRuns: 20 });
+    for (let i = 0; i < 20 && Date.now() < deadline; i++) {
+      const json = jsons[i]!;
+      record("json", await sendJson(app.server.url, apiKey, json.rpc, json.body), json);
+      const binary = binaries[i]!;
+      record("binary", await sendBinary(app.server.url, apiKey, binary.rpc, binary.bytes), { rpc: binary.rpc, bytes: Buffer.from(binary.bytes).toString("hex") });
+      calls += 4;
+    }
+  }
+  await app.stop();
+  await fs.rm(dataDir, { recursive: true, force: true });
+  for (const [key, count] of [...counts].sort()) process.stdout.write(`${key.padEnd(60)} ${count}\n`);
+  for (const problem of problems) process.stdout.write(`problem: ${problem}\n`);
+  process.stdout.write(`fuzz: ${calls} requests in ${seconds} s · ${broken} broken rules · ${disagreements} disagreements\n`);
+  process.exit(broken > 0 || disagreements > 0 ? 1 : 0);
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`fuzz failed: ${err instanceof Error ? err.stack : String(err)}\n`);
+  process.exit(2);
+});
