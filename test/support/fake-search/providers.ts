@@ -1,3 +1,4 @@
+import { BRAVE_RATE_LIMITED, BRAVE_TOKEN_INVALID, braveRateHeaders } from "./recorded.js";
 import { startFakeProvider, type FakeHandler, type FakeProvider, type FakeReply, type RecordedRequest } from "./server.js";
 
 /**
@@ -56,35 +57,20 @@ export function braveBody(results: BraveResult[]): object {
   };
 }
 
-/** Brave's 429 for a plan's per-second limit, with Retry-After. */
-export function brave429(retryAfterSeconds: number): FakeReply {
-  return {
-    status: 429,
-    headers: {
-      "retry-after": String(retryAfterSeconds),
-      "x-ratelimit-limit": "1, 15000",
-      "x-ratelimit-remaining": "0, 14990",
-      "x-ratelimit-reset": `${retryAfterSeconds}, 1419704`,
-    },
-    body: {
-      type: "ErrorResponse",
-      error: {
-        id: "5a3b2e0c-upstream-error-id",
-        status: 429,
-        code: "RATE_LIMITED",
-        detail: "Request rate limit exceeded for plan. SECRET-UPSTREAM-DETAIL",
-        meta: { plan: "Free", rate_limit: 1, rate_current: 2, quota_limit: 2000, quota_current: 10 },
-      },
-      time: 1700000000,
-    },
-  };
+/**
+ * Brave's per-second 429 (body recorded in egoist/chatwise-releases#1296,
+ * headers per Brave's "Response headers" docs; Brave sends no Retry-After):
+ * the second window resets in `resetSeconds`.
+ */
+export function brave429(resetSeconds: number): FakeReply {
+  return { ...BRAVE_RATE_LIMITED, headers: { "content-type": "application/json", ...braveRateHeaders([0, 14990], [resetSeconds, 1419704]) } };
 }
 
 function braveDefault(nowMs: () => number): FakeHandler {
   return (req) => {
     if (req.path !== "/res/v1/web/search") return { status: 404, body: { type: "ErrorResponse", error: { status: 404, code: "NOT_FOUND" } } };
     if (req.headers["x-subscription-token"] !== BRAVE_KEY) {
-      return { status: 401, body: { type: "ErrorResponse", error: { status: 401, code: "SUBSCRIPTION_TOKEN_INVALID", detail: "The provided subscription token is invalid." } } };
+      return BRAVE_TOKEN_INVALID;
     }
     const now = nowMs();
     return {
@@ -117,7 +103,8 @@ function braveDefault(nowMs: () => number): FakeHandler {
 // ---------------------------------------------------------------- exa
 
 export interface ExaResult {
-  title: string;
+  /** Exa sends null for pages without a title. */
+  title: string | null;
   url: string;
   publishedDate?: string | null;
   author?: string | null;
