@@ -28,7 +28,7 @@ export function createWikipediaSource(settings: SourceSettings): SearchSource {
       if (res.status === 403) {
         // Wikimedia's robot policy blocks clients by User-Agent with a 403
         // ("Please set a user-agent and respect our robot policy https://w.wiki/4wJS").
-        throw new SourceFailure("auth", "upstream blocked our User-Agent; set TYPESAFE_SEARCH_USER_AGENT with a contact address");
+        throw new SourceFailure("auth", "upstream blocked our User-Agent; set TYPESAFE_SEARCH_CONTACT to an e-mail address or URL");
       }
       failForStatus(res, call.nowMs);
       const body = requireRecord(await readJson(res));

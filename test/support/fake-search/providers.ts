@@ -23,6 +23,10 @@ const HOUR = 3600_000;
 const DAY = 24 * HOUR;
 
 // ---------------------------------------------------------------- brave
+// Source: Brave Search API docs, "Web search → Response model" (web.results[]:
+// title, url, description, page_age, age, extra_snippets; ErrorResponse for
+// errors) and brave/brave-search-skills skills/web-search/SKILL.md. Error
+// answers: ./recorded.ts.
 
 export interface BraveResult {
   title: string;
@@ -101,6 +105,9 @@ function braveDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- exa
+// Source: exa.ai/docs/reference/search (results[]: title — null when the page
+// has none —, url, publishedDate, author, highlights; costDollars.total) and
+// exa.ai/docs/admin/error-codes for { requestId, error, tag }.
 
 export interface ExaResult {
   /** Exa sends null for pages without a title. */
@@ -148,6 +155,9 @@ function exaDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- wikipedia
+// Source: mediawiki.org/wiki/API:Search (list=search, formatversion=2:
+// query.search[].title/snippet/timestamp, snippet HTML with
+// <span class="searchmatch">) and searxng/searxng searx/engines/wikipedia.py.
 
 /** action=query&list=search answer, formatversion=2. */
 export function wikipediaBody(hits: { title: string; snippet: string; timestamp?: string }[]): object {
@@ -178,6 +188,9 @@ function wikipediaDefault(): FakeHandler {
 }
 
 // ---------------------------------------------------------------- hackernews
+// Source: hn.algolia.com/api ("Search": hits[].objectID, title, url — null for
+// Ask/Show HN —, story_text as HTML, points, num_comments, created_at_i) and
+// searxng/searxng searx/engines/hackernews.py.
 
 export interface HnHit {
   objectID: string;
@@ -235,6 +248,10 @@ function hackernewsDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- stackoverflow
+// Source: api.stackexchange.com/docs/advanced-search and /docs/wrapper
+// (items, has_more, quota_max, quota_remaining, backoff); throttle error per
+// /docs/error-handling (error_id 502 throttle_violation); searxng/searxng
+// searx/engines/stackexchange.py.
 
 export interface SoQuestion {
   question_id: number;
@@ -295,6 +312,9 @@ function stackoverflowDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- github
+// Source: docs.github.com/rest/search/search#search-repositories (total_count,
+// incomplete_results, items[]) and octokit/fixtures' search-repositories
+// recording; rate-limit headers per docs.github.com "Rate limits for the REST API".
 
 export interface GhRepo {
   full_name: string;
@@ -341,6 +361,9 @@ function githubDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- arxiv
+// Source: export.arxiv.org/api/query Atom as recorded in lukasschwab/arxiv.py's
+// test fixtures, and the error feed (entry id under /api/errors) from
+// info.arxiv.org/help/api/user-manual.html.
 
 export interface ArxivEntry {
   id: string;
@@ -433,6 +456,10 @@ function arxivDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- gdelt
+// Source: blog.gdeltproject.org "GDELT DOC 2.0 API debuts" (ArtList JSON:
+// articles[].url, title, seendate, domain, language, sourcecountry; `{}` when
+// nothing matches), alex9smith/gdelt-doc-api api_client.py (invalid queries
+// answer HTTP 200 text/html) and koala73/worldmonitor#5843 (the 429 text).
 
 export interface GdeltArticle {
   url: string;
