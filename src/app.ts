@@ -80,6 +80,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
   }
   meter.startSweeper();
   logger.info("listening", { url: server.url, database: database.kind });
+  logger.info("enabled", enabledSummary(config));
 
   return {
     server,
@@ -95,5 +96,15 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
       await database.close();
       logger.info("stopped");
     },
+  };
+}
+
+/** What this deployment serves, in one start-up line an operator can read at a glance. */
+export function enabledSummary(config: Config): { decisions: string; search: string } {
+  const upstream = config.llm.baseUrl === undefined ? undefined : new URL(config.llm.baseUrl);
+  const sources = config.search.configuredSources ?? [];
+  return {
+    decisions: upstream ? `on: ${upstream.host}, model ${config.llm.model}` : "off: set TYPESAFE_LLM_BASE_URL",
+    search: sources.length > 0 ? `on: ${sources.join(", ")}` : "off: no source configured (TYPESAFE_SEARCH_SOURCES)",
   };
 }

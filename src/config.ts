@@ -1,5 +1,6 @@
 import path from "node:path";
 import type { LogLevel } from "./logger.js";
+import { parseSourceCatalog } from "./search/source-config.js";
 
 /**
  * The whole configuration, parsed once from the environment. This is the only
@@ -31,6 +32,8 @@ export interface MeteringConfig {
   leaseMarginMs: number;
   /** How often each replica releases expired holds. */
   sweepIntervalMs: number;
+  /** Client-side deadline of one metering statement; a lost reply ends here and the call asks again. */
+  statementTimeoutMs: number;
 }
 
 export interface LlmConfig {
@@ -51,6 +54,8 @@ export interface SearchConfig {
   requestTimeoutMs: number;
   /** Every TYPESAFE_SEARCH_* variable, read by the search sources' own parser. */
   env: Record<string, string>;
+  /** Ids of the sources that are enabled and have what they need (for the start-up summary). */
+  configuredSources?: string[];
 }
 
 export class ConfigError extends Error {
@@ -82,14 +87,30 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     problems.push(`TYPESAFE_LOG_LEVEL: must be one of debug, info, warn, error, silent, got "${logLevel}"`);
   }
   const llmBaseUrl = str("TYPESAFE_LLM_BASE_URL");
-  if (llmBaseUrl && !/^https?:\/\//.test(llmBaseUrl)) {
+  if (llmBaseUrl && !/^https?:\/\/[^/]/.test(llmBaseUrl)) {
     problems.push(`TYPESAFE_LLM_BASE_URL: must be an http(s) URL, got "${llmBaseUrl}"`);
+  }
+  const databaseUrl = str("DATABASE_URL");
+  if (databaseUrl !== undefined) {
+    const problem = databaseUrlProblem(databaseUrl);
+    if (problem) problems.push(`DATABASE_URL: ${problem}`);
+  }
+  const searchEnv = Object.fromEntries(
+    Object.entries(env).filter((e): e is [string, string] => e[0].startsWith("TYPESAFE_SEARCH_") && e[1] !== undefined),
+  );
+  // The search settings are checked here too, so every problem is listed before anything opens.
+  let configuredSources: string[] = [];
+  try {
+    configuredSources = parseSourceCatalog(searchEnv).entries.filter((e) => e.configured).map((e) => e.id);
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    problems.push(...err.problems);
   }
 
   const config: Config = {
     host: str("HOST") ?? "127.0.0.1",
     port: int("PORT", 8080, 0, 65535),
-    databaseUrl: str("DATABASE_URL"),
+    databaseUrl,
     dataDir: path.resolve(cwd, str("TYPESAFE_DATA_DIR") ?? ".typesafe-data"),
     dbPoolMax: int("TYPESAFE_DB_POOL_MAX", 10, 2, 1000),
     logLevel,
@@ -99,6 +120,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       defaultFreeRequests: int("TYPESAFE_DEFAULT_FREE_REQUESTS", 0),
       leaseMarginMs: int("TYPESAFE_LEASE_MARGIN_MS", 30_000, 1_000),
       sweepIntervalMs: int("TYPESAFE_SWEEP_INTERVAL_MS", 5_000, 100),
+      statementTimeoutMs: int("TYPESAFE_DB_STATEMENT_TIMEOUT_MS", 5_000, 100, 60_000),
     },
     llm: {
       baseUrl: llmBaseUrl?.replace(/\/+$/, ""),
@@ -111,11 +133,26 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     },
     search: {
       requestTimeoutMs: int("TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS", 10_000, 100),
-      env: Object.fromEntries(
-        Object.entries(env).filter((e): e is [string, string] => e[0].startsWith("TYPESAFE_SEARCH_") && e[1] !== undefined),
-      ),
+      env: searchEnv,
+      configuredSources,
     },
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return config;
+}
+
+/** Why a DATABASE_URL cannot be used, without echoing it (it may hold a password); undefined when fine. */
+function databaseUrlProblem(raw: string): string | undefined {
+  const expected = "expected postgres://user:password@host:5432/database";
+  const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(raw)?.[1];
+  if (scheme === undefined) return `not a postgres:// URL; ${expected}`;
+  if (!/^postgres(ql)?$/i.test(scheme)) return `not a postgres:// URL (its scheme is "${scheme}"); ${expected}`;
+  // A socket directory may stand in the query (?host=/var/run/postgresql) instead of the authority.
+  if (/[?&]host=/.test(raw)) return undefined;
+  try {
+    if (new URL(raw).hostname !== "") return undefined;
+  } catch {
+    // falls through: an empty or malformed host
+  }
+  return `names no host, or is not a valid URL; ${expected}`;
 }

@@ -32,9 +32,15 @@ export function createLogger(
   };
 }
 
+/** Errors log as name, message and cause; stack traces only where withStack asks for them. */
 function errorReplacer(_key: string, value: unknown): unknown {
   if (value instanceof Error) {
-    return { name: value.name, message: value.message, stack: value.stack, cause: value.cause };
+    return { name: value.name, message: value.message, cause: value.cause };
   }
   return value;
+}
+
+/** An error with its stack trace, for the log of a bug (INTERNAL), where the stack is worth its lines. */
+export function withStack(err: unknown): unknown {
+  return err instanceof Error ? { name: err.name, message: err.message, stack: err.stack, cause: err.cause } : String(err);
 }

@@ -1,3 +1,4 @@
+import { ConnectError } from "@connectrpc/connect";
 import type { NodeRequest } from "./envelope.js";
 import { apiError } from "../errors.js";
 
@@ -14,13 +15,21 @@ export async function readBody(req: NodeRequest, maxBytes: number): Promise<Buff
   }
   const chunks: Buffer[] = [];
   let total = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    total += chunk.length;
-    if (total > maxBytes) {
-      discardBody(req, maxBytes);
-      throw tooLarge(maxBytes);
+  try {
+    for await (const chunk of req as AsyncIterable<Buffer>) {
+      total += chunk.length;
+      if (total > maxBytes) {
+        discardBody(req, maxBytes);
+        throw tooLarge(maxBytes);
+      }
+      chunks.push(chunk);
     }
-    chunks.push(chunk);
+  } catch (err) {
+    // The stream fails only when the caller went away mid-body ("aborted", ECONNRESET): not a server fault.
+    if (req.destroyed && !(err instanceof ConnectError)) {
+      throw apiError("CANCELLED", "the caller closed the connection before the body arrived", { cause: err });
+    }
+    throw err;
   }
   return Buffer.concat(chunks, total);
 }

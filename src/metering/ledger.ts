@@ -29,6 +29,18 @@ export interface AdmitInput {
   requestId?: string;
   /** Test clock; the database clock when absent. */
   now?: Date;
+  /** Client-side limit for the round trip (see withTimeout). */
+  timeoutMs?: number;
+}
+
+/**
+ * A money-changing statement gets a client-side deadline, so a reply lost on a
+ * connection that stays open ends as a KnexTimeoutError (the connection is then
+ * discarded) instead of hanging the call. A timeout says nothing about whether
+ * the statement committed: callers find out by asking again by request id.
+ */
+function withTimeout<T extends Knex.Raw>(query: T, timeoutMs: number | undefined): T {
+  return timeoutMs === undefined ? query : (query.timeout(timeoutMs) as T);
 }
 
 /** What the account looks like after the call, for billing fields and rate-limit headers. */
@@ -86,7 +98,7 @@ interface DbAdmissionRow {
 
 /** Admission control in one round trip: 401 → 429 rate → 429 concurrency → 402, or a hold. */
 export async function admit(db: Knex | Knex.Transaction, input: AdmitInput): Promise<Admission> {
-  const result = await db.raw<{ rows: DbAdmissionRow[] }>(
+  const result = await withTimeout(db.raw<{ rows: DbAdmissionRow[] }>(
     "SELECT * FROM metering_admit(?::bytea, ?::text, ?::bigint, ?::boolean, ?::integer, ?::text, ?::bytea, ?::timestamptz, ?::uuid)",
     [
       input.keyHash,
@@ -99,7 +111,7 @@ export async function admit(db: Knex | Knex.Transaction, input: AdmitInput): Pro
       input.now ?? null,
       input.requestId ?? null,
     ],
-  );
+  ), input.timeoutMs);
   const row = single(result.rows, "metering_admit");
   if (row.outcome === "unauthenticated") return { outcome: "unauthenticated" };
   const account: AccountSnapshot = {
@@ -146,6 +158,8 @@ export interface ResolveInput {
   /** Stored for idempotent replay when the request carried an Idempotency-Key. */
   response?: unknown;
   now?: Date;
+  /** Client-side limit for the round trip (see withTimeout). */
+  timeoutMs?: number;
 }
 
 export type Resolution =
@@ -197,7 +211,7 @@ interface DbResolutionRow {
 
 /** Settles (success) or releases (failure) a hold; idempotent by request id. */
 export async function resolve(db: Knex | Knex.Transaction, input: ResolveInput): Promise<Resolution> {
-  const result = await db.raw<{ rows: DbResolutionRow[] }>(
+  const result = await withTimeout(db.raw<{ rows: DbResolutionRow[] }>(
     "SELECT * FROM metering_resolve(?::uuid, ?::boolean, ?::bigint, ?::jsonb, ?::timestamptz)",
     [
       input.requestId,
@@ -206,7 +220,7 @@ export async function resolve(db: Knex | Knex.Transaction, input: ResolveInput):
       input.response === undefined ? null : JSON.stringify(input.response),
       input.now ?? null,
     ],
-  );
+  ), input.timeoutMs);
   const row = single(result.rows, "metering_resolve");
   if (row.outcome === "not_found") return { outcome: "not_found", requestId: input.requestId };
   const common = {

@@ -9,7 +9,7 @@ import type { Logger } from "../logger.js";
 import { isDatabaseUnavailable } from "../db/unavailable.js";
 import { linkedSignal } from "../signals.js";
 import { unitsToCredits } from "../units.js";
-import { admit, resolve, sweep, type AccountSnapshot, type Endpoint, type Funding, type Resolution } from "./ledger.js";
+import { admit, resolve, sweep, type AccountSnapshot, type Endpoint, type Funding, type Resolution, type ResolveInput } from "./ledger.js";
 
 /** Spec part 3: a decision reserves 32,000 units per question. */
 export const DECISION_RESERVE_UNITS_PER_QUESTION = 32_000;
@@ -124,7 +124,11 @@ export interface MeterDeps {
   logger: Logger;
   /** Test clock passed to the database functions; the database clock when absent. */
   now?: () => Date;
-  /** Waits between settle attempts when the database fails (idempotent, so retrying is safe). */
+  /**
+   * Waits between attempts of a settle or release when the database fails
+   * (safe: a request resolves at most once). The default spans a PostgreSQL
+   * restart of a few seconds.
+   */
   settleRetryDelaysMs?: readonly number[];
 }
 
@@ -140,7 +144,8 @@ const MAX_IDEMPOTENCY_KEY_LENGTH = 255;
 export function createMeter(deps: MeterDeps): Meter {
   const { db, config, logger } = deps;
   const now = (): Date | undefined => deps.now?.();
-  const retryDelaysMs = deps.settleRetryDelaysMs ?? [50, 200, 500];
+  const retryDelaysMs = deps.settleRetryDelaysMs ?? [50, 200, 500, 1_000, 2_000];
+  const timeoutMs = config.statementTimeoutMs;
   const held = new Set<string>();
   /** Releases under way, so shutdown can wait for them before the pool closes. */
   const releasing = new Set<Promise<void>>();
@@ -149,11 +154,17 @@ export function createMeter(deps: MeterDeps): Meter {
   let sweeper: NodeJS.Timeout | undefined;
   let sweeping: Promise<void> | undefined;
 
-  /** Retries an idempotent resolve while the database is unreachable. */
-  async function resolveWithRetry(input: Parameters<typeof resolve>[1]): Promise<Resolution> {
+  /**
+   * Settles or releases one hold, retrying while the database is unreachable.
+   * A request is resolved only by its own call, so a retry that finds it
+   * already in the state it asked for is looking at an earlier attempt of its
+   * own that committed and lost its reply: that is this call's outcome.
+   */
+  async function resolveWithRetry(input: ResolveInput): Promise<Resolution> {
     for (let attempt = 0; ; attempt++) {
       try {
-        return await resolve(db, input);
+        const resolution = await resolve(db, { ...input, timeoutMs });
+        return attempt === 0 ? resolution : asOwnOutcome(resolution, input);
       } catch (err) {
         const wait = retryDelaysMs[attempt];
         if (wait === undefined || !isDatabaseUnavailable(err)) throw err;
@@ -193,6 +204,8 @@ export function createMeter(deps: MeterDeps): Meter {
     }
     if (call.signal.aborted) throw cancelled(call.signal);
 
+    // The row id is chosen here, so an admission whose reply is lost can be found again.
+    const rowId = UUID.test(call.requestId) ? call.requestId : crypto.randomUUID();
     let admission;
     try {
       admission = await admit(db, {
@@ -206,12 +219,15 @@ export function createMeter(deps: MeterDeps): Meter {
           call.idempotencyKey !== undefined && call.requestFingerprint !== undefined
             ? crypto.createHash("sha256").update(call.requestFingerprint).digest()
             : undefined,
-        requestId: UUID.test(call.requestId) ? call.requestId : undefined,
+        requestId: rowId,
         now: now(),
+        timeoutMs,
       });
     } catch (err) {
-      if (isDatabaseUnavailable(err)) throw apiError("UNAVAILABLE", "the database is unreachable; retry later", { cause: err });
-      throw err;
+      if (!isDatabaseUnavailable(err)) throw err;
+      // The hold may have committed with its reply lost: give it back now, not at its lease.
+      await release(rowId, logger.child({ request_id: rowId, endpoint: call.endpoint }));
+      throw apiError("UNAVAILABLE", "the database is unreachable; the call was not billed; retry later", { cause: err });
     }
 
     switch (admission.outcome) {
@@ -311,12 +327,10 @@ export function createMeter(deps: MeterDeps): Meter {
         now: now(),
       });
     } catch (err) {
-      counters.settleFailures++;
-      log.error("settle failed; answering 503, the lease releases the hold", { err });
-      await release(requestId, log);
-      throw apiError("UNAVAILABLE", "the call could not be billed because the database is unreachable; retry later", { cause: err });
+      settled = await settleOrReleaseAfterFailure(requestId, result.chargeUnits, err, log);
+    } finally {
+      held.delete(requestId);
     }
-    held.delete(requestId);
 
     if (settled.outcome !== "settled") {
       counters.lateSettles++;
@@ -339,6 +353,36 @@ export function createMeter(deps: MeterDeps): Meter {
       billing: billingOf(requestId, funding, reservedUnits, settled.chargedUnits, settled),
       rate,
     };
+  }
+
+  /**
+   * The settle kept failing. Releasing tells what happened: either the hold is
+   * given back (answer 503, not billed) or one of the settle's attempts had
+   * committed after all (answer 200 with that billing). When the release
+   * fails too, nobody knows, and the 503 says so.
+   */
+  async function settleOrReleaseAfterFailure(requestId: string, chargeUnits: number, settleError: unknown, log: Logger): Promise<Resolution> {
+    counters.settleFailures++;
+    let fallback: Resolution;
+    try {
+      fallback = await resolveWithRetry({ requestId, success: false, now: now() });
+    } catch (err) {
+      counters.releaseFailures++;
+      log.error("settle and release failed; the lease releases the hold unless a settle attempt committed", { err: settleError });
+      throw apiError(
+        "UNAVAILABLE",
+        "the database is unreachable and this call's billing could not be confirmed; a retry with the same Idempotency-Key returns the answer if it was billed",
+        { cause: err, metadata: { billing: "unknown" } },
+      );
+    }
+    if (fallback.outcome === "not_active" && fallback.status === "settled") {
+      log.warn("a settle attempt had committed though its reply was lost; answering with its billing");
+      return asOwnOutcome(fallback, { requestId, success: true, actualUnits: chargeUnits });
+    }
+    log.warn("settle failed; the hold was released and the call is answered 503", { err: settleError });
+    throw apiError("UNAVAILABLE", "the call could not be billed because the database is unreachable; it was not billed; retry later", {
+      cause: settleError,
+    });
   }
 
   async function sweepNow(): Promise<number> {
@@ -379,6 +423,21 @@ export function createMeter(deps: MeterDeps): Meter {
       await sweeping;
     },
     stats: () => ({ ...counters }),
+  };
+}
+
+/**
+ * A retried resolve that finds its request already in the state it asked for
+ * (settled for a success, released for a failure) reports it as done now.
+ */
+function asOwnOutcome(resolution: Resolution, input: ResolveInput): Resolution {
+  const wanted = input.success ? "settled" : "released";
+  if (resolution.outcome !== "not_active" || resolution.status !== wanted) return resolution;
+  const { status: _status, ...rest } = resolution;
+  return {
+    ...rest,
+    outcome: wanted,
+    capped: input.success && rest.funding === "paid" && (input.actualUnits ?? 0) > rest.reservedUnits,
   };
 }
 

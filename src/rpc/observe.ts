@@ -1,6 +1,6 @@
 import type { Interceptor } from "@connectrpc/connect";
 import { REASONS, describeError, toPublicError } from "../errors.js";
-import type { Logger } from "../logger.js";
+import { withStack, type Logger } from "../logger.js";
 import { kRequestId } from "./context.js";
 import crypto from "node:crypto";
 
@@ -31,7 +31,7 @@ export async function observeCall<T>(
     const publicError = toPublicError(err, call.requestId);
     const entry = { ...fields(), status: "error", reason };
     if (REASONS[reason].http >= 500) {
-      logger.error("call", { ...entry, error: err instanceof Error ? err : String(err) });
+      logger.error("call", { ...entry, error: reason === "INTERNAL" ? withStack(err) : err instanceof Error ? err : String(err) });
     } else {
       logger.info("call", entry);
     }

@@ -118,6 +118,9 @@ const DEFAULTS: Record<SourceId, Defaults> = {
   },
 };
 
+/** Sources whose operators ask for a contact in the User-Agent. */
+const NEEDS_CONTACT = new Set<SourceId>(["wikipedia", "gdelt"]);
+
 const PER_SOURCE_SETTINGS = ["KEY", "URL", "PRICE_UNITS", "DEFAULT", "WEIGHT", "TIMEOUT_MS", "RATE", "CONCURRENCY"];
 /** Variables of the TYPESAFE_SEARCH_ namespace read elsewhere (config.ts). */
 const GLOBAL_SETTINGS = ["SOURCES", "CONTACT", "CACHE_ENTRIES", "REQUEST_TIMEOUT_MS"];
@@ -137,7 +140,6 @@ export function parseSourceCatalog(env: Record<string, string>): SourceCatalog {
     problems.push(`TYPESAFE_SEARCH_CONTACT: must be an e-mail address or URL without parentheses or newlines, got "${contact}"`);
   }
   const userAgent = `typesafe-search/1.0 (+${contact && !/[\r\n()]/.test(contact) ? contact : "contact not configured"})`;
-  if (contact === undefined) warnings.push("TYPESAFE_SEARCH_CONTACT is not set: Wikimedia and GDELT may block requests without a contact");
 
   const cacheEntries = parseInteger("TYPESAFE_SEARCH_CACHE_ENTRIES", get("CACHE_ENTRIES"), 5000, 0, 1_000_000, problems);
 
@@ -169,6 +171,10 @@ export function parseSourceCatalog(env: Record<string, string>): SourceCatalog {
       order,
     };
   });
+
+  if (contact === undefined && entries.some((e) => e.configured && NEEDS_CONTACT.has(e.id))) {
+    warnings.push("TYPESAFE_SEARCH_CONTACT is not set: Wikimedia and GDELT may block requests without a contact");
+  }
 
   const known = new Set([
     ...GLOBAL_SETTINGS,

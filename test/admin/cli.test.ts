@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { postJson, startTestApp, type TestApp } from "../support/app.js";
-import { runAdmin, startServiceProcess } from "../support/process.js";
+import { runAdmin, runToExit, startServiceProcess } from "../support/process.js";
 
 let database: TestDatabase;
 let service: TestApp;
@@ -98,4 +98,37 @@ describe("embedded store", () => {
       await fs.rm(dataDir, { recursive: true, force: true });
     }
   }, 60_000);
+
+  it("a second service on the same folder is refused naming the owner, and the owner keeps its files and its data", async () => {
+    const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-owner-"));
+    const owner = await startServiceProcess({ TYPESAFE_DATA_DIR: dataDir });
+    try {
+      const published = await fs.readFile(path.join(dataDir, "socket.json"), "utf8");
+      const second = await runToExit("src/main.ts", [], { TYPESAFE_DATA_DIR: dataDir, PORT: "0", TYPESAFE_SEARCH_SOURCES: "none" });
+      expect(second.code).toBe(1);
+      expect(second.stderr).toMatch(/in use by process \d+, its database on 127\.0\.0\.1:\d+/);
+      expect(await fs.readFile(path.join(dataDir, "socket.json"), "utf8")).toBe(published);
+      await fs.access(path.join(dataDir, "postmaster.pid"));
+
+      // A CLI that cannot find the published socket (the owner is still starting) must not open the folder beside it.
+      await fs.rename(path.join(dataDir, "socket.json"), path.join(dataDir, "socket.json.aside"));
+      const beside = await runAdmin(["accounts", "create", "--credits", "1"], { TYPESAFE_DATA_DIR: dataDir });
+      expect(beside.code).not.toBe(0);
+      expect(beside.stderr).toMatch(/in use by process \d+/);
+      await fs.rename(path.join(dataDir, "socket.json.aside"), path.join(dataDir, "socket.json"));
+
+      const created = await runAdmin(["accounts", "create", "--credits", "1"], { TYPESAFE_DATA_DIR: dataDir });
+      const { api_key: apiKey, account_id: accountId } = JSON.parse(created.stdout);
+      const response = await postJson(`${owner.url}/api/v1/search`, { q: "hello" }, { apiKey });
+      expect(response.body.data["reason"]).not.toBe("UNAUTHENTICATED");
+      expect(await owner.stop()).toBe(0);
+      // The account outlives the service: the CLI now opens the folder itself.
+      const shown = await runAdmin(["accounts", "show", "--account", accountId], { TYPESAFE_DATA_DIR: dataDir });
+      expect(shown.code).toBe(0);
+      expect(JSON.parse(shown.stdout)).toMatchObject({ account_id: accountId, balance_credits: 1 });
+    } finally {
+      await owner.stop();
+      await fs.rm(dataDir, { recursive: true, force: true });
+    }
+  }, 90_000);
 });

@@ -6,8 +6,13 @@ const tsx = path.join(root, "node_modules/.bin/tsx");
 
 /** Runs the operator CLI like `npm run --silent admin -- ...` and returns its exit code and output. */
 export function runAdmin(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
+  return runToExit("src/admin/cli.ts", args, env);
+}
+
+/** Runs a TypeScript entry point of ours to its exit and returns its exit code and output. */
+export function runToExit(script: string, args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(tsx, ["src/admin/cli.ts", ...args], { cwd: root, env: { ...cleanEnv(), ...env } });
+    const child = spawn(tsx, [script, ...args], { cwd: root, env: { ...cleanEnv(), ...env } });
     let stdout = "";
     let stderr = "";
     child.stdout.on("data", (chunk: Buffer) => (stdout += chunk));

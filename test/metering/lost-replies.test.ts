@@ -1,0 +1,289 @@
+import type { Knex } from "knex";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { loadConfig } from "../../src/config.js";
+import { createKnex } from "../../src/db/database.js";
+import { describeError } from "../../src/errors.js";
+import { createLogger } from "../../src/logger.js";
+import { createMeter, decisionReserveUnits, searchReserveUnits, type MeteredCall, type Meter } from "../../src/metering/meter.js";
+import { unitsToCredits } from "../../src/units.js";
+import { createTestAccount } from "../support/app.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { assertInvariants } from "../support/invariants.js";
+import { proxiedUrl, startTcpProxy, type Fault, type TcpProxy } from "../support/tcp-proxy.js";
+
+/**
+ * Money under lost database replies: a loopback TCP proxy between the meter
+ * and the database loses the request, loses the reply after the statement
+ * committed, or stalls it. Whatever happens, the answer the caller gets agrees
+ * with the ledger: a 200 shows what was charged, an error was not charged.
+ */
+let database: TestDatabase;
+let proxy: TcpProxy;
+let proxied: Knex;
+/** The fault for the next chunk that calls one of the metering functions; tests set it. */
+let nextFault: (sql: "admit" | "resolve") => Fault = () => "pass";
+
+const metering = { ...loadConfig({}).metering, statementTimeoutMs: 400 };
+const RETRY_DELAYS_MS = [5, 10, 20];
+
+beforeAll(async () => {
+  database = await createTestDatabase(10);
+  const target = new URL(database.url);
+  proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port) }, (chunk) => {
+    const text = chunk.toString("latin1");
+    if (text.includes("metering_admit(")) return nextFault("admit");
+    if (text.includes("metering_resolve(")) return nextFault("resolve");
+    return "pass";
+  });
+  proxied = createKnex(proxiedUrl(database.url, proxy), database.isExternal ? 10 : 1);
+});
+afterEach(() => {
+  nextFault = () => "pass";
+});
+afterAll(async () => {
+  await proxied?.destroy();
+  await proxy?.close();
+  await database?.close();
+});
+
+function meterThroughProxy(): Meter {
+  return createMeter({ db: proxied, config: metering, logger: createLogger("silent"), settleRetryDelaysMs: RETRY_DELAYS_MS });
+}
+
+/** Faults for the metering statements in the order they are sent; "pass" once the list is used up. */
+function faultsInOrder(list: { sql: "admit" | "resolve"; fault: Fault }[]) {
+  nextFault = (sql) => {
+    if (list[0]?.sql !== sql) return "pass";
+    return list.shift()!.fault;
+  };
+}
+
+function call(apiKey: string, init: Partial<MeteredCall> = {}): MeteredCall {
+  return {
+    apiKey,
+    requestId: crypto.randomUUID(),
+    endpoint: "decide",
+    reserveUnits: decisionReserveUnits(1),
+    freeAllowed: false,
+    timeoutMs: 30_000,
+    signal: new AbortController().signal,
+    ...init,
+  };
+}
+
+const reasonOf = (err: unknown) => describeError(err).reason;
+const accountRow = (accountId: string) => database.db("accounts").where({ id: accountId }).first();
+const requestRow = (requestId: string) => database.db("requests").where({ id: requestId }).first();
+
+describe("a lost reply never makes the answer disagree with the ledger", () => {
+  it.each<Fault>(["lose-reply", "stall-reply"])("settle committed, reply %s: answered 200 with the charge, charged once", async (fault) => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    faultsInOrder([{ sql: "resolve", fault }]);
+    const meter = meterThroughProxy();
+    const before = proxy.faults[fault as Exclude<Fault, "pass">];
+    const metered = call(apiKey);
+    const result = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 1_234 }));
+    expect(proxy.faults[fault as Exclude<Fault, "pass">]).toBe(before + 1);
+    expect(result.kind).toBe("fresh");
+    expect(result.billing).toMatchObject({ funding: "paid", chargedCredits: unitsToCredits(1_234), balanceCredits: unitsToCredits(32_000 - 1_234) });
+    expect(await requestRow(metered.requestId)).toMatchObject({ status: "settled", charged: 1_234 });
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000 - 1_234, reserved: 0, in_flight: 0 });
+    expect(meter.stats()).toMatchObject({ lateSettles: 0, settleFailures: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("admission committed, reply lost: answered 503 and the hold is given back at once, not at its lease", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000, freeRequests: 1 });
+    faultsInOrder([{ sql: "admit", fault: "lose-reply" }]);
+    const metered = call(apiKey, { freeAllowed: true });
+    let ran = false;
+    const failure = await meterThroughProxy()
+      .run(metered, async () => {
+        ran = true;
+        return { value: 1, chargeUnits: 0 };
+      })
+      .catch((err: unknown) => err);
+    expect(reasonOf(failure)).toBe("UNAVAILABLE");
+    expect(ran).toBe(false);
+    // The admission did commit (its row exists) and is released already.
+    expect(await requestRow(metered.requestId)).toMatchObject({ status: "released", charged: 0 });
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, free_remaining: 1, free_reserved: 0, in_flight: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("admission lost before the database saw it: 503, nothing held", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    faultsInOrder([{ sql: "admit", fault: "lose-request" }]);
+    const metered = call(apiKey);
+    expect(reasonOf(await meterThroughProxy().run(metered, async () => ({ value: 1, chargeUnits: 0 })).catch((e: unknown) => e))).toBe(
+      "UNAVAILABLE",
+    );
+    expect(await requestRow(metered.requestId)).toBeUndefined();
+    expect(await accountRow(accountId)).toMatchObject({ reserved: 0, in_flight: 0 });
+  });
+
+  it("every settle attempt lost after the first committed: the release finds it settled and the caller gets 200", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    const settleAttempts = RETRY_DELAYS_MS.length + 1;
+    faultsInOrder(Array.from({ length: settleAttempts }, () => ({ sql: "resolve" as const, fault: "lose-reply" as const })));
+    const meter = meterThroughProxy();
+    const metered = call(apiKey);
+    const result = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 700 }));
+    expect(result.billing.chargedCredits).toBe(unitsToCredits(700));
+    expect(meter.stats().settleFailures).toBe(1);
+    expect(await requestRow(metered.requestId)).toMatchObject({ status: "settled", charged: 700 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("every settle attempt lost before the database saw it: released, answered 503, not charged", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    const settleAttempts = RETRY_DELAYS_MS.length + 1;
+    faultsInOrder(Array.from({ length: settleAttempts }, () => ({ sql: "resolve" as const, fault: "lose-request" as const })));
+    const meter = meterThroughProxy();
+    const metered = call(apiKey);
+    const failure = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 700 })).catch((e: unknown) => e);
+    expect(reasonOf(failure)).toBe("UNAVAILABLE");
+    expect(describeError(failure).message).toContain("not billed");
+    expect(await requestRow(metered.requestId)).toMatchObject({ status: "released", charged: 0 });
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("settle and release both unreachable: 503 says the billing is unknown, and the unsettled hold is never charged", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    nextFault = (sql) => (sql === "resolve" ? "lose-request" : "pass");
+    const meter = meterThroughProxy();
+    const metered = call(apiKey);
+    const failure = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 700 })).catch((e: unknown) => e);
+    expect(reasonOf(failure)).toBe("UNAVAILABLE");
+    expect(describeError(failure).detail.metadata).toMatchObject({ billing: "unknown" });
+    expect(meter.stats()).toMatchObject({ settleFailures: 1, releaseFailures: 1 });
+    expect(await requestRow(metered.requestId)).toMatchObject({ status: "active", charged: 0 });
+    nextFault = () => "pass";
+    // The lease gives it back: sweep as of a time past it.
+    const pastLease = new Date(Date.now() + metered.timeoutMs + metering.leaseMarginMs + 1_500);
+    const sweeper = createMeter({ db: database.db, config: metering, logger: createLogger("silent"), now: () => pastLease });
+    expect(await sweeper.sweepNow()).toBeGreaterThanOrEqual(1);
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+});
+
+describe("a seeded run of calls through random lost and stalled replies", () => {
+  it("every 200 shows exactly what its row charged; every error left nothing charged", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 1_000 * 32_000 });
+    await database.db("accounts").where({ id: accountId }).update({ rate_limit: 100_000 });
+    let seed = 0x2545f491;
+    const random = () => {
+      // xorshift32: the same faults on every run.
+      seed ^= seed << 13;
+      seed ^= seed >>> 17;
+      seed ^= seed << 5;
+      return (seed >>> 0) / 2 ** 32;
+    };
+    nextFault = () => {
+      const roll = random();
+      if (roll < 0.1) return "lose-reply";
+      if (roll < 0.13) return "lose-request";
+      if (roll < 0.15) return "stall-reply";
+      return "pass";
+    };
+    const meter = meterThroughProxy();
+    const outcomes: { requestId: string; charged?: number; reason?: string }[] = [];
+    for (let batch = 0; batch < 20; batch++) {
+      const calls = Array.from({ length: 5 }, (_, i) => {
+        const metered = call(apiKey);
+        const chargeUnits = 1_000 + batch * 10 + i;
+        return meter.run(metered, async () => ({ value: chargeUnits, chargeUnits })).then(
+          (result) => ({ requestId: metered.requestId, charged: Math.round(result.billing.chargedCredits * 1_000_000) }),
+          (err: unknown) => ({ requestId: metered.requestId, reason: reasonOf(err) }),
+        );
+      });
+      outcomes.push(...(await Promise.all(calls)));
+    }
+    nextFault = () => "pass";
+    const faultCount = proxy.faults["lose-reply"] + proxy.faults["lose-request"] + proxy.faults["stall-reply"];
+    expect(faultCount).toBeGreaterThan(10);
+    const answered = outcomes.filter((o) => o.charged !== undefined);
+    expect(answered.length).toBeGreaterThan(50);
+    const rows = new Map(
+      (await database.db("requests").where({ account_id: accountId }).select("id", "status", "charged")).map((r) => [r.id as string, r]),
+    );
+    for (const outcome of outcomes) {
+      const row = rows.get(outcome.requestId);
+      if (outcome.charged !== undefined) {
+        expect(row, `answered ${outcome.requestId}`).toMatchObject({ status: "settled", charged: outcome.charged });
+      } else {
+        expect(outcome.reason).toBe("UNAVAILABLE");
+        expect(row?.status ?? "none", `refused ${outcome.requestId}`).not.toBe("settled");
+      }
+    }
+    expect(meter.stats().lateSettles).toBe(0);
+    await assertInvariants(database.db, accountId);
+  });
+});
+
+describe("money rules the fault tests do not reach", () => {
+  const meterOnDatabase = () => createMeter({ db: database.db, config: metering, logger: createLogger("silent") });
+
+  it("work that ignores its abort and returns after the caller left is not charged", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    const caller = new AbortController();
+    const failure = await meterOnDatabase()
+      .run(call(apiKey, { signal: caller.signal }), async () => {
+        caller.abort(new Error("client closed the connection"));
+        return { value: "answered anyway", chargeUnits: 5_000 };
+      })
+      .catch((err: unknown) => err);
+    expect(reasonOf(failure)).toBe("CANCELLED");
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("a search never uses a free request, even when the caller allows it", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000, freeRequests: 3 });
+    const reserveUnits = searchReserveUnits([{ priceUnits: 300 }, { priceUnits: 200 }]);
+    const result = await meterOnDatabase().run(call(apiKey, { endpoint: "search", freeAllowed: true, reserveUnits }), async () => ({
+      value: 1,
+      chargeUnits: 200,
+    }));
+    expect(result.billing).toMatchObject({ funding: "paid", reservedCredits: unitsToCredits(500), freeRequestsRemaining: 3 });
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000 - 200, free_remaining: 3 });
+  });
+
+  it.each([-1, 0.5, Number.MAX_SAFE_INTEGER + 2, Number.NaN])("a charge of %s is refused, the hold released, nothing charged", async (chargeUnits) => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    const failure = await meterOnDatabase()
+      .run(call(apiKey), async () => ({ value: 1, chargeUnits }))
+      .catch((err: unknown) => err);
+    expect(failure).toBeInstanceOf(Error);
+    expect(String((failure as Error).message)).toContain("chargeUnits");
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+  });
+
+  it.each([-1, 0.5, Number.MAX_SAFE_INTEGER + 2])("a reservation of %s is refused before anything is held", async (reserveUnits) => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    let ran = false;
+    const failure = await meterOnDatabase()
+      .run(call(apiKey, { reserveUnits }), async () => {
+        ran = true;
+        return { value: 1, chargeUnits: 0 };
+      })
+      .catch((err: unknown) => err);
+    expect(String((failure as Error).message)).toContain("reserveUnits");
+    expect(ran).toBe(false);
+    expect((await database.db("requests").where({ account_id: accountId })).length).toBe(0);
+  });
+
+  it("a charge above the reservation is capped at it and counted", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    const meter = meterOnDatabase();
+    const result = await meter.run(call(apiKey, { reserveUnits: 1_000 }), async () => ({ value: 1, chargeUnits: 1_500 }));
+    expect(result.billing.chargedCredits).toBe(unitsToCredits(1_000));
+    expect(meter.stats().cappedCharges).toBe(1);
+    const exact = await meter.run(call(apiKey, { reserveUnits: 1_000 }), async () => ({ value: 1, chargeUnits: 1_000 }));
+    expect(exact.billing.chargedCredits).toBe(unitsToCredits(1_000));
+    expect(meter.stats().cappedCharges).toBe(1);
+    await assertInvariants(database.db, accountId);
+  });
+});
