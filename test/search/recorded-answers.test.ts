@@ -192,3 +192,13 @@ describe("exa", () => {
     expect((await search(e, ["exa", "hackernews"]))("exa")).toMatchObject({ status: "not_configured", reason: expect.stringContaining("credits") });
   });
 });
+
+describe("hackernews links", () => {
+  it("an article URL that is not http(s) falls back to the discussion instead of dropping the hit", async () => {
+    shared.current.providers.hackernews.reply({
+      body: hackernewsBody([{ objectID: "41000002", title: "Show HN: a gopher site", url: "gopher://example.org/1/", author: "a", points: 3, num_comments: 1, created_at_i: Math.floor(t / 1000) }]),
+    });
+    const items = normalizeItems((await run(source("hackernews", createHackerNewsSource))).items);
+    expect(items.map((i) => [i.url, i.discussionUrl])).toEqual([["https://news.ycombinator.com/item?id=41000002", undefined]]);
+  });
+});

@@ -29,7 +29,9 @@ export function createHackerNewsSource(settings: SourceSettings): SearchSource {
         items: requireArray(body["hits"]).map((raw) => {
           const h = asRecord(raw) ?? {};
           const id = asString(h["objectID"]);
-          const article = asString(h["url"]);
+          const given = asString(h["url"]);
+          // An article link we could not show (not http(s)) must not cost the hit: the discussion stands in.
+          const article = hostOf(given) !== "" && /^https?:\/\//i.test(given) ? given : "";
           const facts = [
             `${asNumber(h["points"]) ?? 0} points`,
             `${asNumber(h["num_comments"]) ?? 0} comments`,
