@@ -25,8 +25,8 @@ const DAY = 24 * HOUR;
 // ---------------------------------------------------------------- brave
 // Source: Brave Search API docs, "Web search → Response model" (web.results[]:
 // title, url, description, page_age, age, extra_snippets; ErrorResponse for
-// errors) and brave/brave-search-skills skills/web-search/SKILL.md. Error
-// answers: ./recorded.ts.
+// errors), brave/brave-search-skills skills/web-search/SKILL.md and
+// searxng/searxng searx/engines/braveapi.py. Error answers: ./recorded.ts.
 
 export interface BraveResult {
   title: string;
@@ -313,8 +313,8 @@ function stackoverflowDefault(nowMs: () => number): FakeHandler {
 
 // ---------------------------------------------------------------- github
 // Source: docs.github.com/rest/search/search#search-repositories (total_count,
-// incomplete_results, items[]) and octokit/fixtures' search-repositories
-// recording; rate-limit headers per docs.github.com "Rate limits for the REST API".
+// incomplete_results, items[] with its example response); rate-limit headers
+// per docs.github.com "Rate limits for the REST API".
 
 export interface GhRepo {
   full_name: string;
@@ -361,9 +361,8 @@ function githubDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- arxiv
-// Source: export.arxiv.org/api/query Atom as recorded in lukasschwab/arxiv.py's
-// test fixtures, and the error feed (entry id under /api/errors) from
-// info.arxiv.org/help/api/user-manual.html.
+// Source: the Atom answer and the error feed (entry id under /api/errors) of
+// info.arxiv.org/help/api/user-manual.html, the format lukasschwab/arxiv.py parses.
 
 export interface ArxivEntry {
   id: string;
