@@ -10,6 +10,7 @@ import { DecisionService } from "./gen/typesafe/decision/v1/decision_service_pb.
 import { SearchService } from "./gen/typesafe/search/v1/search_service_pb.js";
 import type { Logger } from "./logger.js";
 import { file_typesafe_error_v1_error } from "./gen/typesafe/error/v1/error_pb.js";
+import { file_google_rpc_error_details } from "./gen/google/rpc/error_details_pb.js";
 import { registerHealth } from "./rpc/health.js";
 import { createObserveInterceptor } from "./rpc/observe.js";
 import { registerReflection } from "./rpc/reflection.js";
@@ -46,7 +47,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
     return true;
   };
   const routes = (router: ConnectRouter) => {
-    registerReflection(router, [file_typesafe_error_v1_error]);
+    registerReflection(router, [file_typesafe_error_v1_error, file_google_rpc_error_details]);
     router.service(DecisionService, decision);
     router.service(SearchService, search);
     registerHealth(router, isReady);
@@ -68,6 +69,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
         }),
         interceptors: [createObserveInterceptor(logger)],
         maxBodyBytes: config.maxBodyBytes,
+        keyedServices: new Set([DecisionService.typeName, SearchService.typeName]),
         logger,
         shutdown,
       },

@@ -1,6 +1,8 @@
 import { Code, ConnectError } from "@connectrpc/connect";
-import { create } from "@bufbuild/protobuf";
+import { create, type DescMessage, type Message } from "@bufbuild/protobuf";
+import { DurationSchema } from "@bufbuild/protobuf/wkt";
 import { isDatabaseUnavailable } from "./db/unavailable.js";
+import { BadRequestSchema, RetryInfoSchema } from "./gen/google/rpc/error_details_pb.js";
 import { ErrorDetailSchema, type ErrorDetail } from "./gen/typesafe/error/v1/error_pb.js";
 
 /**
@@ -12,6 +14,7 @@ import { ErrorDetailSchema, type ErrorDetail } from "./gen/typesafe/error/v1/err
 export const REASONS = {
   INVALID_ARGUMENT: { grpc: Code.InvalidArgument, http: 400, envelope: 40001, meaning: "Invalid input: a field broke a rule." },
   MALFORMED_JSON: { grpc: Code.InvalidArgument, http: 400, envelope: 40002, meaning: "The body is not valid JSON." },
+  MALFORMED_MESSAGE: { grpc: Code.InvalidArgument, http: 400, envelope: 40003, meaning: "The body is not a valid protobuf message of the request type (gRPC and Connect binary)." },
   UNAUTHENTICATED: { grpc: Code.Unauthenticated, http: 401, envelope: 40101, meaning: "Missing, malformed, unknown or revoked API key." },
   INSUFFICIENT_BALANCE: { grpc: Code.FailedPrecondition, http: 402, envelope: 40201, meaning: "Available balance does not cover the reservation." },
   NOT_FOUND: { grpc: Code.NotFound, http: 404, envelope: 40401, meaning: "No such path." },
@@ -55,6 +58,7 @@ const reasonOfCode: Partial<Record<Code, Reason>> = {
   [Code.Unauthenticated]: "UNAUTHENTICATED",
   [Code.ResourceExhausted]: "PAYLOAD_TOO_LARGE",
   [Code.Unimplemented]: "NOT_FOUND",
+  [Code.NotFound]: "NOT_FOUND",
   [Code.Unavailable]: "UNAVAILABLE",
   [Code.Canceled]: "CANCELLED",
 };
@@ -92,5 +96,24 @@ export function toPublicError(err: unknown, requestId: string): ConnectError {
   }
   const withId = create(ErrorDetailSchema, { ...detail, requestId });
   const cause = err instanceof ConnectError ? err.cause : undefined;
-  return new ConnectError(message, REASONS[reason].grpc, undefined, [{ desc: ErrorDetailSchema, value: withId }], cause);
+  return new ConnectError(message, REASONS[reason].grpc, undefined, [{ desc: ErrorDetailSchema, value: withId }, ...standardDetails(withId)], cause);
+}
+
+/**
+ * The same facts as google.rpc details, which generic gRPC tooling reads
+ * without knowing our ErrorDetail: RetryInfo wherever a retry delay is known
+ * (429, 503), BadRequest for a 4xx that names its field.
+ */
+function standardDetails(detail: ErrorDetail): { desc: DescMessage; value: Message }[] {
+  const details: { desc: DescMessage; value: Message }[] = [];
+  const retryMs = Number(detail.metadata["retry_after_ms"] ?? Number(detail.metadata["retry_after_seconds"] ?? NaN) * 1000);
+  if (Number.isFinite(retryMs) && retryMs >= 0) {
+    const retryDelay = create(DurationSchema, { seconds: BigInt(Math.floor(retryMs / 1000)), nanos: Math.round(retryMs % 1000) * 1_000_000 });
+    details.push({ desc: RetryInfoSchema, value: create(RetryInfoSchema, { retryDelay }) });
+  }
+  if (detail.field !== "" && REASONS[detail.reason as Reason].http < 500) {
+    const violation = { field: detail.field, description: detail.rule };
+    details.push({ desc: BadRequestSchema, value: create(BadRequestSchema, { fieldViolations: [violation] }) });
+  }
+  return details;
 }

@@ -2,8 +2,8 @@ import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
 import type { ConnectRouter, Interceptor } from "@connectrpc/connect";
-import { connectNodeAdapter, type ConnectNodeAdapterOptions } from "@connectrpc/connect-node";
 import type { Logger } from "./logger.js";
+import { createRpcHandler, type RpcHandlerOptions } from "./rpc/adapter.js";
 
 /** The HTTP/2 client preface starts with these bytes; no HTTP/1.1 method does. */
 const H2_PREFACE_START = Buffer.from("PRI ");
@@ -17,9 +17,11 @@ const ABORTED_ANSWER_MS = 1_000;
 export interface ServerOptions {
   routes: (router: ConnectRouter) => void;
   /** Handles every path the router does not (the JSON gateway). */
-  fallback: NonNullable<ConnectNodeAdapterOptions["fallback"]>;
+  fallback: RpcHandlerOptions["fallback"];
   interceptors: Interceptor[];
   maxBodyBytes: number;
+  /** Services whose calls need an API key (their body is not read without one). */
+  keyedServices: ReadonlySet<string>;
   logger: Logger;
   /** Aborted when the grace period of a shutdown ends; the gateway listens to it too. */
   shutdown: AbortController;
@@ -42,14 +44,14 @@ export interface RunningServer {
 export async function startServer(options: ServerOptions, host: string, port: number): Promise<RunningServer> {
   const { shutdown } = options;
   let closing = false;
-  const handler = connectNodeAdapter({
+  const handler = createRpcHandler({
     routes: options.routes,
     fallback: options.fallback,
     interceptors: options.interceptors,
-    readMaxBytes: options.maxBodyBytes,
-    // Connect ignores unknown JSON fields by default; the contract rejects them on every surface.
-    jsonOptions: { ignoreUnknownFields: false },
+    maxBodyBytes: options.maxBodyBytes,
+    keyedServices: options.keyedServices,
     shutdownSignal: shutdown.signal,
+    logger: options.logger,
   });
   const http1 = http.createServer({ keepAliveTimeout: 5_000, headersTimeout: HEADERS_TIMEOUT_MS }, handler);
   // While draining, keep-alive connections close after their current answer.

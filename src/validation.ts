@@ -10,6 +10,15 @@ export const MAX_NESTING_DEPTH = 32;
 /** The rule broken by a key named `__proto__`: JavaScript maps would turn it into a prototype and drop it. */
 export const PROTO_KEY_RULE = '"__proto__" is not allowed as a key';
 
+/** Text with a lone UTF-16 surrogate (a JSON "\udc00" escape) cannot be sent on as UTF-8. */
+export const UNICODE_RULE = "must be valid Unicode text (no lone surrogates)";
+/** JSON.parse reads 1e999 as Infinity, which a google.protobuf.Value cannot print back. */
+export const FINITE_RULE = "must be a finite number";
+
+export function hasLoneSurrogate(text: string): boolean {
+  return /\p{Cs}/u.test(text);
+}
+
 /** One broken rule: the JSON path the caller sent, and the rule in words. */
 export interface Violation {
   field: string;
@@ -27,7 +36,11 @@ export function throwIfInvalid(violations: Violation[]): void {
   });
 }
 
-/** JSON path of a map entry: `questions.q3`, or `questions["odd key"]` when the key needs quoting. */
+/**
+ * JSON path of a map entry: `questions.q3`, or `questions["odd key"]` when the
+ * key needs quoting; at the top level `q3` or `[""]`, so even an empty key is named.
+ */
 export function pathOf(parent: string, key: string): string {
-  return /^[A-Za-z_][A-Za-z0-9_-]*$/.test(key) ? `${parent}.${key}` : `${parent}[${JSON.stringify(key)}]`;
+  if (/^[A-Za-z_][A-Za-z0-9_-]*$/.test(key)) return parent === "" ? key : `${parent}.${key}`;
+  return `${parent}[${JSON.stringify(key)}]`;
 }

@@ -1,6 +1,6 @@
 import type { Value } from "@bufbuild/protobuf/wkt";
 import type { DecideRequest } from "../gen/typesafe/decision/v1/decision_service_pb.js";
-import { MAX_NESTING_DEPTH, PROTO_KEY_RULE, pathOf, type Violation } from "../validation.js";
+import { FINITE_RULE, MAX_NESTING_DEPTH, PROTO_KEY_RULE, UNICODE_RULE, hasLoneSurrogate, pathOf, type Violation } from "../validation.js";
 
 export const SUPPORTED_MODEL = "typesafe/service-1.13";
 export const MAX_QUESTIONS = 40;
@@ -30,8 +30,15 @@ export function validateDecideRequest(request: DecideRequest): Violation[] {
   for (const key of keys) {
     const field = pathOf("questions", key);
     const question = request.questions[key]!;
+    if (hasLoneSurrogate(key)) {
+      violations.push({ field, rule: UNICODE_RULE });
+      continue;
+    }
     if (key.trim() === "" || key.length > MAX_KEY_LENGTH || /\p{Cc}/u.test(key)) {
       violations.push({ field, rule: `question keys must be 1 to ${MAX_KEY_LENGTH} printable characters` });
+    }
+    for (const [name, text] of [["type", question.type], ["instructions", question.instructions]] as const) {
+      if (hasLoneSurrogate(text)) violations.push({ field: `${field}.${name}`, rule: UNICODE_RULE });
     }
     if (!QUESTION_TYPES.includes(question.type)) {
       violations.push({ field: `${field}.type`, rule: `must be one of noul, choice, score` });
@@ -57,6 +64,7 @@ function validateState(state: Value | undefined): Violation[] {
   if (!value) return [{ field: "state", rule: "is required: a text or a JSON object" }];
   switch (value.kind.case) {
     case "stringValue":
+      if (hasLoneSurrogate(value.kind.value)) return [{ field: "state", rule: UNICODE_RULE }];
       return value.kind.value.trim() === "" ? [{ field: "state", rule: "must not be empty" }] : [];
     case "structValue": {
       const nested = findNestingViolation(value, "state", "state", 0);
@@ -70,13 +78,16 @@ function validateState(state: Value | undefined): Violation[] {
 
 /**
  * The free-form rules the gateway checks on the JSON (json-shape.ts), again on
- * the decoded message for gRPC callers: a `__proto__` key shows as a changed
- * prototype (the decoder assigned it into a plain object), nesting is bounded,
- * and numbers are finite (the prompt prints the state as JSON).
+ * the decoded message for gRPC and Connect callers: a `__proto__` key shows as
+ * a changed prototype (the decoder assigned it into a plain object), nesting is
+ * bounded, numbers are finite, texts and keys are valid Unicode, and every
+ * value holds one (binary protobuf can send a Value with no kind set).
  */
 function findNestingViolation(value: Value, at: string, root: string, depth: number): Violation | undefined {
   const kind = value.kind;
-  if (kind.case === "numberValue" && !Number.isFinite(kind.value)) return { field: at, rule: "must be a finite number" };
+  if (kind.case === undefined) return { field: at, rule: "must hold a value: null, a number, a text, a boolean, an object or an array" };
+  if (kind.case === "numberValue" && !Number.isFinite(kind.value)) return { field: at, rule: FINITE_RULE };
+  if (kind.case === "stringValue") return hasLoneSurrogate(kind.value) ? { field: at, rule: UNICODE_RULE } : undefined;
   if (kind.case !== "structValue" && kind.case !== "listValue") return undefined;
   if (depth >= MAX_NESTING_DEPTH) return { field: root, rule: `nesting deeper than ${MAX_NESTING_DEPTH} levels` };
   if (kind.case === "listValue") {
@@ -88,6 +99,7 @@ function findNestingViolation(value: Value, at: string, root: string, depth: num
   }
   if (hasProtoKey(kind.value.fields)) return { field: pathOf(at, "__proto__"), rule: PROTO_KEY_RULE };
   for (const [key, item] of Object.entries(kind.value.fields)) {
+    if (hasLoneSurrogate(key)) return { field: pathOf(at, key), rule: UNICODE_RULE };
     const violation = findNestingViolation(item, pathOf(at, key), root, depth + 1);
     if (violation) return violation;
   }
@@ -116,6 +128,7 @@ function validateChoiceCriteria(criteria: Value | undefined, field: string): Vio
   }
   const seen = new Map<string, string>();
   for (const name of names) {
+    if (hasLoneSurrogate(name)) return [{ field: pathOf(field, name), rule: UNICODE_RULE }];
     if (name.trim() === "") return [{ field: pathOf(field, name), rule: "option names must not be empty" }];
     if (options[name]!.kind.case !== "nullValue") {
       return [{ field: pathOf(field, name), rule: "options must map to null" }];
@@ -143,6 +156,7 @@ function validateScoreCriteria(criteria: Value | undefined, field: string): Viol
     if (label.kind.case !== "stringValue" || label.kind.value.trim() === "") {
       return [{ field: at, rule: "labels must be non-empty strings" }];
     }
+    if (hasLoneSurrogate(label.kind.value)) return [{ field: at, rule: UNICODE_RULE }];
     const first = seen.get(labelKey(label.kind.value));
     if (first !== undefined) {
       return [{ field: at, rule: `duplicate label ${JSON.stringify(label.kind.value)}: same as [${first}] apart from whitespace` }];

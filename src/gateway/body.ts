@@ -1,4 +1,3 @@
-import { ConnectError } from "@connectrpc/connect";
 import type { NodeRequest } from "./envelope.js";
 import { apiError } from "../errors.js";
 
@@ -7,31 +6,43 @@ import { apiError } from "../errors.js";
  * is parsed: at once from Content-Length, or as soon as a chunked body crosses
  * the limit (the rest is drained, up to a bound, so the 413 reaches the client).
  */
-export async function readBody(req: NodeRequest, maxBytes: number): Promise<Buffer> {
+export function readBody(req: NodeRequest, maxBytes: number): Promise<Buffer> {
   const declared = Number(req.headers["content-length"] ?? NaN);
   if (declared > maxBytes) {
     discardBody(req, maxBytes);
-    throw tooLarge(maxBytes);
+    return Promise.reject(tooLarge(maxBytes));
   }
-  const chunks: Buffer[] = [];
-  let total = 0;
-  try {
-    for await (const chunk of req as AsyncIterable<Buffer>) {
+  // Events, not `for await`: leaving an async iterator early destroys the stream, and the
+  // caller would see a reset instead of its 413.
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let total = 0;
+    const done = () => {
+      req.off("data", onData);
+      req.off("end", onEnd);
+      req.off("close", onClose);
+    };
+    const onData = (chunk: Buffer) => {
       total += chunk.length;
-      if (total > maxBytes) {
-        discardBody(req, maxBytes);
-        throw tooLarge(maxBytes);
-      }
-      chunks.push(chunk);
-    }
-  } catch (err) {
-    // The stream fails only when the caller went away mid-body ("aborted", ECONNRESET): not a server fault.
-    if (req.destroyed && !(err instanceof ConnectError)) {
-      throw apiError("CANCELLED", "the caller closed the connection before the body arrived", { cause: err });
-    }
-    throw err;
-  }
-  return Buffer.concat(chunks, total);
+      if (total <= maxBytes) return void chunks.push(chunk);
+      done();
+      discardBody(req, maxBytes);
+      reject(tooLarge(maxBytes));
+    };
+    const onEnd = () => {
+      done();
+      resolve(Buffer.concat(chunks, total));
+    };
+    // Closed before the end of the body: the caller went away, which is not a server fault.
+    const onClose = () => {
+      done();
+      reject(apiError("CANCELLED", "the caller closed the connection before the body arrived"));
+    };
+    req.on("data", onData);
+    req.on("end", onEnd);
+    req.on("close", onClose);
+    req.on("error", () => {});
+  });
 }
 
 function tooLarge(maxBytes: number) {

@@ -1,12 +1,9 @@
 import type { DescField, DescMessage } from "@bufbuild/protobuf";
 import { ScalarType } from "@bufbuild/protobuf";
-import { MAX_NESTING_DEPTH, PROTO_KEY_RULE, pathOf, type Violation } from "../validation.js";
+import { FINITE_RULE, MAX_NESTING_DEPTH, PROTO_KEY_RULE, UNICODE_RULE, hasLoneSurrogate, pathOf, type Violation } from "../validation.js";
 
 /** Well-known types whose JSON is free-form: any keys, any nesting. */
 const FREE_FORM_TYPES = new Set(["google.protobuf.Value", "google.protobuf.Struct", "google.protobuf.ListValue"]);
-/** JSON.parse reads 1e999 as Infinity, which a google.protobuf.Value cannot print back. */
-const FINITE_RULE = "must be a finite number";
-const UNICODE_RULE = "must be valid Unicode text (no lone surrogates)";
 
 /**
  * Walks a parsed JSON body along a message descriptor and names the first
@@ -20,7 +17,7 @@ export function findShapeViolation(desc: DescMessage, json: unknown, path = ""):
   if (FREE_FORM_TYPES.has(desc.typeName)) return findFreeFormViolation(json, path || "body", path || "body", 0);
   if (!isObject(json)) return { field: path || "body", rule: "must be a JSON object" };
   for (const [key, value] of Object.entries(json)) {
-    const at = path ? pathOf(path, key) : key;
+    const at = pathOf(path, key);
     const field = desc.fields.find((f) => f.jsonName === key || f.name === key);
     if (!field) return { field: at, rule: "unknown field" };
     if (value === null) continue;
@@ -98,7 +95,7 @@ function checkKey(key: string, at: string): Violation | undefined {
 }
 
 function checkText(text: string, at: string): Violation | undefined {
-  return /\p{Cs}/u.test(text) ? { field: at, rule: UNICODE_RULE } : undefined;
+  return hasLoneSurrogate(text) ? { field: at, rule: UNICODE_RULE } : undefined;
 }
 
 function checkScalar(type: ScalarType, value: unknown, at: string): Violation | undefined {

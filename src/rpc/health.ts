@@ -1,5 +1,6 @@
 import { setTimeout as delay } from "node:timers/promises";
-import { Code, ConnectError, type ConnectRouter } from "@connectrpc/connect";
+import type { ConnectRouter } from "@connectrpc/connect";
+import { apiError } from "../errors.js";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../gen/grpc/health/v1/health_pb.js";
 import { DecisionService } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchService } from "../gen/typesafe/search/v1/search_service_pb.js";
@@ -33,7 +34,7 @@ export function registerHealth(
   router.service(Health, {
     async check(req) {
       if (!KNOWN_SERVICES.has(req.service)) {
-        throw new ConnectError(`unknown service: ${req.service}`, Code.NotFound);
+        throw apiError("NOT_FOUND", `unknown service: ${req.service}`, { field: "service", rule: "a service this server runs, or \"\" for the server" });
       }
       return { status: await status() };
     },

@@ -1,6 +1,7 @@
-import type { Interceptor } from "@connectrpc/connect";
+import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import { REASONS, describeError, toPublicError } from "../errors.js";
 import { withStack, type Logger } from "../logger.js";
+import { kBodyProblem } from "./body-gate.js";
 import { kRequestId } from "./context.js";
 import crypto from "node:crypto";
 
@@ -48,10 +49,20 @@ export function createObserveInterceptor(logger: Logger): Interceptor {
       requestId = crypto.randomUUID();
       req.contextValues.set(kRequestId, requestId);
     }
-    return observeCall(
-      logger,
-      { requestId, procedure: req.url.slice(req.url.lastIndexOf("/", req.url.lastIndexOf("/") - 1)), protocol: req.header.get("content-type") ?? "" },
-      () => next(req),
-    );
+    const id = requestId;
+    const bodyProblem = req.contextValues.get(kBodyProblem);
+    try {
+      const res = await observeCall(
+        logger,
+        { requestId, procedure: req.url.slice(req.url.lastIndexOf("/", req.url.lastIndexOf("/") - 1)), protocol: req.header.get("content-type") ?? "" },
+        () => (bodyProblem ? Promise.reject(bodyProblem) : next(req)),
+      );
+      res.header.set("x-request-id", id);
+      return res;
+    } catch (err) {
+      // Connect sends error metadata as response headers (gRPC: trailers), so every answer names its request.
+      if (err instanceof ConnectError) err.metadata.set("x-request-id", id);
+      throw err;
+    }
   };
 }

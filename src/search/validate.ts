@@ -1,5 +1,5 @@
 import type { SearchRequest } from "../gen/typesafe/search/v1/search_service_pb.js";
-import type { Violation } from "../validation.js";
+import { UNICODE_RULE, hasLoneSurrogate, type Violation } from "../validation.js";
 
 /** Every source id of the contract; the search engine knows which are configured. */
 export const SOURCE_IDS = ["brave", "exa", "wikipedia", "hackernews", "stackoverflow", "github", "arxiv", "gdelt"] as const;
@@ -15,7 +15,9 @@ export const MAX_QUERY_CHARS = 300;
 export function validateSearchRequest(request: SearchRequest): Violation[] {
   const violations: Violation[] = [];
   const length = [...request.q].length;
-  if (request.q.trim() === "") {
+  if (hasLoneSurrogate(request.q)) {
+    violations.push({ field: "q", rule: UNICODE_RULE });
+  } else if (request.q.trim() === "") {
     violations.push({ field: "q", rule: "is required: a non-empty query" });
   } else if (length > MAX_QUERY_CHARS) {
     violations.push({ field: "q", rule: `must be at most ${MAX_QUERY_CHARS} characters, got ${length}` });

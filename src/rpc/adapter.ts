@@ -1,0 +1,68 @@
+import type http from "node:http";
+import http2 from "node:http2";
+import { createConnectRouter, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
+import { compressionBrotli, compressionGzip, universalRequestFromNodeRequest, universalResponseToNodeResponse } from "@connectrpc/connect-node";
+import type { Logger } from "../logger.js";
+import { gateBody, isConnectPayloadTooLarge, RECURSION_LIMIT, type BodyGateOptions } from "./body-gate.js";
+
+type NodeRequest = http.IncomingMessage | http2.Http2ServerRequest;
+type NodeResponse = http.ServerResponse | http2.Http2ServerResponse;
+
+export interface RpcHandlerOptions extends BodyGateOptions {
+  routes: (router: ConnectRouter) => void;
+  /** Every path the router does not serve (the JSON gateway). */
+  fallback: (req: NodeRequest, res: NodeResponse) => void;
+  interceptors: Interceptor[];
+  shutdownSignal: AbortSignal;
+  logger: Logger;
+}
+
+/**
+ * connect-node's adapter with the body gate in front of each unary method
+ * (body-gate.ts): Connect parses a request before any interceptor runs and
+ * reports a body it cannot decode as INTERNAL, so the gate reads and checks
+ * the body first. Otherwise the same as connectNodeAdapter: one universal
+ * handler per RPC path, gzip and brotli accepted.
+ */
+export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest, res: NodeResponse) => void {
+  const router = createConnectRouter({
+    interceptors: options.interceptors,
+    // The gate enforces the contract's limit with a typed error; this only bounds what Connect decompresses.
+    readMaxBytes: 16 * options.maxBodyBytes,
+    // Connect ignores unknown JSON fields by default; the contract rejects them on every surface.
+    jsonOptions: { ignoreUnknownFields: false },
+    binaryOptions: { recursionLimit: RECURSION_LIMIT },
+    acceptCompression: [compressionGzip, compressionBrotli],
+    shutdownSignal: options.shutdownSignal,
+  });
+  options.routes(router);
+  const handlers = new Map(router.handlers.map((handler) => [handler.requestPath, handler]));
+
+  return (req, res) => {
+    const handler = handlers.get((req.url ?? "").split("?", 1)[0]!);
+    if (!handler) return options.fallback(req, res);
+    const request = universalRequestFromNodeRequest(req as http.IncomingMessage, res as http.ServerResponse, undefined, undefined);
+    gateBody(handler.method, request, options, () => abandonBody(req, res))
+      .then(async (gated) => {
+        const response = await handler(gated);
+        // The Connect protocol maps RESOURCE_EXHAUSTED to 429; an oversized body is a 413 like on the gateway.
+        if (isConnectPayloadTooLarge(gated)) response.status = 413;
+        await universalResponseToNodeResponse(response, res);
+      })
+      .catch((err: unknown) => {
+        options.logger.warn("rpc handler failed", { procedure: handler.requestPath, error: err instanceof Error ? err.message : String(err) });
+        if (!res.headersSent) res.writeHead(500);
+        res.end();
+      });
+  };
+}
+
+/** Ends a request body nobody will read, once the answer is out: HTTP/2 resets the stream with NO_ERROR (RFC 9113 §8.1), HTTP/1.1 closes the connection. */
+function abandonBody(req: NodeRequest, res: NodeResponse): void {
+  const abandon = () => {
+    if ("stream" in req) req.stream.close(http2.constants.NGHTTP2_NO_ERROR);
+    else req.destroy();
+  };
+  if (res.writableFinished) abandon();
+  else res.once("finish", abandon);
+}
