@@ -44,8 +44,8 @@ function dropEmptyAnswerFields(data: Record<string, unknown>): void {
   }
 }
 
-/** The contract promises `published_at` on every result: an ISO date or null. */
+/** The contract promises `published_at` on every result (an ISO date or null); `discussion_url` likewise is a URL or null. */
 function nullMissingDates(data: Record<string, unknown>): void {
   const results = (data["results"] ?? []) as Record<string, unknown>[];
-  data["results"] = results.map(({ title, url, snippet, published_at = null, ...rest }) => ({ title, url, snippet, published_at, ...rest }));
+  data["results"] = results.map(({ title, url, snippet, published_at = null, discussion_url = null, ...rest }) => ({ title, url, snippet, published_at, discussion_url, ...rest }));
 }

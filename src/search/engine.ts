@@ -69,8 +69,15 @@ export type SourceStatus = "ok" | "empty" | "skipped" | "not_configured" | "susp
 
 /** Room left between the fan-out deadline and the RPC deadline for merging and settling. */
 export const DEADLINE_MARGIN_MS = 250;
-/** Suspension after a 429 without Retry-After, or after the upstream refused our key (SearXNG's value). */
+/** Suspension after a 429 without Retry-After (SearXNG's value). */
 export const DEFAULT_SUSPENSION_MS = 180_000;
+/**
+ * How long a refused key or User-Agent holds a source as not_configured
+ * before one call checks again (keys can be refused transiently: Brave's
+ * intermittent 422, nearai/ironclaw#2780). A used-up quota holds until the
+ * provider's own reset when it states one.
+ */
+export const OPERATOR_RECHECK_MS = 600_000;
 
 const FACTORIES: Record<SourceId, (settings: SourceSettings) => SearchSource> = {
   brave: createBraveSource,
@@ -91,7 +98,7 @@ interface CachedAnswer {
 /** What one shared upstream attempt produced; followers of a single flight see the same value. */
 type Attempt =
   | { status: "ok"; items: NormalizedItem[]; note: string | undefined; called: true }
-  | { status: "suspended" | "rate_limited" | "timeout" | "error"; reason: string; called: boolean };
+  | { status: "suspended" | "rate_limited" | "timeout" | "error" | "not_configured"; reason: string; called: boolean };
 
 interface SourceRun {
   report: MessageInitShape<typeof SourceReportSchema> & { status: SourceStatus };
@@ -124,6 +131,14 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
   const flights = createSingleFlight<Attempt>();
   const deadlineMs = Math.max(100, deps.config.requestTimeoutMs - DEADLINE_MARGIN_MS);
   const canRun = (entry: SourceEntry, window: SearchWindow) => window === "any" || entry.supportsTimeWindow;
+  /** Sources held back by the operator's key, User-Agent or quota, with the reason shown to callers. */
+  const operatorHolds = new Map<string, { reason: string; untilMs: number }>();
+  const heldReason = (id: string): string | undefined => {
+    const hold = operatorHolds.get(id);
+    if (hold && hold.untilMs > now()) return hold.reason;
+    operatorHolds.delete(id);
+    return undefined;
+  };
 
   /** One upstream attempt: token, call, classification, cache fill. Shared by concurrent identical requests. */
   async function attempt(entry: SourceEntry, query: string, window: SearchWindow, tMs: number, key: string, deadlineAt: number, signal: AbortSignal): Promise<Attempt> {
@@ -162,11 +177,14 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
       return { status: "ok", items, note: answer.note, called: true };
     } catch (err) {
       if (err instanceof SourceFailure) {
+        if (err.kind === "auth" || err.kind === "quota") {
+          // The operator must act: one log line per episode, and callers see not_configured with the reason.
+          if (heldReason(entry.id) === undefined) logger.error("search source needs operator action", { source: entry.id, kind: err.kind, reason: err.reason });
+          operatorHolds.set(entry.id, { reason: err.reason, untilMs: now() + (err.opts.retryAfterMs ?? OPERATOR_RECHECK_MS) });
+          return { status: "not_configured", reason: err.reason, called: true };
+        }
         if (err.kind === "rate_limited") {
           gate.suspend(entry.id, err.opts.retryAfterMs ?? DEFAULT_SUSPENSION_MS);
-        } else if (err.kind === "auth") {
-          logger.error("search source refused our credentials; check its key", { source: entry.id });
-          gate.suspend(entry.id, DEFAULT_SUSPENSION_MS);
         } else if (err.upstreamFault) {
           gate.recordFailure(entry.id);
         }
@@ -216,9 +234,14 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
 
     if (!canRun(entry, window)) return finish("skipped", { reason: "source cannot filter by time window" });
     const adapter = adapters.get(entry.id)!;
+    const prepared = adapter.prepare?.(query) ?? { query };
+    if ("skip" in prepared) return finish("skipped", { reason: prepared.skip });
+    query = prepared.query;
     const key = cacheKey(entry.id, adapter.version, query, window);
     const hit = cache.get(key);
     if (hit) return answered(hit.items, hit.note, true, false);
+    const held = heldReason(entry.id);
+    if (held !== undefined) return finish("not_configured", { reason: held });
     const suspended = gate.suspendedForMs(entry.id);
     if (suspended > 0) return finish("suspended", { reason: suspendedReason(suspended) });
 

@@ -20,6 +20,10 @@ export interface NormalizedItem {
   /** The original URL (parsed and re-serialized), never the stripped key. */
   url: string;
   snippet: string;
+  /** The snippet was made up by us from facts, not written by the provider. */
+  generatedSnippet: boolean;
+  /** A second link (the Hacker News discussion of an article), already cleaned. */
+  discussionUrl: string | undefined;
   publishedAt: string | null;
   /** 1-based position in the source's list after invalid items were dropped. */
   rank: number;
@@ -65,6 +69,8 @@ export function decodeEntities(text: string): string {
 export function cleanText(text: string, max: number): string {
   const stripped = text
     .replace(/<!--[\s\S]*?-->/g, " ")
+    // Block boundaries separate words ("worth it<p>in 2024" must not glue); inline tags do not.
+    .replace(/<\/?(p|br|div|li|ul|ol|pre|blockquote|h[1-6]|tr|td|th)(\s[^<>]*)?\/?>/gi, " ")
     .replace(/<\/?[a-zA-Z][^<>]*>/g, "");
   const decoded = decodeEntities(stripped).replace(/[\u0000-\u0008\u000B-\u001F\u007F]/g, "");
   const collapsed = decoded.replace(/\s+/g, " ").trim();
@@ -118,13 +124,27 @@ export function urlKey(url: URL): string {
   let host = url.hostname.toLowerCase().replace(/^www\./, "");
   const defaultPort = url.port === "" || (url.protocol === "http:" && url.port === "80") || (url.protocol === "https:" && url.port === "443");
   if (!defaultPort) host += `:${url.port}`;
-  let path = url.pathname;
+  let path = canonicalEscapes(url.pathname);
   if (path.length > 1) path = path.replace(/\/+$/, "");
   const params = [...url.searchParams.entries()]
     .filter(([name]) => !TRACKING.test(name))
     .sort(([a, av], [b, bv]) => (a < b ? -1 : a > b ? 1 : av < bv ? -1 : av > bv ? 1 : 0));
   const query = params.length > 0 ? "?" + new URLSearchParams(params).toString() : "";
   return `url:${host}${path || "/"}${query}`;
+}
+
+/**
+ * One spelling of a path's escapes: %XX of a character RFC 3986 allows
+ * literally in a path segment (unreserved, sub-delims, ":" and "@") is
+ * decoded, because sites treat both forms as one page and sources disagree
+ * (MediaWiki's wfUrlencode writes "Washington,_D.C." and "%27", encodeURIComponent
+ * "%2C" and "'"); every other escape keeps its meaning, in upper-case hex.
+ */
+export function canonicalEscapes(path: string): string {
+  return path.replace(/%([0-9a-fA-F]{2})/g, (_, hex: string) => {
+    const char = String.fromCharCode(parseInt(hex, 16));
+    return /[A-Za-z0-9\-._~!$&'()*+,;=:@]/.test(char) ? char : `%${hex.toUpperCase()}`;
+  });
 }
 
 const DOI = /^10\.\d{4,9}\/\S+$/;
@@ -184,10 +204,13 @@ export function normalizeItems(items: RawItem[]): NormalizedItem[] {
     const arxiv = arxivIdOf(item.arxivId, url);
     if (arxiv) keys.push(`arxiv:${arxiv}`);
     keys.push(urlKey(url));
+    const discussion = item.discussionUrl ? cleanUrl(item.discussionUrl) : null;
     out.push({
       title,
       url: url.href,
       snippet: cleanText(item.snippet, SNIPPET_MAX),
+      generatedSnippet: item.generatedSnippet === true,
+      discussionUrl: discussion && discussion.href !== url.href ? discussion.href : undefined,
       publishedAt: cleanDate(item.publishedAt),
       rank: out.length + 1,
       keys,
@@ -265,7 +288,8 @@ export function fuse(lists: RankedList[], limit = MAX_RESULTS): FusedResult[] {
       result: {
         title: ranked.find((m) => m.item.title !== "")?.item.title ?? "",
         url: displayUrl(best.item, ranked),
-        snippet: ranked.reduce((longest, m) => ([...m.item.snippet].length > [...longest].length ? m.item.snippet : longest), ""),
+        snippet: chooseSnippet(ranked.map((m) => m.item)),
+        discussionUrl: ranked.find((m) => m.item.discussionUrl !== undefined)?.item.discussionUrl,
         publishedAt: ranked.find((m) => m.item.publishedAt !== null)?.item.publishedAt ?? undefined,
         score,
         foundIn: inOrder.map(([list, rank]) => ({ source: list.source, rank })),
@@ -282,6 +306,23 @@ export function fuse(lists: RankedList[], limit = MAX_RESULTS): FusedResult[] {
       (a.key < b.key ? -1 : a.key > b.key ? 1 : 0),
   );
   return fused.slice(0, limit).map((f) => f.result);
+}
+
+/**
+ * A provider's own description beats a snippet we made up from facts
+ * ("2280 points · 311 comments"), however long; among equals the longest wins.
+ */
+export function chooseSnippet(items: Pick<NormalizedItem, "snippet" | "generatedSnippet">[]): string {
+  let best: Pick<NormalizedItem, "snippet" | "generatedSnippet"> | undefined;
+  for (const item of items) {
+    if (item.snippet === "") continue;
+    if (
+      !best ||
+      (best.generatedSnippet && !item.generatedSnippet) ||
+      (best.generatedSnippet === item.generatedSnippet && [...item.snippet].length > [...best.snippet].length)
+    ) best = item;
+  }
+  return best?.snippet ?? "";
 }
 
 /** The best member's own URL, upgraded to https when an https copy of the same address was seen. */

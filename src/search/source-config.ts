@@ -111,8 +111,10 @@ const DEFAULTS: Record<SourceId, Defaults> = {
     rate: { count: 1, intervalMs: 3 * SECOND, concurrency: 1 }, baseUrl: "https://export.arxiv.org",
   },
   gdelt: {
-    kind: "news", supportsTimeWindow: true, isDefault: true, keyRequired: false, priceUnits: 500, timeoutMs: 5000,
-    rate: { count: 1, intervalMs: 5 * SECOND, concurrency: 1 }, baseUrl: "https://api.gdeltproject.org",
+    // GDELT sheds load with a 429 after ~13 s (koala73/worldmonitor#5843), so its timeout is longer
+    // (the search deadline still bounds it); pacing 5 s apart still draws 429s, so 6 s.
+    kind: "news", supportsTimeWindow: true, isDefault: true, keyRequired: false, priceUnits: 500, timeoutMs: 15_000,
+    rate: { count: 1, intervalMs: 6 * SECOND, concurrency: 1 }, baseUrl: "https://api.gdeltproject.org",
   },
 };
 

@@ -26,7 +26,8 @@ import type { FakeReply } from "../support/fake-search/server.js";
  * the provider's documented one is an error, never an empty (charged) answer.
  */
 
-const NOW = Date.parse("2026-11-23T06:00:00Z");
+// Off the whole second on purpose: date rules must not depend on a round clock.
+const NOW = Date.parse("2026-11-23T06:00:00.437Z");
 const logger = createLogger("silent");
 const shared = useFakeSearch(() => NOW);
 
@@ -103,8 +104,8 @@ describe("one bad item never sinks the others", () => {
           { objectID: "1", title: "Far future", url: null, created_at_i: 1e20 },
           null,
           { objectID: "2", title: "Far past", url: null, created_at_i: -1e20 },
-          { objectID: "3", title: null, url: null, created_at_i: NOW / 1000 },
-          { objectID: "4", title: "Fine", url: "https://x.example/", created_at_i: NOW / 1000 },
+          { objectID: "3", title: null, url: null, created_at_i: Math.floor(NOW / 1000) },
+          { objectID: "4", title: "Fine", url: "https://x.example/", created_at_i: Math.floor(NOW / 1000) },
           ...(hackernewsBody([]) as { hits: unknown[] }).hits,
         ],
       })),
@@ -118,8 +119,8 @@ describe("one bad item never sinks the others", () => {
         items: [
           { title: "Far future", link: "https://stackoverflow.com/q/1", creation_date: 1e20 },
           "not a question",
-          { title: "No link", creation_date: NOW / 1000 },
-          { title: "Fine", link: "https://stackoverflow.com/q/2", creation_date: NOW / 1000 },
+          { title: "No link", creation_date: Math.floor(NOW / 1000) },
+          { title: "Fine", link: "https://stackoverflow.com/q/2", creation_date: Math.floor(NOW / 1000) },
         ],
       })),
       [["Far future", null], ["Fine", "2026-11-23T06:00:00Z"]],
@@ -254,7 +255,7 @@ describe("through the engine", () => {
     shared.current.providers.hackernews.reply(json(JSON.stringify({
       hits: [
         { objectID: "1", title: "Far future", url: null, created_at_i: 1e20 },
-        { objectID: "2", title: "Fine", url: null, created_at_i: NOW / 1000 },
+        { objectID: "2", title: "Fine", url: null, created_at_i: Math.floor(NOW / 1000) },
       ],
     })));
     const engine = createSearchEngine({ config: { requestTimeoutMs: 3_000, env: shared.current.env }, logger, now: () => NOW });

@@ -23,7 +23,8 @@ import { useFakeSearch } from "../support/fake-search/per-file.js";
  * and the mapping of realistic answers, traps included.
  */
 
-const NOW = Date.parse("2026-11-23T06:00:00Z");
+// Off the whole second on purpose: date rules must not depend on a round clock.
+const NOW = Date.parse("2026-11-23T06:00:00.437Z");
 const USER_AGENT = "typesafe-search/1.0 (+ops@typesafe.test)";
 const logger = createLogger("silent");
 const shared = useFakeSearch(() => NOW);
@@ -46,7 +47,7 @@ function lastRequest(id: FakeSourceId) {
   return requests[0]!;
 }
 
-const CUTOFF_S = { "24h": (NOW - 86_400_000) / 1000, "7d": (NOW - 7 * 86_400_000) / 1000, "30d": (NOW - 30 * 86_400_000) / 1000 };
+const CUTOFF_S = { "24h": Math.floor((NOW - 86_400_000) / 1000), "7d": Math.floor((NOW - 7 * 86_400_000) / 1000), "30d": Math.floor((NOW - 30 * 86_400_000) / 1000) };
 
 describe("brave", () => {
   it.each([
@@ -79,7 +80,7 @@ describe("brave", () => {
     expect(items[0]!.snippet).toBe("A guide to async Rust — futures, executors & more.");
   });
 
-  it("429 with Retry-After → rate_limited for that long, no upstream text", async () => {
+  it("429 RATE_LIMITED → rate_limited for the spent window's X-RateLimit-Reset (Brave sends no Retry-After), no upstream text", async () => {
     shared.current.providers.brave.reply(brave429(7));
     const err = await failure(run(source("brave", createBraveSource, BRAVE_KEY)));
     expect(err.kind).toBe("rate_limited");
@@ -87,7 +88,7 @@ describe("brave", () => {
     expect(err.reason).not.toContain("SECRET");
   });
 
-  it("a refused key → auth", async () => {
+  it("a refused key (422 SUBSCRIPTION_TOKEN_INVALID) → auth", async () => {
     const err = await failure(run(source("brave", createBraveSource, "wrong-key")));
     expect(err.kind).toBe("auth");
   });
@@ -96,9 +97,9 @@ describe("brave", () => {
 describe("exa", () => {
   it.each([
     ["any", undefined],
-    ["24h", "2026-11-22T06:00:00.000Z"],
-    ["7d", "2026-11-16T06:00:00.000Z"],
-    ["30d", "2026-10-24T06:00:00.000Z"],
+    ["24h", "2026-11-22T06:00:00.437Z"],
+    ["7d", "2026-11-16T06:00:00.437Z"],
+    ["30d", "2026-10-24T06:00:00.437Z"],
   ] as const)("w=%s → startPublishedDate=%s, key in x-api-key", async (window, start) => {
     await run(source("exa", createExaSource, EXA_KEY), window);
     const req = lastRequest("exa");
@@ -118,7 +119,7 @@ describe("exa", () => {
 
   it("maps highlights to the snippet and publishedDate to published_at", async () => {
     const items = normalizeItems((await run(source("exa", createExaSource, EXA_KEY))).items);
-    expect(items[0]).toMatchObject({ url: "http://example.com/guide/?ref=a&utm_medium=feed", publishedAt: "2026-11-23T03:00:00Z" });
+    expect(items[0]).toMatchObject({ url: "http://example.com/guide/?ref=a&utm_medium=feed", publishedAt: "2026-11-23T03:00:00.437Z" });
     expect(items[1]!.keys[0]).toBe("doi:10.48550/arxiv.1706.03762");
   });
 });
@@ -166,19 +167,19 @@ describe("hackernews", () => {
     expect(req.headers["user-agent"]).toBe(USER_AGENT);
   });
 
-  it("links the discussion, also for an Ask HN hit with url: null", async () => {
+  it("links the article with the discussion beside it; an Ask HN hit (url: null) keeps the discussion as url", async () => {
     const items = normalizeItems((await run(source("hackernews", createHackerNewsSource))).items);
-    expect(items.map((i) => [i.url, i.publishedAt])).toEqual([
-      ["https://news.ycombinator.com/item?id=38000001", "2026-11-23T01:00:00Z"],
-      ["https://news.ycombinator.com/item?id=38000002", "2026-11-13T06:00:00Z"],
+    expect(items.map((i) => [i.url, i.discussionUrl, i.publishedAt])).toEqual([
+      ["https://bitbashing.io/async-rust.html", "https://news.ycombinator.com/item?id=38000001", "2026-11-23T01:00:00Z"],
+      ["https://news.ycombinator.com/item?id=38000002", undefined, "2026-11-13T06:00:00Z"],
     ]);
-    expect(items[0]!.snippet).toBe("420 points · 250 comments · by pg · bitbashing.io");
-    expect(items[1]!.snippet).toBe("88 points · 140 comments · by dang — I keep hearing both sides/opinions.");
+    expect(items[0]).toMatchObject({ snippet: "420 points · 250 comments · by pg · bitbashing.io", generatedSnippet: true });
+    expect(items[1]).toMatchObject({ snippet: "I keep hearing both sides/opinions.", generatedSnippet: false });
   });
 
   it("drops a hit without an objectID instead of inventing a link", async () => {
     shared.current.providers.hackernews.reply({
-      body: hackernewsBody([{ objectID: "", title: "x", url: null, author: "a", points: 1, num_comments: 0, created_at_i: NOW / 1000 }]),
+      body: hackernewsBody([{ objectID: "", title: "x", url: null, author: "a", points: 1, num_comments: 0, created_at_i: Math.floor(NOW / 1000) }]),
     });
     expect(normalizeItems((await run(source("hackernews", createHackerNewsSource))).items)).toEqual([]);
   });
@@ -223,7 +224,7 @@ describe("stackoverflow", () => {
 
   it("an exhausted daily quota pauses the source until midnight UTC", async () => {
     shared.current.providers.stackoverflow.reply({ body: stackoverflowBody([], { quota_remaining: 0 }) });
-    expect((await run(source("stackoverflow", createStackOverflowSource))).pauseMs).toBe(18 * 3600_000);
+    expect((await run(source("stackoverflow", createStackOverflowSource))).pauseMs).toBe(18 * 3600_000 - 437);
   });
 
   it("the throttle error (HTTP 400, error_id 502) → rate_limited for the seconds it names", async () => {
@@ -261,7 +262,8 @@ describe("github", () => {
     expect(normalizeItems(answer.items)[0]).toMatchObject({
       title: "tokio-rs/tokio",
       url: "https://github.com/tokio-rs/tokio",
-      snippet: "A runtime for writing reliable asynchronous applications with Rust. (★ 27000 · Rust)",
+      snippet: "A runtime for writing reliable asynchronous applications with Rust.",
+      generatedSnippet: false,
       publishedAt: "2026-11-23T05:00:00Z",
     });
   });
@@ -359,10 +361,10 @@ describe("gdelt", () => {
     expect([err.kind, err.upstreamFault, err.reason]).toEqual(["error", false, "upstream rejected the query"]);
   });
 
-  it("429 load shedding → rate_limited for 5 s", async () => {
+  it("429 load shedding → rate_limited for 6 s (5 s pacing still draws 429s)", async () => {
     shared.current.providers.gdelt.reply(GDELT_429);
     const err = await failure(run(source("gdelt", createGdeltSource)));
-    expect([err.kind, err.opts.retryAfterMs]).toEqual(["rate_limited", 5_000]);
+    expect([err.kind, err.opts.retryAfterMs]).toEqual(["rate_limited", 6_000]);
   });
 
   it("an empty object (GDELT's no-match answer) → no items", async () => {

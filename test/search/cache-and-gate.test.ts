@@ -6,7 +6,7 @@ import { linkedSignal } from "../../src/signals.js";
 import { parseSourceCatalog } from "../../src/search/source-config.js";
 
 /** A clock the test moves by hand: TTLs and budgets are checked without waiting. */
-function manualClock(start = Date.parse("2026-11-23T06:00:00Z")) {
+function manualClock(start = Date.parse("2026-11-23T06:00:00.437Z")) {
   let t = start;
   return { now: () => t, advance: (ms: number) => (t += ms) };
 }

@@ -11,7 +11,8 @@ import {
 
 /** The engine over real HTTP to the fake providers, with a hand-moved clock for windows, TTLs and budgets. */
 
-let t = Date.parse("2026-11-23T06:00:00Z");
+// Off the whole second on purpose: date rules must not depend on a round clock.
+let t = Date.parse("2026-11-23T06:00:00.437Z");
 const now = () => t;
 const logger = createLogger("silent");
 let fakes: FakeSearch;
@@ -176,7 +177,7 @@ describe("partial failure", () => {
     expect(error?.reason).toBe("UPSTREAM_FAILED");
     expect(error?.detail.metadata).toEqual({
       source_hackernews: "error: upstream answered HTTP 503",
-      source_github: "error: upstream refused our credentials",
+      source_github: "not_configured: upstream refused our credentials",
       source_wikipedia: "skipped: source cannot filter by time window",
     });
   });

@@ -69,6 +69,7 @@ describe("POST /api/v1/search", () => {
       published_at: expect.stringMatching(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/),
       score: 1 / 61 + 1 / 61 + 1 / 62,
       found_in: [{ source: "brave", rank: 1 }, { source: "exa", rank: 1 }, { source: "gdelt", rank: 2 }],
+      discussion_url: null,
     });
     expect(data["results"].find((r: any) => r.url === "https://rust-lang.github.io/async-book/").published_at).toBeNull();
     expect(data["usage"]).toMatchObject({ sources_requested: 5, sources_answered: 5, upstream_calls: 5, results: data["results"].length });
@@ -180,7 +181,8 @@ describe("over gRPC and Connect", () => {
       const answer = await client.search({ q: "grpc search", s: ["hackernews"] }, { headers });
       expect(answer.s).toEqual(["hackernews"]);
       expect(answer.w).toBe("any");
-      expect(answer.results[0]!.url).toBe("https://news.ycombinator.com/item?id=38000001");
+      expect(answer.results[0]!.url).toBe("https://bitbashing.io/async-rust.html");
+      expect(answer.results[0]!.discussionUrl).toBe("https://news.ycombinator.com/item?id=38000001");
       expect(answer.cost).toMatchObject({ funding: "paid", reservedCredits: 0.0005 });
       const listed = await client.listSources({}, { headers });
       expect(listed.sources).toHaveLength(8);

@@ -1,7 +1,10 @@
 import {
   asArray, asNumber, asRecord, asString, callUpstream, endpoint, failForStatus, readJson, requireArray, requireRecord,
-  windowCutoffMs, type SearchSource, type SourceSettings,
+  SourceFailure, windowCutoffMs, type SearchSource, type SourceSettings,
 } from "./types.js";
+
+/** Exa says nothing about when a top-up lands: look again after an hour. */
+export const EXA_QUOTA_RECHECK_MS = 3600_000;
 
 /**
  * Exa search. Its window is exact (startPublishedDate is an instant), and
@@ -10,7 +13,7 @@ import {
 export function createExaSource(settings: SourceSettings): SearchSource {
   return {
     id: "exa",
-    version: 1,
+    version: 2,
     async search(call) {
       const body: Record<string, unknown> = {
         query: call.query,
@@ -25,6 +28,12 @@ export function createExaSource(settings: SourceSettings): SearchSource {
         headers: { Accept: "application/json", "Content-Type": "application/json", "x-api-key": settings.key ?? "" },
         body: JSON.stringify(body),
       });
+      // exa.ai/docs/reference/error-codes: 400 is the request's own fault
+      // (INVALID_REQUEST_BODY…); 402 is credits exhausted or the key's budget spent.
+      if (res.status === 400) throw new SourceFailure("error", "upstream rejected the request", { upstreamFault: false });
+      if (res.status === 402) {
+        throw new SourceFailure("quota", "the account's credits or the key's budget are used up; top up on the Exa dashboard", { retryAfterMs: EXA_QUOTA_RECHECK_MS });
+      }
       failForStatus(res, call.nowMs);
       const answer = requireRecord(await readJson(res));
       const results = requireArray(answer["results"]);
@@ -34,9 +43,11 @@ export function createExaSource(settings: SourceSettings): SearchSource {
         items: results.map((raw) => {
           const r = asRecord(raw) ?? {};
           const published = asString(r["publishedDate"]);
+          const url = asString(r["url"]);
           return {
-            title: asString(r["title"]),
-            url: asString(r["url"]),
+            // Exa sends `title: null` for pages without one; the URL stands in.
+            title: asString(r["title"]).trim() === "" ? url : asString(r["title"]),
+            url,
             snippet: asArray(r["highlights"]).map(asString).filter((h) => h !== "").join(" … "),
             publishedAt: published === "" ? null : published,
           };

@@ -5,8 +5,16 @@ import {
 import type { SearchWindow } from "../validate.js";
 
 export const GDELT_TIMESPAN: Record<SearchWindow, string | undefined> = { any: undefined, "24h": "24h", "7d": "7d", "30d": "30d" };
-/** GDELT asks for one request every 5 seconds; its 429 carries no Retry-After. */
-const GDELT_PAUSE_MS = 5_000;
+/**
+ * GDELT asks for one request every 5 seconds and its 429 carries no
+ * Retry-After; pacing at exactly 5 s still draws 429s (other clients pace
+ * 6–8 s), so the pause after a rate notice is 6 s, like the pacing.
+ */
+export const GDELT_PAUSE_MS = 6_000;
+/** GDELT rejects every keyword shorter than this. */
+export const GDELT_MIN_KEYWORD = 3;
+/** GDELT's rate notice, sent as a 429 or as HTTP 200 plain text. */
+const RATE_NOTICE = /limit requests to one every/i;
 
 /**
  * GDELT DOC 2.0 article list, sorted by HybridRel so ranks mean relevance
@@ -17,10 +25,14 @@ const GDELT_PAUSE_MS = 5_000;
 export function createGdeltSource(settings: SourceSettings): SearchSource {
   return {
     id: "gdelt",
-    version: 1,
+    version: 2,
+    prepare(query) {
+      const kept = gdeltQuery(query);
+      return kept === "" ? { skip: `every keyword is shorter than ${GDELT_MIN_KEYWORD} characters, which GDELT rejects` } : { query: kept };
+    },
     async search(call) {
       const url = endpoint(settings.baseUrl, "/api/v2/doc/doc");
-      url.searchParams.set("query", call.query);
+      url.searchParams.set("query", gdeltQuery(call.query));
       url.searchParams.set("mode", "ArtList");
       url.searchParams.set("format", "json");
       url.searchParams.set("maxrecords", "10");
@@ -34,15 +46,13 @@ export function createGdeltSource(settings: SourceSettings): SearchSource {
       failForStatus(res, call.nowMs);
       const type = res.headers.get("content-type") ?? "";
       const text = await readText(res);
+      if (RATE_NOTICE.test(text.slice(0, 300))) {
+        throw new SourceFailure("rate_limited", "upstream rate limit reached", { retryAfterMs: GDELT_PAUSE_MS });
+      }
       if (/text\/html/i.test(type) || !/^\s*\{/.test(text)) {
         throw new SourceFailure("error", "upstream rejected the query", { upstreamFault: false });
       }
-      let parsed: unknown;
-      try {
-        parsed = JSON.parse(text);
-      } catch (err) {
-        throw new SourceFailure("error", "upstream sent unreadable JSON", { cause: err });
-      }
+      const parsed = parseGdeltJson(text);
       // No match is `{}`: `articles` is left out, never null.
       const articles = optionalArray(requireRecord(parsed)["articles"]);
       return {
@@ -52,6 +62,7 @@ export function createGdeltSource(settings: SourceSettings): SearchSource {
             title: asString(a["title"]),
             url: asString(a["url"]),
             snippet: [a["domain"], a["language"], a["sourcecountry"]].map(asString).filter((f) => f !== "").join(" · "),
+            generatedSnippet: true,
             publishedAt: gdeltDate(asString(a["seendate"])),
           };
         }),
@@ -64,4 +75,35 @@ export function createGdeltSource(settings: SourceSettings): SearchSource {
 export function gdeltDate(seen: string): string | null {
   const m = /^(\d{4})(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)Z$/.exec(seen);
   return m ? `${m[1]}-${m[2]}-${m[3]}T${m[4]}:${m[5]}:${m[6]}Z` : null;
+}
+
+/**
+ * The query without keywords GDELT would reject (shorter than 3 characters,
+ * e.g. "AI" in "AI regulation"): dropping them locally keeps the rest of the
+ * search instead of a certain rejection. Quoted phrases and operators stay.
+ */
+export function gdeltQuery(query: string): string {
+  const parts = query.match(/"[^"]*"|\S+/g) ?? [];
+  return parts
+    .filter((part) => part.startsWith('"') || /[:()]/.test(part) || /^(OR|AND)$/.test(part) || [...part.replace(/[^\p{L}\p{N}]/gu, "")].length >= GDELT_MIN_KEYWORD)
+    .join(" ")
+    .replace(/^(\s*(OR|AND)\s+)+|(\s+(OR|AND)\s*)+$/g, "");
+}
+
+/**
+ * JSON.parse, repairing invalid escapes GDELT puts in titles (e.g. `\\'`),
+ * as gdelt-doc-api's helpers.load_json does: the stray backslash goes. Still
+ * unreadable → an error for this source only.
+ */
+export function parseGdeltJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    const repaired = text.replace(/\\(["\\/bfnrt]|u[0-9a-fA-F]{4})|\\/g, (whole: string, valid: string | undefined) => (valid ? whole : ""));
+    try {
+      return JSON.parse(repaired);
+    } catch (err) {
+      throw new SourceFailure("error", "upstream sent unreadable JSON", { cause: err });
+    }
+  }
 }

@@ -8,17 +8,20 @@ import {
  * `pushed:>=<cutoff>` qualifier, so published_at is `pushed_at`: the last
  * push, i.e. recent activity rather than creation. A primary rate limit is a
  * 403 or 429 with x-ratelimit-remaining 0 (wait until x-ratelimit-reset); a
- * secondary one carries Retry-After. `incomplete_results` means GitHub's own
+ * secondary one is a 403 naming it, with Retry-After or, without one, at
+ * least a minute and exponential back-off (GitHub's REST rate-limit docs). `incomplete_results` means GitHub's own
  * search timed out: the items are still good, so the answer is ok with a note.
  */
 export function createGitHubSource(settings: SourceSettings): SearchSource {
+  /** Consecutive secondary limits: each doubles the next pause (60 s, 120 s, … 16 min). */
+  let secondaryStreak = 0;
   return {
     id: "github",
-    version: 1,
+    version: 2,
     async search(call) {
       const url = endpoint(settings.baseUrl, "/search/repositories");
       const cutoff = windowCutoffMs(call.window, call.nowMs);
-      const qualifier = cutoff === undefined ? "" : ` pushed:>=${new Date(cutoff).toISOString().replace(".000Z", "Z")}`;
+      const qualifier = cutoff === undefined ? "" : ` pushed:>=${githubInstant(cutoff)}`;
       url.searchParams.set("q", call.query + qualifier);
       url.searchParams.set("per_page", "10");
       const headers: Record<string, string> = {
@@ -27,13 +30,26 @@ export function createGitHubSource(settings: SourceSettings): SearchSource {
       };
       if (settings.key) headers["Authorization"] = `Bearer ${settings.key}`;
       const res = await callUpstream(settings, url, call, { headers });
-      if ((res.status === 403 || res.status === 429) && isRateLimited(res.headers)) {
-        throw new SourceFailure("rate_limited", "upstream rate limit reached", {
-          retryAfterMs: retryAfterMs(res.headers, call.nowMs) ?? resetMs(res.headers, call.nowMs),
-        });
+      if (res.status === 403 || res.status === 429) {
+        if (isRateLimited(res.headers)) {
+          secondaryStreak = 0;
+          throw new SourceFailure("rate_limited", "upstream rate limit reached", {
+            retryAfterMs: retryAfterMs(res.headers, call.nowMs) ?? resetMs(res.headers, call.nowMs),
+          });
+        }
+        const message = asString(asRecord(await readJson(res).catch(() => undefined))?.["message"]);
+        if (/secondary rate limit/i.test(message) || res.status === 429) {
+          // docs.github.com "Rate limits for the REST API": no retry-after and
+          // remaining not 0 → wait at least a minute, then back off exponentially.
+          const pauseMs = clampPauseMs(SECONDARY_MIN_MS * 2 ** Math.min(secondaryStreak, 4));
+          secondaryStreak++;
+          throw new SourceFailure("rate_limited", "upstream secondary rate limit reached", { retryAfterMs: pauseMs });
+        }
+        if (res.status === 403) throw new SourceFailure("auth", "upstream refused our token (HTTP 403); check TYPESAFE_SEARCH_GITHUB_KEY");
       }
       if (res.status === 422) throw new SourceFailure("error", "upstream rejected the search", { upstreamFault: false });
       failForStatus(res, call.nowMs);
+      secondaryStreak = 0;
       const body = requireRecord(await readJson(res));
       const items = requireArray(body["items"]).map((raw) => {
         const r = asRecord(raw) ?? {};
@@ -43,13 +59,22 @@ export function createGitHubSource(settings: SourceSettings): SearchSource {
         return {
           title: asString(r["full_name"]),
           url: asString(r["html_url"]),
-          snippet: description === "" ? facts.join(" · ") : `${description} (${facts.join(" · ")})`,
+          snippet: description === "" ? facts.join(" · ") : description,
+          generatedSnippet: description === "",
           publishedAt: pushed === "" ? null : pushed,
         };
       });
       return body["incomplete_results"] === true ? { items, note: "upstream search timed out; results may be incomplete" } : { items };
     },
   };
+}
+
+/** First pause after a secondary rate limit: GitHub says wait at least one minute. */
+export const SECONDARY_MIN_MS = 60_000;
+
+/** `YYYY-MM-DDTHH:MM:SSZ`: GitHub's search date syntax has no fractional seconds. */
+export function githubInstant(ms: number): string {
+  return new Date(ms).toISOString().slice(0, 19) + "Z";
 }
 
 function isRateLimited(headers: Headers): boolean {

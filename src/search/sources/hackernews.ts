@@ -5,14 +5,16 @@ import {
 
 /**
  * Hacker News through Algolia's relevance endpoint (/search, never
- * /search_by_date: chronological ranks would poison fusion). The result URL
- * is the discussion, which is what this source is for; Ask/Show HN stories
- * have `url: null` and still get one.
+ * /search_by_date: chronological ranks would poison fusion). A story that
+ * links an article gets the article as `url` (so it fuses with the same page
+ * from Brave, Exa or GDELT) and the discussion as `discussionUrl`; Ask/Show HN
+ * stories have `url: null` and keep the discussion as `url`. `story_text` is
+ * the author's own text, a real description; without it the snippet is facts.
  */
 export function createHackerNewsSource(settings: SourceSettings): SearchSource {
   return {
     id: "hackernews",
-    version: 1,
+    version: 2,
     async search(call) {
       const url = endpoint(settings.baseUrl, "/api/v1/search");
       url.searchParams.set("query", call.query);
@@ -27,7 +29,9 @@ export function createHackerNewsSource(settings: SourceSettings): SearchSource {
         items: requireArray(body["hits"]).map((raw) => {
           const h = asRecord(raw) ?? {};
           const id = asString(h["objectID"]);
-          const article = asString(h["url"]);
+          const given = asString(h["url"]);
+          // An article link we could not show (not http(s)) must not cost the hit: the discussion stands in.
+          const article = hostOf(given) !== "" && /^https?:\/\//i.test(given) ? given : "";
           const facts = [
             `${asNumber(h["points"]) ?? 0} points`,
             `${asNumber(h["num_comments"]) ?? 0} comments`,
@@ -35,10 +39,14 @@ export function createHackerNewsSource(settings: SourceSettings): SearchSource {
             hostOf(article),
           ].filter((f) => f !== "");
           const text = asString(h["story_text"]);
+          const discussion = /^\d+$/.test(id) ? `https://news.ycombinator.com/item?id=${id}` : "";
+          const linked = article !== "" && discussion !== "";
           return {
             title: asString(h["title"]),
-            url: /^\d+$/.test(id) ? `https://news.ycombinator.com/item?id=${id}` : "",
-            snippet: text !== "" ? `${facts.join(" · ")} — ${text}` : facts.join(" · "),
+            url: article !== "" ? article : discussion,
+            discussionUrl: linked ? discussion : undefined,
+            snippet: text !== "" ? text : facts.join(" · "),
+            generatedSnippet: text === "",
             publishedAt: isoFromUnixSeconds(h["created_at_i"]),
           };
         }),

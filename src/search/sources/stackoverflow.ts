@@ -15,7 +15,7 @@ const DEFAULT_THROTTLE_MS = 180_000;
 export function createStackOverflowSource(settings: SourceSettings): SearchSource {
   return {
     id: "stackoverflow",
-    version: 1,
+    version: 2,
     async search(call) {
       const url = endpoint(settings.baseUrl, "/2.3/search/advanced");
       url.searchParams.set("q", call.query);
@@ -57,6 +57,7 @@ export function createStackOverflowSource(settings: SourceSettings): SearchSourc
             title: asString(q["title"]),
             url: asString(q["link"]),
             snippet: facts.join(" · "),
+            generatedSnippet: true,
             publishedAt: isoFromUnixSeconds(q["creation_date"]),
           };
         }),

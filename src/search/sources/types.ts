@@ -9,6 +9,11 @@ import type { SearchWindow, SourceId } from "../validate.js";
  */
 export interface SearchSource {
   readonly id: SourceId;
+  /**
+   * Optional local check before any rate token is spent: the query as this
+   * provider can take it, or a fixed reason why it cannot (then no call is made).
+   */
+  prepare?(query: string): { query: string } | { skip: string };
   /** Bumped when the mapping changes, so cached answers of the old mapping are not served. */
   readonly version: number;
   /** One upstream call. Resolves with the provider's items in its own order; throws SourceFailure. */
@@ -32,6 +37,13 @@ export interface RawItem {
   snippet: string;
   /** Anything Date can parse, or null when the provider gave no date. */
   publishedAt: string | null;
+  /** A second link: the discussion of an article whose own URL is `url` (Hacker News). */
+  discussionUrl?: string | undefined;
+  /**
+   * True when the snippet is made up by us from facts (points, score, tags)
+   * rather than written by the provider: fusion prefers a real description.
+   */
+  generatedSnippet?: boolean;
   /** Paper identifiers, used as dedupe keys ahead of the URL. */
   doi?: string | undefined;
   arxivId?: string | undefined;
@@ -45,7 +57,13 @@ export interface SourceAnswer {
   pauseMs?: number;
 }
 
-export type FailureKind = "rate_limited" | "auth" | "error";
+/**
+ * Who must act: `rate_limited` — the provider asked us to wait; `auth` and
+ * `quota` — the operator's key, User-Agent or plan (reported as not_configured
+ * with the reason, logged once); `error` — anything else, with upstreamFault
+ * false when the caller's query caused it (nothing is suspended then).
+ */
+export type FailureKind = "rate_limited" | "auth" | "quota" | "error";
 
 /**
  * A classified upstream failure. `reason` is fixed text written by us: upstream

@@ -14,7 +14,7 @@ export const WIKIPEDIA_ARTICLE_BASE = "https://en.wikipedia.org/wiki/";
 export function createWikipediaSource(settings: SourceSettings): SearchSource {
   return {
     id: "wikipedia",
-    version: 1,
+    version: 2,
     async search(call) {
       const url = endpoint(settings.baseUrl, "/w/api.php");
       url.searchParams.set("action", "query");
@@ -25,6 +25,11 @@ export function createWikipediaSource(settings: SourceSettings): SearchSource {
       url.searchParams.set("format", "json");
       url.searchParams.set("formatversion", "2");
       const res = await callUpstream(settings, url, call, { headers: { Accept: "application/json" } });
+      if (res.status === 403) {
+        // Wikimedia's robot policy blocks clients by User-Agent with a 403
+        // ("Please set a user-agent and respect our robot policy https://w.wiki/4wJS").
+        throw new SourceFailure("auth", "upstream blocked our User-Agent; set TYPESAFE_SEARCH_CONTACT to an e-mail address or URL");
+      }
       failForStatus(res, call.nowMs);
       const body = requireRecord(await readJson(res));
       const error = asRecord(body["error"]);
@@ -57,7 +62,13 @@ function isWellFormed(text: string): boolean {
   return !/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(text);
 }
 
-/** Wikipedia's own form of an article path: spaces as "_", "/" and ":" left readable. */
+/**
+ * MediaWiki's own article path (wfUrlencode in includes/GlobalFunctions.php):
+ * PHP urlencode, then `; @ $ ! * ( ) , / ~ :` put back literally. So `'` is
+ * %27 and `,` stays: "Washington,_D.C.", as Brave and every wiki link show it.
+ */
 export function articlePath(title: string): string {
-  return encodeURIComponent(title.replace(/ /g, "_")).replace(/%2F/g, "/").replace(/%3A/g, ":");
+  return encodeURIComponent(title.replace(/ /g, "_"))
+    .replace(/'/g, "%27")
+    .replace(/%(3B|40|24|21|2A|28|29|2C|2F|7E|3A)/gi, (escape) => decodeURIComponent(escape));
 }

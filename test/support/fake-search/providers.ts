@@ -1,3 +1,4 @@
+import { BRAVE_RATE_LIMITED, BRAVE_TOKEN_INVALID, braveRateHeaders } from "./recorded.js";
 import { startFakeProvider, type FakeHandler, type FakeProvider, type FakeReply, type RecordedRequest } from "./server.js";
 
 /**
@@ -22,6 +23,10 @@ const HOUR = 3600_000;
 const DAY = 24 * HOUR;
 
 // ---------------------------------------------------------------- brave
+// Source: Brave Search API docs, "Web search → Response model" (web.results[]:
+// title, url, description, page_age, age, extra_snippets; ErrorResponse for
+// errors), brave/brave-search-skills skills/web-search/SKILL.md and
+// searxng/searxng searx/engines/braveapi.py. Error answers: ./recorded.ts.
 
 export interface BraveResult {
   title: string;
@@ -56,35 +61,20 @@ export function braveBody(results: BraveResult[]): object {
   };
 }
 
-/** Brave's 429 for a plan's per-second limit, with Retry-After. */
-export function brave429(retryAfterSeconds: number): FakeReply {
-  return {
-    status: 429,
-    headers: {
-      "retry-after": String(retryAfterSeconds),
-      "x-ratelimit-limit": "1, 15000",
-      "x-ratelimit-remaining": "0, 14990",
-      "x-ratelimit-reset": `${retryAfterSeconds}, 1419704`,
-    },
-    body: {
-      type: "ErrorResponse",
-      error: {
-        id: "5a3b2e0c-upstream-error-id",
-        status: 429,
-        code: "RATE_LIMITED",
-        detail: "Request rate limit exceeded for plan. SECRET-UPSTREAM-DETAIL",
-        meta: { plan: "Free", rate_limit: 1, rate_current: 2, quota_limit: 2000, quota_current: 10 },
-      },
-      time: 1700000000,
-    },
-  };
+/**
+ * Brave's per-second 429 (body recorded in egoist/chatwise-releases#1296,
+ * headers per Brave's "Response headers" docs; Brave sends no Retry-After):
+ * the second window resets in `resetSeconds`.
+ */
+export function brave429(resetSeconds: number): FakeReply {
+  return { ...BRAVE_RATE_LIMITED, headers: { "content-type": "application/json", ...braveRateHeaders([0, 14990], [resetSeconds, 1419704]) } };
 }
 
 function braveDefault(nowMs: () => number): FakeHandler {
   return (req) => {
     if (req.path !== "/res/v1/web/search") return { status: 404, body: { type: "ErrorResponse", error: { status: 404, code: "NOT_FOUND" } } };
     if (req.headers["x-subscription-token"] !== BRAVE_KEY) {
-      return { status: 401, body: { type: "ErrorResponse", error: { status: 401, code: "SUBSCRIPTION_TOKEN_INVALID", detail: "The provided subscription token is invalid." } } };
+      return BRAVE_TOKEN_INVALID;
     }
     const now = nowMs();
     return {
@@ -115,9 +105,13 @@ function braveDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- exa
+// Source: exa.ai/docs/reference/search (results[]: title — null when the page
+// has none —, url, publishedDate, author, highlights; costDollars.total) and
+// exa.ai/docs/admin/error-codes for { requestId, error, tag }.
 
 export interface ExaResult {
-  title: string;
+  /** Exa sends null for pages without a title. */
+  title: string | null;
   url: string;
   publishedDate?: string | null;
   author?: string | null;
@@ -161,6 +155,9 @@ function exaDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- wikipedia
+// Source: mediawiki.org/wiki/API:Search (list=search, formatversion=2:
+// query.search[].title/snippet/timestamp, snippet HTML with
+// <span class="searchmatch">) and searxng/searxng searx/engines/wikipedia.py.
 
 /** action=query&list=search answer, formatversion=2. */
 export function wikipediaBody(hits: { title: string; snippet: string; timestamp?: string }[]): object {
@@ -191,6 +188,9 @@ function wikipediaDefault(): FakeHandler {
 }
 
 // ---------------------------------------------------------------- hackernews
+// Source: hn.algolia.com/api ("Search": hits[].objectID, title, url — null for
+// Ask/Show HN —, story_text as HTML, points, num_comments, created_at_i) and
+// searxng/searxng searx/engines/hackernews.py.
 
 export interface HnHit {
   objectID: string;
@@ -248,6 +248,10 @@ function hackernewsDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- stackoverflow
+// Source: api.stackexchange.com/docs/advanced-search and /docs/wrapper
+// (items, has_more, quota_max, quota_remaining, backoff); throttle error per
+// /docs/error-handling (error_id 502 throttle_violation); searxng/searxng
+// searx/engines/stackexchange.py.
 
 export interface SoQuestion {
   question_id: number;
@@ -308,6 +312,9 @@ function stackoverflowDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- github
+// Source: docs.github.com/rest/search/search#search-repositories (total_count,
+// incomplete_results, items[] with its example response); rate-limit headers
+// per docs.github.com "Rate limits for the REST API".
 
 export interface GhRepo {
   full_name: string;
@@ -354,6 +361,8 @@ function githubDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- arxiv
+// Source: the Atom answer and the error feed (entry id under /api/errors) of
+// info.arxiv.org/help/api/user-manual.html, the format lukasschwab/arxiv.py parses.
 
 export interface ArxivEntry {
   id: string;
@@ -446,6 +455,10 @@ function arxivDefault(nowMs: () => number): FakeHandler {
 }
 
 // ---------------------------------------------------------------- gdelt
+// Source: blog.gdeltproject.org "GDELT DOC 2.0 API debuts" (ArtList JSON:
+// articles[].url, title, seendate, domain, language, sourcecountry; `{}` when
+// nothing matches), alex9smith/gdelt-doc-api api_client.py (invalid queries
+// answer HTTP 200 text/html) and koala73/worldmonitor#5843 (the 429 text).
 
 export interface GdeltArticle {
   url: string;
