@@ -25,17 +25,15 @@ export interface LabelDistribution {
 const NEGLIGIBLE_LOGPROB = -9999;
 
 /**
- * Sums the probability of every variant of each label (`A` and ` A` are
- * disjoint outcomes with the same meaning), then renormalizes over the
- * labels. `window` is the top-logprobs list plus the sampled token; entries
- * with the same token string count once.
+ * Sums the probability of every entry of each label (`A` and ` A` are
+ * disjoint outcomes with the same meaning; so are two entries that decode to
+ * the same string, as `▁A` and `A` do on some vLLM and SGLang versions,
+ * vllm#44319, sglang#32290), then renormalizes over the labels. `window` is
+ * the top-logprobs list (see firstPositionWindow for the sampled token).
  */
 export function readLabelDistribution(window: readonly TokenLogprob[], labels: LabelSet): LabelDistribution {
   const sums = new Array<number>(labels.symbols.length).fill(0);
-  const seen = new Set<string>();
   for (const { token, logprob } of window) {
-    if (seen.has(token)) continue;
-    seen.add(token);
     const index = labels.indexOf(token);
     if (index === undefined || !Number.isFinite(logprob) || logprob <= NEGLIGIBLE_LOGPROB) continue;
     sums[index]! += Math.exp(Math.min(logprob, 0));
@@ -46,6 +44,23 @@ export function readLabelDistribution(window: readonly TokenLogprob[], labels: L
     mass: Math.min(mass, 1),
     unseen: sums.filter((s) => s === 0).length,
   };
+}
+
+/**
+ * The first position's window: the top logprobs, plus the sampled token only
+ * when the list does not already hold it (the one entry that may repeat).
+ */
+export function firstPositionWindow(topLogprobs: readonly TokenLogprob[] | undefined, sampled: TokenLogprob | undefined): TokenLogprob[] {
+  const window = [...(topLogprobs ?? [])];
+  if (sampled && !window.some((t) => t.token === sampled.token)) window.push(sampled);
+  return window;
+}
+
+/** The most probable entry of a window: what the model would say, unlike a token sampled at temperature 1. */
+export function mostProbable(window: readonly TokenLogprob[]): TokenLogprob | undefined {
+  let best: TokenLogprob | undefined;
+  for (const entry of window) if (best === undefined || entry.logprob > best.logprob) best = entry;
+  return best;
 }
 
 /** True when the first token opens a reasoning block instead of answering. */

@@ -17,7 +17,9 @@ import {
   combineTwoStage,
   errorAnswer,
   groupsToExpand,
+  firstPositionWindow,
   isReasoningOpener,
+  mostProbable,
   noulAnswer,
   readLabelDistribution,
   scoreAnswer,
@@ -178,8 +180,8 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
     for (const messages of [first, again]) {
       const completion = await llm.complete({ kind: "logprobs", messages, cacheKey: ask.cacheKey }, ask.options);
       if (completion.refused) throw new Refused();
-      if (isReasoningOpener(completion.firstToken?.token)) continue;
-      const window = [...(completion.topLogprobs ?? []), ...(completion.firstToken ? [completion.firstToken] : [])];
+      const window = firstPositionWindow(completion.topLogprobs, completion.firstToken);
+      if (isReasoningOpener(mostProbable(window)?.token)) continue;
       const distribution = readLabelDistribution(window, labels);
       if (distribution.mass > 0) return { distribution, usage: usageOf(completion, messages) };
     }

@@ -12,6 +12,15 @@ export interface LabelSet {
   indexOf(token: string): number | undefined;
 }
 
+/**
+ * A token as the label it may stand for: leading whitespace and the raw
+ * tokenizer markers of a leading space (`Ġ` in byte-level BPE, `▁` in
+ * SentencePiece), which some servers return undecoded (vllm#16838), dropped.
+ */
+export function canonicalToken(token: string): string {
+  return token.replace(/^[\sĠ▁]+/u, "").trimEnd();
+}
+
 const LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
 /** At most this many labels go into one call: the letters A-Z. */
 export const MAX_LABELS_PER_CALL = LETTERS.length;
@@ -22,7 +31,7 @@ export const MAX_DIGIT_LABELS = 10;
 export const NOUL_LABELS: LabelSet = {
   symbols: ["yes", "no"],
   indexOf(token) {
-    const canon = token.trim().toLowerCase();
+    const canon = canonicalToken(token).toLowerCase();
     if (canon === "yes") return 0;
     if (canon === "no") return 1;
     return undefined;
@@ -38,7 +47,7 @@ export function letterLabels(count: number): LabelSet {
   return {
     symbols: [...LETTERS.slice(0, count)],
     indexOf(token) {
-      const canon = token.trim();
+      const canon = canonicalToken(token);
       if (canon.length !== 1) return undefined;
       const index = LETTERS.indexOf(canon);
       return index >= 0 && index < count ? index : undefined;
@@ -52,7 +61,7 @@ export function digitLabels(count: number): LabelSet {
   return {
     symbols: Array.from({ length: count }, (_, i) => String(i)),
     indexOf(token) {
-      const canon = token.trim();
+      const canon = canonicalToken(token);
       if (!/^[0-9]$/.test(canon)) return undefined;
       const index = Number(canon);
       return index < count ? index : undefined;

@@ -10,7 +10,11 @@ import { postWithRetry, UpstreamError, type HttpResponse } from "./http.js";
  * cap on concurrent calls, and the usage-reporting quirks.
  */
 export interface LlmClient {
-  /** Probes once and caches; concurrent callers share one probe. A failed probe is not cached. */
+  /**
+   * Probes once and caches for CAPABILITIES_TTL_MS; concurrent callers share
+   * one probe. A failed probe is remembered for PROBE_FAILURE_TTL_MS, so a
+   * broken upstream costs one probe per interval, not one per request.
+   */
   capabilities(options: CallOptions): Promise<LlmCapabilities>;
   complete(request: ChatRequest, options: CallOptions): Promise<ChatCompletion>;
 }
@@ -25,6 +29,10 @@ export interface LlmCapabilities {
   thinkingSwitch: boolean;
   /** The server accepts `response_format: {type: "json_schema"}` (probed only without logprobs). */
   jsonSchema: boolean;
+  /** The model accepts `temperature` and `top_p` (OpenAI's reasoning models refuse them). */
+  sampling: boolean;
+  /** The chat template has a system role (Gemma 2 and Mistral v0.1 templates raise without one). */
+  systemRole: boolean;
 }
 
 export interface ChatMessage {
@@ -84,16 +92,23 @@ const PROBE_MESSAGES: ChatMessage[] = [
   { role: "user", content: "Reply with the word yes." },
 ];
 const PREFERRED_TOP_LOGPROBS = 20;
-const FALLBACK_TOP_LOGPROBS = 5;
-const MAX_PROBE_ATTEMPTS = 6;
+/** Each rejection adjusts one setting: thinking, max tokens field, sampling, system role, logprob cap, logprobs. */
+const MAX_PROBE_ATTEMPTS = 8;
+/** Capabilities are probed again after this, so a redeployed upstream is noticed. */
+export const CAPABILITIES_TTL_MS = 15 * 60_000;
+/** A failed probe is the answer for this long. */
+export const PROBE_FAILURE_TTL_MS = 5_000;
 
-export function createLlmClient(deps: { config: LlmConfig; logger: Logger }): LlmClient {
+export function createLlmClient(deps: { config: LlmConfig; logger: Logger; now?: () => number }): LlmClient {
   const { config, logger } = deps;
+  const now = deps.now ?? Date.now;
   const baseUrl = config.baseUrl;
   const semaphore = createSemaphore(config.maxConcurrentCalls);
   /** OpenAI proper documents `prompt_cache_key`; other servers may reject unknown fields. */
   const sendsCacheKey = baseUrl !== undefined && /^https:\/\/api\.openai\.com\b/.test(baseUrl);
   let probed: Promise<LlmCapabilities> | undefined;
+  /** When the current probe's answer (capabilities or failure) stops counting; Infinity while it runs. */
+  let probedUntil = 0;
 
   async function post(body: Record<string, unknown>, options: CallOptions, maxRetries: number): Promise<HttpResponse> {
     if (baseUrl === undefined) throw new LlmCallError("rejected", false);
@@ -126,21 +141,24 @@ export function createLlmClient(deps: { config: LlmConfig; logger: Logger }): Ll
       maxTokensField: "max_tokens",
       thinkingSwitch: true,
       jsonSchema: false,
+      sampling: true,
+      systemRole: true,
     };
     for (let attempt = 0; attempt < MAX_PROBE_ATTEMPTS; attempt++) {
       const body: Record<string, unknown> = {
-        messages: PROBE_MESSAGES,
+        messages: messagesFor(caps, PROBE_MESSAGES),
         [caps.maxTokensField]: caps.logprobs ? 1 : 16,
-        temperature: 1,
-        top_p: 1,
+        ...(caps.sampling ? { temperature: 1, top_p: 1 } : {}),
         ...(caps.logprobs ? { logprobs: true, top_logprobs: caps.topLogprobs } : {}),
         ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
       };
       const response = await post(body, options, config.maxRetries);
       if (response.status >= 200 && response.status < 300) {
+        const parsed = parseCompletion(response.text);
+        // A 200 that is not a completion (an SSE stream, a proxy's page, no choices) says nothing about logprobs.
+        if (!parsed) throw new LlmCallError("upstream_error", true, response.status);
         if (caps.logprobs) {
-          const parsed = parseCompletion(response.text);
-          const window = parsed?.topLogprobs ?? [];
+          const window = parsed.topLogprobs ?? [];
           // Accepted but empty (jundot/omlx#1549) or a one-entry window (a post-sampling report): unusable.
           if (window.length < 2) {
             caps.logprobs = false;
@@ -164,7 +182,7 @@ export function createLlmClient(deps: { config: LlmConfig; logger: Logger }): Ll
   async function probeJsonSchema(caps: LlmCapabilities, options: CallOptions): Promise<boolean> {
     const response = await post(
       {
-        messages: PROBE_MESSAGES,
+        messages: messagesFor(caps, PROBE_MESSAGES),
         [caps.maxTokensField]: 32,
         ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
         response_format: jsonSchemaFormat({ type: "object", properties: { yes: { type: "number" } }, required: ["yes"], additionalProperties: false }),
@@ -176,17 +194,23 @@ export function createLlmClient(deps: { config: LlmConfig; logger: Logger }): Ll
   }
 
   function capabilities(options: CallOptions): Promise<LlmCapabilities> {
-    // The probe runs on its own signal so that one caller going away does not fail it for the others.
-    probed ??= probe({ signal: new AbortController().signal, deadlineMs: Date.now() + config.requestTimeoutMs }).then(
-      (caps) => {
-        logger.info("llm capabilities probed", { ...caps });
-        return caps;
-      },
-      (err: unknown) => {
-        probed = undefined;
-        throw err;
-      },
-    );
+    if (probed === undefined || now() >= probedUntil) {
+      probedUntil = Infinity;
+      // The probe runs on its own signal so that one caller going away does not fail it for the others.
+      probed = probe({ signal: new AbortController().signal, deadlineMs: Date.now() + config.requestTimeoutMs }).then(
+        (caps) => {
+          probedUntil = now() + CAPABILITIES_TTL_MS;
+          logger.info("llm capabilities probed", { ...caps });
+          return caps;
+        },
+        (err: unknown) => {
+          probedUntil = now() + PROBE_FAILURE_TTL_MS;
+          logger.warn("llm capability probe failed; probing again later", { retry_in_ms: PROBE_FAILURE_TTL_MS, error: err instanceof Error ? err.message : String(err) });
+          throw err;
+        },
+      );
+      probed.catch(() => undefined);
+    }
     return raceAbort(probed, options.signal);
   }
 
@@ -196,13 +220,13 @@ export function createLlmClient(deps: { config: LlmConfig; logger: Logger }): Ll
     async complete(request, options) {
       const caps = await capabilities(options);
       const common: Record<string, unknown> = {
-        messages: request.messages,
+        messages: messagesFor(caps, request.messages),
         ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
         ...(sendsCacheKey && request.cacheKey ? { prompt_cache_key: request.cacheKey } : {}),
       };
       const body: Record<string, unknown> =
         request.kind === "logprobs"
-          ? { ...common, [caps.maxTokensField]: 1, temperature: 1, top_p: 1, logprobs: true, top_logprobs: caps.topLogprobs }
+          ? { ...common, [caps.maxTokensField]: 1, ...(caps.sampling ? { temperature: 1, top_p: 1 } : {}), logprobs: true, top_logprobs: caps.topLogprobs }
           : {
               ...common,
               [caps.maxTokensField]: caps.maxTokensField === "max_completion_tokens" ? Math.max(request.maxTokens, 2_048) : request.maxTokens,
@@ -226,7 +250,7 @@ export function createLlmClient(deps: { config: LlmConfig; logger: Logger }): Ll
  * name of the field it complains about. Returns false when nothing is left to
  * try. The text is inspected here and dropped; it is never logged.
  */
-function adjustAfterRejection(caps: LlmCapabilities, text: string): boolean {
+export function adjustAfterRejection(caps: LlmCapabilities, text: string): boolean {
   const said = text.toLowerCase();
   if (caps.thinkingSwitch && /chat_template_kwargs|enable_thinking/.test(said)) {
     caps.thinkingSwitch = false;
@@ -236,8 +260,20 @@ function adjustAfterRejection(caps: LlmCapabilities, text: string): boolean {
     caps.maxTokensField = "max_completion_tokens";
     return true;
   }
-  if (caps.logprobs && said.includes("top_logprobs") && caps.topLogprobs > FALLBACK_TOP_LOGPROBS && !/not (supported|allowed)/.test(said)) {
-    caps.topLogprobs = FALLBACK_TOP_LOGPROBS;
+  // OpenAI's reasoning models: "Unsupported parameter: 'top_p' is not supported with this model." (same for temperature).
+  if (caps.sampling && /\b(top_p|temperature)\b/.test(said) && /unsupported|not supported|does not support|not allowed/.test(said)) {
+    caps.sampling = false;
+    return true;
+  }
+  // Gemma 2 and Mistral v0.1 chat templates: raise_exception('System role not supported').
+  if (caps.systemRole && /system (role|message)s? (is |are )?not supported/.test(said)) {
+    caps.systemRole = false;
+    return true;
+  }
+  // A cap on the window, named or not: vLLM "... greater than max allowed: 5", Fireworks "between 0 and 5", OpenAI "<= 20".
+  const cap = said.includes("logprob") ? logprobCapIn(said) : undefined;
+  if (caps.logprobs && cap !== undefined && cap >= 2 && cap < caps.topLogprobs) {
+    caps.topLogprobs = cap;
     return true;
   }
   if (caps.logprobs && said.includes("logprob")) {
@@ -254,6 +290,22 @@ function adjustAfterRejection(caps: LlmCapabilities, text: string): boolean {
     return true;
   }
   return false;
+}
+
+/** The largest window a rejection allows, read from its wording; undefined when it names none. */
+export function logprobCapIn(said: string): number | undefined {
+  const match = /(?:max(?:imum)? allowed:?|between 0 and|<=|less than or equal to|at most)\s*(\d+)/.exec(said);
+  return match ? Number(match[1]) : undefined;
+}
+
+/** The messages as the template accepts them: without a system role, its text leads the first user message. */
+function messagesFor(caps: LlmCapabilities, messages: ChatMessage[]): ChatMessage[] {
+  if (caps.systemRole) return messages;
+  const system = messages.filter((m) => m.role === "system").map((m) => m.content);
+  const rest = messages.filter((m) => m.role !== "system");
+  const firstUser = rest.findIndex((m) => m.role === "user");
+  if (system.length === 0 || firstUser < 0) return rest;
+  return rest.map((m, i) => (i === firstUser ? { role: "user", content: `${system.join("\n\n")}\n\n${m.content}` } : m));
 }
 
 function jsonSchemaFormat(schema: Record<string, unknown>): Record<string, unknown> {

@@ -7,6 +7,8 @@ import {
   groupsToExpand,
   isReasoningOpener,
   noulAnswer,
+  firstPositionWindow,
+  mostProbable,
   readLabelDistribution,
   scoreAnswer,
   scoreConfidence,
@@ -36,17 +38,46 @@ describe("readLabelDistribution", () => {
     expect(d.unseen).toBe(unseen);
   });
 
-  it("counts a token that appears twice (sampled token and window) once, and -9999 as zero", () => {
-    const d = readLabelDistribution(
+  it("counts the sampled token once when the window holds it already, and -9999 as zero", () => {
+    const window = firstPositionWindow(
       [
         { token: "A", logprob: Math.log(0.6) },
         { token: "B", logprob: -9999 },
-        { token: "A", logprob: Math.log(0.6) },
       ],
-      letterLabels(2),
+      { token: "A", logprob: Math.log(0.6) },
     );
+    const d = readLabelDistribution(window, letterLabels(2));
     expect(d.mass).toBeCloseTo(0.6, 12);
     expect(d.probabilities).toEqual([1, 0]);
+  });
+
+  it("adds a sampled token the window lacks", () => {
+    const window = firstPositionWindow([{ token: "A", logprob: Math.log(0.5) }], { token: "B", logprob: Math.log(0.1) });
+    expect(readLabelDistribution(window, letterLabels(2)).probabilities.map((p) => Math.round(p * 1e6) / 1e6)).toEqual([0.833333, 0.166667]);
+  });
+
+  // The window shapes of issue 11, as vLLM and SGLang return them (vllm#44319, sglang#32290: `▁A` and
+  // `A` both decoded to "A"; vllm#16838: raw `Ġ`/`▁` pieces in top_logprobs).
+  it.each([
+    ["leading-space variants", [["A", 0.3], [" A", 0.3], ["B", 0.4]], [0.6, 0.4]],
+    ["two entries that decode alike", [["A", 0.3], ["A", 0.3], ["B", 0.4]], [0.6, 0.4]],
+    ["raw byte-level BPE pieces", [["ĠA", 0.5], ["ĠB", 0.3], ["C", 0.2]], [0.5, 0.3, 0.2]],
+    ["raw SentencePiece pieces", [["▁A", 0.5], ["▁B", 0.3], ["C", 0.2]], [0.5, 0.3, 0.2]],
+  ] as const)("sums every entry of a label: %s", (_name, entries, expected) => {
+    const window = entries.map(([token, p]) => ({ token, logprob: Math.log(p) }));
+    const d = readLabelDistribution(window, letterLabels(expected.length));
+    expect(d.probabilities.map((p) => Math.round(p * 1e6) / 1e6)).toEqual(expected);
+  });
+
+  it("a noul of Yes .3, ' Yes' .25 and No .45 is 0.55 yes", () => {
+    const window = [["Yes", 0.3], [" Yes", 0.25], ["No", 0.45]].map(([token, p]) => ({ token: token as string, logprob: Math.log(p as number) }));
+    expect(readLabelDistribution(window, NOUL_LABELS).probabilities[0]).toBeCloseTo(0.55, 12);
+  });
+
+  it("the most probable entry, not the sampled one, tells a reasoning opener", () => {
+    const window = [{ token: "<think>", logprob: Math.log(0.9) }, { token: "A", logprob: Math.log(0.1) }];
+    expect(mostProbable(window)?.token).toBe("<think>");
+    expect(mostProbable([])).toBeUndefined();
   });
 });
 

@@ -1,7 +1,7 @@
 import { describe, expect, it, onTestFinished } from "vitest";
 import type { LlmConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
-import { createLlmClient, LlmCallError, readUsage, type CallOptions } from "../../src/upstream/llm-client.js";
+import { CAPABILITIES_TTL_MS, createLlmClient, LlmCallError, PROBE_FAILURE_TTL_MS, readUsage, type CallOptions } from "../../src/upstream/llm-client.js";
 import {
   deferred,
   fakeLlmConfig,
@@ -27,7 +27,7 @@ describe("capability probe", () => {
   it("probes once for concurrent callers and sends the exact logprobs request", async () => {
     const { fake, client } = await setup((r) => (isProbe(r.body) ? PROBE_OK : logprobsReply({ A: 0.7, B: 0.3 })));
     const [caps] = await Promise.all([client.capabilities(opts()), client.capabilities(opts()), client.complete(ask, opts())]);
-    expect(caps).toEqual({ logprobs: true, topLogprobs: 20, maxTokensField: "max_tokens", thinkingSwitch: true, jsonSchema: false });
+    expect(caps).toEqual({ logprobs: true, topLogprobs: 20, maxTokensField: "max_tokens", thinkingSwitch: true, jsonSchema: false, sampling: true, systemRole: true });
     expect(fake.requests.filter((r) => isProbe(r.body))).toHaveLength(1);
     const question = fake.questionRequests()[0]!;
     expect(question.path).toBe("/v1/chat/completions");
@@ -84,12 +84,40 @@ describe("capability probe", () => {
     expect(await client.capabilities(opts())).toMatchObject({ logprobs: false });
   });
 
-  it("does not cache a failed probe", async () => {
+  it("remembers a failed probe briefly: one probe per interval, not one per request; then probes again", async () => {
     let failing = true;
-    const { client } = await setup(() => (failing ? { status: 401, json: { error: { message: "bad key" } } } : PROBE_OK));
+    let clock = 1_700_000_000_123.5;
+    const fake = await startFakeLlm(() => (failing ? { status: 401, json: { error: { message: "bad key" } } } : PROBE_OK));
+    onTestFinished(() => fake.close());
+    const client = createLlmClient({ config: fakeLlmConfig(fake, { maxRetries: 0 }), logger: createLogger("silent"), now: () => clock });
     await expect(client.capabilities(opts())).rejects.toMatchObject({ code: "upstream_error", status: 401 });
     failing = false;
+    await expect(client.capabilities(opts())).rejects.toMatchObject({ status: 401 });
+    expect(fake.requests).toHaveLength(1);
+    clock += PROBE_FAILURE_TTL_MS;
     expect(await client.capabilities(opts())).toMatchObject({ logprobs: true });
+    expect(fake.requests).toHaveLength(2);
+    // Capabilities are probed again after a while.
+    await client.capabilities(opts());
+    clock += CAPABILITIES_TTL_MS;
+    await client.capabilities(opts());
+    expect(fake.requests).toHaveLength(3);
+  });
+
+  it.each([
+    ["an SSE stream", { text: 'data: {"choices":[]}\n\ndata: [DONE]\n\n', headers: { "content-type": "text/event-stream" } }],
+    ["a 200 without choices", { json: { object: "chat.completion", choices: [] } }],
+    ["a 200 that is not JSON", { text: "<html>gateway</html>" }],
+  ])("a probe answered with %s is a retryable failure, not a verdict on logprobs", async (_name, reply) => {
+    let odd = true;
+    const clock = { t: 1_700_000_000_000.25 };
+    const fake = await startFakeLlm(() => (odd ? reply : PROBE_OK));
+    onTestFinished(() => fake.close());
+    const client = createLlmClient({ config: fakeLlmConfig(fake, { maxRetries: 0 }), logger: createLogger("silent"), now: () => clock.t });
+    await expect(client.capabilities(opts())).rejects.toMatchObject({ code: "upstream_error", retryable: true });
+    odd = false;
+    clock.t += PROBE_FAILURE_TTL_MS;
+    expect(await client.capabilities(opts())).toMatchObject({ logprobs: true, topLogprobs: 20 });
   });
 });
 
