@@ -3,8 +3,6 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import * as grpc from "@grpc/grpc-js";
 import { create, fromBinary, toBinary, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
-import { BinaryReader } from "@bufbuild/protobuf/wire";
-import { AnySchema } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -13,6 +11,7 @@ import {
   DecideResponseSchema,
   DecisionService,
 } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
+import { StatusSchema } from "../../src/gen/google/rpc/status_pb.js";
 import { ErrorDetailSchema, type ErrorDetail } from "../../src/gen/typesafe/error/v1/error_pb.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { createTestAccount, startTestApp, type TestApp } from "../support/app.js";
@@ -76,20 +75,12 @@ function callGrpcJs(key: string | undefined, message = validRequest()): Promise<
   });
 }
 
-/** google.rpc.Status from grpc-status-details-bin: field 3 holds the Any details. */
+/** Our ErrorDetail from grpc-status-details-bin, a google.rpc.Status read with the vendored proto. */
 function detailOf(err: grpc.ServiceError): ErrorDetail {
-  const bytes = err.metadata.get("grpc-status-details-bin")[0] as Buffer;
-  const reader = new BinaryReader(bytes);
-  while (reader.pos < reader.len) {
-    const [field, wireType] = reader.tag();
-    if (field !== 3) {
-      reader.skip(wireType);
-      continue;
-    }
-    const any = fromBinary(AnySchema, reader.bytes());
-    if (any.typeUrl.endsWith("typesafe.error.v1.ErrorDetail")) return fromBinary(ErrorDetailSchema, any.value);
-  }
-  throw new Error("no ErrorDetail in grpc-status-details-bin");
+  const status = fromBinary(StatusSchema, err.metadata.get("grpc-status-details-bin")[0] as Buffer);
+  const any = status.details.find((d) => d.typeUrl.endsWith("/typesafe.error.v1.ErrorDetail"));
+  if (!any) throw new Error("no ErrorDetail in grpc-status-details-bin");
+  return fromBinary(ErrorDetailSchema, any.value);
 }
 
 describe("gRPC over HTTP/2 on the shared port, with an independent grpc-js client", () => {

@@ -1,6 +1,6 @@
 import http2 from "node:http2";
 import { fromBinary } from "@bufbuild/protobuf";
-import { BinaryReader } from "@bufbuild/protobuf/wire";
+import { StatusSchema } from "../../src/gen/google/rpc/status_pb.js";
 import { ErrorDetailSchema } from "../../src/gen/typesafe/error/v1/error_pb.js";
 
 /**
@@ -105,26 +105,7 @@ export function envelope(message: Uint8Array): Uint8Array {
   return framed;
 }
 
-/** google.rpc.Status (field 3: repeated google.protobuf.Any{1: type_url, 2: value}), read with the wire reader. */
+/** The details of a google.rpc.Status (grpc-status-details-bin), read with the vendored proto. */
 function statusDetails(bytes: Uint8Array): { typeUrl: string; value: Uint8Array }[] {
-  const anys: { typeUrl: string; value: Uint8Array }[] = [];
-  const reader = new BinaryReader(bytes);
-  while (reader.pos < reader.len) {
-    const [field, wireType] = reader.tag();
-    if (field !== 3) {
-      reader.skip(wireType);
-      continue;
-    }
-    const any = new BinaryReader(reader.bytes());
-    let typeUrl = "";
-    let value: Uint8Array = new Uint8Array(0);
-    while (any.pos < any.len) {
-      const [anyField, anyWire] = any.tag();
-      if (anyField === 1) typeUrl = any.string();
-      else if (anyField === 2) value = any.bytes();
-      else any.skip(anyWire);
-    }
-    anys.push({ typeUrl, value });
-  }
-  return anys;
+  return fromBinary(StatusSchema, bytes).details.map(({ typeUrl, value }) => ({ typeUrl, value }));
 }
