@@ -99,6 +99,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           }
           const response = create(DecideResponseSchema, {
             model: SUPPORTED_MODEL,
+            promptVersion: PROMPT_VERSION,
             answers: Object.fromEntries(outcome.answers),
             usage: outcome.usage,
           });

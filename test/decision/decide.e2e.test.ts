@@ -10,6 +10,7 @@ import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { balanceUnits, createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { assertInvariants } from "../support/invariants.js";
 import { deferred, logprobsReply, routeByMarker, startFakeLlm, userContent, type FakeLlm } from "../support/fake-llm.js";
+import { PROMPT_VERSION } from "../../src/decision/prompt.js";
 
 let database: TestDatabase;
 let fake: FakeLlm;
@@ -80,6 +81,7 @@ describe("POST /api/v1/decisions", () => {
     expect(res.body.message).toBe("ok");
     const data = res.body.data;
     expect(data.model).toBe("typesafe/service-1.13");
+    expect(data.prompt_version).toBe(PROMPT_VERSION);
     expect(data.answers).toEqual(expectedAnswers);
     expect(Object.keys(data.answers as object)).toEqual(["urgent", "team", "impact"]);
     expect(data.usage).toEqual({ input_tokens: 3_300, output_tokens: 3, cached_input_tokens: 1_800, upstream_calls: 3 });
