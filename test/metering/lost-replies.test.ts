@@ -4,11 +4,12 @@ import { loadConfig } from "../../src/config.js";
 import { createKnex } from "../../src/db/database.js";
 import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
-import { createMeter, decisionReserveUnits, searchReserveUnits, type MeteredCall, type Meter } from "../../src/metering/meter.js";
+import { createMeter, searchReserveUnits, type MeteredCall, type Meter } from "../../src/metering/meter.js";
 import { unitsToCredits } from "../../src/units.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { assertInvariants } from "../support/invariants.js";
+import { meteredCall } from "../support/metering.js";
 import { proxiedUrl, startTcpProxy, type Fault, type TcpProxy } from "../support/tcp-proxy.js";
 
 /**
@@ -58,18 +59,8 @@ function faultsInOrder(list: { sql: "admit" | "resolve"; fault: Fault }[]) {
   };
 }
 
-function call(apiKey: string, init: Partial<MeteredCall> = {}): MeteredCall {
-  return {
-    apiKey,
-    requestId: crypto.randomUUID(),
-    endpoint: "decide",
-    reserveUnits: decisionReserveUnits(1),
-    freeAllowed: false,
-    timeoutMs: 30_000,
-    signal: new AbortController().signal,
-    ...init,
-  };
-}
+/** A paid one-question call (free requests are not what these tests are about). */
+const call = (apiKey: string, init: Partial<MeteredCall> = {}) => meteredCall(apiKey, { freeAllowed: false, ...init });
 
 const reasonOf = (err: unknown) => describeError(err).reason;
 const accountRow = (accountId: string) => database.db("accounts").where({ id: accountId }).first();

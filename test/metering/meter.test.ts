@@ -4,10 +4,11 @@ import { generateApiKey } from "../../src/accounts/api-keys.js";
 import { loadConfig } from "../../src/config.js";
 import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
-import { createMeter, decisionReserveUnits, type MeteredCall, type Meter } from "../../src/metering/meter.js";
+import { createMeter, type MeteredCall, type Meter } from "../../src/metering/meter.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { assertInvariants } from "../support/invariants.js";
+import { meteredCall } from "../support/metering.js";
 
 /**
  * The metering wrapper both services use, against the real database: bursts
@@ -34,18 +35,7 @@ function gate() {
   return { opened, open };
 }
 
-function call(apiKey: string, init: Partial<MeteredCall> = {}): MeteredCall {
-  return {
-    apiKey,
-    requestId: crypto.randomUUID(),
-    endpoint: "decide",
-    reserveUnits: decisionReserveUnits(1),
-    freeAllowed: true,
-    timeoutMs: 30_000,
-    signal: new AbortController().signal,
-    ...init,
-  };
-}
+const call = meteredCall;
 
 const reasonOf = (err: unknown) => describeError(err).reason;
 const row = (accountId: string) => database.db("accounts").where({ id: accountId }).first();
