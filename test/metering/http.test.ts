@@ -27,8 +27,10 @@ beforeAll(async () => {
   service = await startTestApp(database, {
     TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`,
     TYPESAFE_LLM_MAX_RETRIES: "0",
-    TYPESAFE_LLM_CALL_TIMEOUT_MS: "500",
-    TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "2000",
+    // Generous, so calls held open by a burst never time out on a busy machine; the
+    // call-timeout test runs its own impatient service.
+    TYPESAFE_LLM_CALL_TIMEOUT_MS: "10000",
+    TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "20000",
   });
 });
 afterEach(() => fake.setHandler(defaultHandler));
@@ -155,17 +157,32 @@ describe("upstream faults: 502 and nothing charged", () => {
     ["HTTP 500", () => ({ status: 500, json: { error: { message: "internal", type: "server_error" } } })],
     ["a malformed body", () => ({ text: "{not json" })],
     ["a reset connection", () => ({ hold: Promise.reject(new Error("reset")) })],
-    ["no answer within the call timeout", () => ({ hold: new Promise(() => {}) })],
   ];
-  it.each(faults)("%s", async (_name, fault) => {
+  async function expectUpstreamFailureUncharged(url: string, fault: FakeHandler) {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
     answerQuestions(fake, fault);
-    const response = await decide(apiKey);
+    const response = await postJson(`${url}/api/v1/decisions`, decision, { apiKey });
     expect(response.status).toBe(502);
     expect(response.body).toMatchObject({ code: 50201, data: { reason: "UPSTREAM_FAILED" } });
     expect(JSON.stringify(response.body)).not.toMatch(/internal|not json|reset|boom/);
     expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
     await assertInvariants(database.db, accountId);
+  }
+  it.each(faults)("%s", (_name, fault) => expectUpstreamFailureUncharged(service.url, fault));
+
+  it("no answer within the call timeout", async () => {
+    const impatient = await startTestApp(database, {
+      TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`,
+      TYPESAFE_LLM_MAX_RETRIES: "0",
+      TYPESAFE_LLM_CALL_TIMEOUT_MS: "300",
+      TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "2000",
+      TYPESAFE_SHUTDOWN_GRACE_MS: "200",
+    });
+    try {
+      await expectUpstreamFailureUncharged(impatient.url, () => ({ hold: new Promise(() => {}) }));
+    } finally {
+      await impatient.stop();
+    }
   });
 
   it("a caller that goes away: the upstream call is aborted and the hold released", async () => {
