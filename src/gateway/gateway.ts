@@ -3,6 +3,7 @@ import { create, fromJson, toJson, type DescMessage, type DescMethodUnary, type 
 import { createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
 import { apiError, toPublicError } from "../errors.js";
 import type { Logger } from "../logger.js";
+import { kCallPhases, serverTimingHeader, type CallPhases } from "../rpc/call-phases.js";
 import { kRequestId } from "../rpc/context.js";
 import { observeCall } from "../rpc/observe.js";
 import { throwIfInvalid, type Violation } from "../validation.js";
@@ -96,6 +97,8 @@ export function createGateway(options: GatewayOptions) {
   }
 
   async function serveRpc(route: RpcRoute, req: NodeRequest, res: NodeResponse, requestId: string): Promise<void> {
+    const started = performance.now();
+    const phases: CallPhases = {};
     const requestAbort = new AbortController();
     // At the end of a shutdown's grace period, calls still running are cut off (503, holds released).
     const onShutdown = () => requestAbort.abort(new Error("server shutting down"));
@@ -112,11 +115,11 @@ export function createGateway(options: GatewayOptions) {
       url: req.url ?? "",
       requestHeader: headersOf(req),
       requestSignal: requestAbort.signal,
-      contextValues: createContextValues().set(kRequestId, requestId),
+      contextValues: createContextValues().set(kRequestId, requestId).set(kCallPhases, phases),
     });
     const procedure = `/${route.method.parent.typeName}/${route.method.name}`;
     try {
-      const data = await observeCall(options.logger, { requestId, procedure, protocol: "gateway" }, async () => {
+      const data = await observeCall(options.logger, { requestId, procedure, protocol: "gateway", phases }, async () => {
         // Key presence and shape first, so a caller without a key learns nothing about its body.
         requireApiKey(ctx);
         const request = route.httpMethod === "POST" ? await parseBody(route, req) : create(route.method.input);
@@ -125,10 +128,10 @@ export function createGateway(options: GatewayOptions) {
         route.finishData?.(json);
         return json;
       });
-      sendEnvelope(res, 200, { code: 0, message: "ok", data }, responseHeaders(ctx, requestId));
+      sendEnvelope(res, 200, { code: 0, message: "ok", data }, responseHeaders(ctx, requestId, phases, started));
     } catch (err) {
       if (req.readableFlowing === null) discardBody(req, options.maxBodyBytes);
-      sendError(res, err, responseHeaders(ctx, requestId));
+      sendError(res, err, responseHeaders(ctx, requestId, phases, started));
     }
   }
 
@@ -179,8 +182,8 @@ function headersOf(req: NodeRequest): Headers {
   return headers;
 }
 
-function responseHeaders(ctx: HandlerContext, requestId: string): Record<string, string> {
-  const headers: Record<string, string> = { "x-request-id": requestId };
+function responseHeaders(ctx: HandlerContext, requestId: string, phases: CallPhases, started: number): Record<string, string> {
+  const headers: Record<string, string> = { "x-request-id": requestId, "server-timing": serverTimingHeader(phases, performance.now() - started) };
   ctx.responseHeader.forEach((value, name) => {
     headers[name] = value;
   });

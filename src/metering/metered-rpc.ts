@@ -1,6 +1,7 @@
 import { fromJson, toJson, type DescMessage, type JsonValue, type MessageShape } from "@bufbuild/protobuf";
 import type { HandlerContext } from "@connectrpc/connect";
 import { apiError } from "../errors.js";
+import { callPhasesOf } from "../rpc/call-phases.js";
 import { requestIdOf } from "../rpc/context.js";
 import type { Billing, Meter, RateLimitState } from "./meter.js";
 import type { Endpoint } from "./ledger.js";
@@ -48,6 +49,9 @@ export async function meteredRpc<O extends DescMessage>(
   work: (signal: AbortSignal) => Promise<MeteredWork<O>>,
 ): Promise<{ response: MessageShape<O>; billing: BillingInit }> {
   const idempotencyKey = ctx.requestHeader.get("idempotency-key") ?? undefined;
+  const phases = callPhasesOf(ctx);
+  const started = performance.now();
+  let workEnded: number | undefined;
   const result = await meter.run(
     {
       apiKey: call.apiKey,
@@ -61,10 +65,19 @@ export async function meteredRpc<O extends DescMessage>(
       requestFingerprint: idempotencyKey === undefined ? undefined : call.fingerprint,
     },
     async (signal) => {
-      const { response, chargeUnits } = await work(signal);
-      return { value: response, chargeUnits, responseJson: idempotencyKey === undefined ? undefined : toJson(call.schema, response) };
+      const workStarted = performance.now();
+      phases.admitMs = workStarted - started;
+      try {
+        const { response, chargeUnits } = await work(signal);
+        return { value: response, chargeUnits, responseJson: idempotencyKey === undefined ? undefined : toJson(call.schema, response) };
+      } finally {
+        workEnded = performance.now();
+        phases.upstreamMs = workEnded - workStarted;
+      }
     },
-  );
+  ).finally(() => {
+    if (workEnded !== undefined) phases.settleMs = performance.now() - workEnded;
+  });
   setRateLimitHeaders(ctx.responseHeader, result.rate);
   if (result.kind === "replay") {
     ctx.responseHeader.set("idempotent-replayed", "true");

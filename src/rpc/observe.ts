@@ -2,6 +2,7 @@ import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import { REASONS, describeError, toPublicError } from "../errors.js";
 import { withStack, type Logger } from "../logger.js";
 import { kBodyProblem } from "./body-gate.js";
+import { kCallPhases, phaseLogFields, type CallPhases } from "./call-phases.js";
 import { kRequestId } from "./context.js";
 import crypto from "node:crypto";
 
@@ -13,7 +14,7 @@ import crypto from "node:crypto";
  */
 export async function observeCall<T>(
   logger: Logger,
-  call: { requestId: string; procedure: string; protocol: string },
+  call: { requestId: string; procedure: string; protocol: string; phases?: CallPhases },
   run: () => Promise<T>,
 ): Promise<T> {
   const started = performance.now();
@@ -22,6 +23,7 @@ export async function observeCall<T>(
     procedure: call.procedure,
     protocol: call.protocol,
     duration_ms: Math.round((performance.now() - started) * 10) / 10,
+    ...phaseLogFields(call.phases),
   });
   try {
     const result = await run();
@@ -51,10 +53,17 @@ export function createObserveInterceptor(logger: Logger): Interceptor {
     }
     const id = requestId;
     const bodyProblem = req.contextValues.get(kBodyProblem);
+    const phases: CallPhases = {};
+    req.contextValues.set(kCallPhases, phases);
     try {
       const res = await observeCall(
         logger,
-        { requestId, procedure: req.url.slice(req.url.lastIndexOf("/", req.url.lastIndexOf("/") - 1)), protocol: req.header.get("content-type") ?? "" },
+        {
+          requestId,
+          procedure: req.url.slice(req.url.lastIndexOf("/", req.url.lastIndexOf("/") - 1)),
+          protocol: req.header.get("content-type") ?? "",
+          phases,
+        },
         () => (bodyProblem ? Promise.reject(bodyProblem) : next(req)),
       );
       res.header.set("x-request-id", id);

@@ -42,7 +42,7 @@ export interface FakeReply {
   headers?: Record<string, string>;
   /** The reply waits for this (a deferred the test resolves), or forever if it never settles. */
   hold?: Promise<unknown>;
-  /** Bench only: answer after this many ms. Tests synchronize with `hold`, not time. */
+  /** Answer after this many ms: for benches and tests that measure time spent upstream. Tests synchronize with `hold`, not time. */
   delayMs?: number;
 }
 
