@@ -5,6 +5,7 @@ import { openDatabase, type Database } from "./db/database.js";
 import { createDecisionService } from "./decision/service.js";
 import { createGateway } from "./gateway/gateway.js";
 import { createMeter, type Meter } from "./metering/meter.js";
+import { createMetrics } from "./metrics.js";
 import { apiRoutes } from "./gateway/routes.js";
 import { DecisionService } from "./gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchRequestSchema, SearchService } from "./gen/typesafe/search/v1/search_service_pb.js";
@@ -43,6 +44,9 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
   const decision = createDecisionService({ db, meter, llm: config.llm, logger });
   const search = createSearchService({ db, meter, config: config.search, logger });
 
+  const metrics = createMetrics({ meter, db });
+  const observer = { logger, metrics };
+
   const isReady = async () => {
     await db.raw("SELECT 1");
     return true;
@@ -67,8 +71,9 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
           maxBodyBytes: config.maxBodyBytes,
           isReady,
           shutdownSignal: shutdown.signal,
+          metrics,
         }),
-        interceptors: [createObserveInterceptor(logger)],
+        interceptors: [createObserveInterceptor(observer)],
         maxBodyBytes: config.maxBodyBytes,
         keyedServices: new Set([DecisionService.typeName, SearchService.typeName]),
         jsonRules: { [SearchRequestSchema.typeName]: findSearchJsonViolation },

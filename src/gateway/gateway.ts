@@ -5,7 +5,8 @@ import { apiError, toPublicError } from "../errors.js";
 import type { Logger } from "../logger.js";
 import { kCallPhases, serverTimingHeader, type CallPhases } from "../rpc/call-phases.js";
 import { kRequestId } from "../rpc/context.js";
-import { observeCall } from "../rpc/observe.js";
+import { observeCall, type CallObserver } from "../rpc/observe.js";
+import type { Metrics } from "../metrics.js";
 import { throwIfInvalid, type Violation } from "../validation.js";
 import { requireApiKey } from "../rpc/auth.js";
 import { discardBody, readBody } from "./body.js";
@@ -41,10 +42,13 @@ export interface GatewayOptions {
   isReady: () => Promise<boolean>;
   /** Aborted when a shutdown's grace period ends: calls still running are cut off (503). */
   shutdownSignal?: AbortSignal;
+  /** Served at GET /metrics (Prometheus text format) and fed by every call. */
+  metrics?: Metrics;
 }
 
 /** The fallback handler of the Connect adapter: /api/v1 paths, health probes, and enveloped 404/405. */
 export function createGateway(options: GatewayOptions) {
+  const observer: CallObserver = { logger: options.logger, metrics: options.metrics };
   const byPath = new Map<string, RpcRoute[]>();
   for (const route of options.routes) byPath.set(route.path, [...(byPath.get(route.path) ?? []), route]);
 
@@ -65,6 +69,10 @@ export function createGateway(options: GatewayOptions) {
       if (ready) return sendOk(res, { status: "ready" }, { "x-request-id": requestId });
       const notReady = apiError("UNAVAILABLE", "not ready: the database is unreachable");
       return sendError(res, toPublicError(notReady, requestId), { "x-request-id": requestId });
+    }
+    if (path === "/metrics" && options.metrics) {
+      if (req.method !== "GET") return refuse(req, res, requestId, path, methodNotAllowed(path, "GET"), { allow: "GET" });
+      return sendMetrics(res, options.metrics, requestId);
     }
     const candidates = byPath.get(path);
     if (!candidates) {
@@ -89,7 +97,7 @@ export function createGateway(options: GatewayOptions) {
   ): Promise<void> {
     const procedure = path.length > MAX_LOGGED_PATH_CHARS ? `${path.slice(0, MAX_LOGGED_PATH_CHARS)}…` : path;
     try {
-      await observeCall(options.logger, { requestId, procedure, protocol: "gateway" }, () => Promise.reject(error));
+      await observeCall(observer, { requestId, procedure, protocol: "gateway" }, () => Promise.reject(error));
     } catch (err) {
       discardBody(req, options.maxBodyBytes);
       sendError(res, err, { ...headers, "x-request-id": requestId });
@@ -119,7 +127,7 @@ export function createGateway(options: GatewayOptions) {
     });
     const procedure = `/${route.method.parent.typeName}/${route.method.name}`;
     try {
-      const data = await observeCall(options.logger, { requestId, procedure, protocol: "gateway", phases }, async () => {
+      const data = await observeCall(observer, { requestId, procedure, protocol: "gateway", phases }, async () => {
         // Key presence and shape first, so a caller without a key learns nothing about its body.
         requireApiKey(ctx);
         const request = route.httpMethod === "POST" ? await parseBody(route, req) : create(route.method.input);
@@ -167,6 +175,13 @@ export function createGateway(options: GatewayOptions) {
 }
 
 const MAX_LOGGED_PATH_CHARS = 200;
+
+/** The Prometheus text exposition of the process's metrics; no key, nothing about accounts. */
+async function sendMetrics(res: NodeResponse, metrics: Metrics, requestId: string): Promise<void> {
+  const text = await metrics.registry.metrics();
+  res.writeHead(200, { "content-type": metrics.registry.contentType, "x-request-id": requestId });
+  res.end(text);
+}
 
 function methodNotAllowed(path: string, allow: string): Error {
   return apiError("METHOD_NOT_ALLOWED", `${path} accepts ${allow}`, { metadata: { allow } });

@@ -1,6 +1,7 @@
 import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import { REASONS, describeError, toPublicError } from "../errors.js";
 import { withStack, type Logger } from "../logger.js";
+import type { Metrics } from "../metrics.js";
 import { kBodyProblem } from "./body-gate.js";
 import { kCallPhases, phaseLogFields, type CallPhases } from "./call-phases.js";
 import { kRequestId } from "./context.js";
@@ -12,8 +13,13 @@ import crypto from "node:crypto";
  * real cause goes only to the log. The gateway runs the same function, so
  * both surfaces log and hide errors alike.
  */
+export interface CallObserver {
+  logger: Logger;
+  metrics?: Pick<Metrics, "recordCall">;
+}
+
 export async function observeCall<T>(
-  logger: Logger,
+  { logger, metrics }: CallObserver,
   call: { requestId: string; procedure: string; protocol: string; phases?: CallPhases },
   run: () => Promise<T>,
 ): Promise<T> {
@@ -25,12 +31,15 @@ export async function observeCall<T>(
     duration_ms: Math.round((performance.now() - started) * 10) / 10,
     ...phaseLogFields(call.phases),
   });
+  const record = (reason: string) => metrics?.recordCall(call.procedure, call.protocol, reason, (performance.now() - started) / 1000);
   try {
     const result = await run();
+    record("OK");
     logger.info("call", { ...fields(), status: "ok" });
     return result;
   } catch (err) {
     const { reason } = describeError(err);
+    record(reason);
     const publicError = toPublicError(err, call.requestId);
     const entry = { ...fields(), status: "error", reason };
     if (REASONS[reason].http >= 500) {
@@ -43,7 +52,7 @@ export async function observeCall<T>(
 }
 
 /** The Connect/gRPC/gRPC-Web side of observeCall. Streaming calls (reflection, health watch) pass through. */
-export function createObserveInterceptor(logger: Logger): Interceptor {
+export function createObserveInterceptor(observer: CallObserver): Interceptor {
   return (next) => async (req) => {
     if (req.stream) return next(req);
     let requestId = req.contextValues.get(kRequestId);
@@ -57,7 +66,7 @@ export function createObserveInterceptor(logger: Logger): Interceptor {
     req.contextValues.set(kCallPhases, phases);
     try {
       const res = await observeCall(
-        logger,
+        observer,
         {
           requestId,
           procedure: req.url.slice(req.url.lastIndexOf("/", req.url.lastIndexOf("/") - 1)),

@@ -52,8 +52,8 @@ describe("logs say what happened, at the level it deserves", () => {
     const captured: string[] = [];
     const logger = createLogger("info", {}, (line) => captured.push(line));
     const call = { requestId: "r1", procedure: "/p", protocol: "test" };
-    await observeCall(logger, call, () => Promise.reject(apiError("UPSTREAM_FAILED", "upstream said no"))).catch(() => undefined);
-    await observeCall(logger, call, () => Promise.reject(new TypeError("a bug"))).catch(() => undefined);
+    await observeCall({ logger }, call, () => Promise.reject(apiError("UPSTREAM_FAILED", "upstream said no"))).catch(() => undefined);
+    await observeCall({ logger }, call, () => Promise.reject(new TypeError("a bug"))).catch(() => undefined);
     const [upstream, bug] = captured.map((l) => JSON.parse(l) as { level: string; reason: string; error: { stack?: string } });
     expect(upstream).toMatchObject({ level: "error", reason: "UPSTREAM_FAILED" });
     expect(upstream!.error.stack).toBeUndefined();

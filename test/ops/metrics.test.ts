@@ -1,0 +1,92 @@
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { DecideRequestSchema, DecisionService } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
+import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
+
+let database: TestDatabase;
+let fake: FakeLlm;
+let service: TestApp;
+
+beforeAll(async () => {
+  database = await createTestDatabase();
+  fake = await startFakeLlm();
+  service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1` });
+});
+afterAll(async () => {
+  await service?.stop();
+  await fake?.close();
+  await database?.close();
+});
+
+const decision = {
+  model: "typesafe/service-1.13",
+  state: "the checkout page returns 500",
+  questions: { urgent: { type: "noul", instructions: "Is this urgent?" } },
+};
+const DECIDE = "/typesafe.decision.v1.DecisionService/Decide";
+
+/** The value of one sample line of the Prometheus text format, or undefined when absent. */
+function sample(text: string, name: string, labels: Record<string, string> = {}): number | undefined {
+  const wanted = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);
+  for (const line of text.split("\n")) {
+    const match = /^([a-z_:]+)(?:\{(.*)\})? (\S+)$/.exec(line);
+    if (!match || match[1] !== name) continue;
+    const have = (match[2] ?? "").split(",").filter(Boolean);
+    if (wanted.length === have.length && wanted.every((label) => have.includes(label))) return Number(match[3]);
+  }
+  return undefined;
+}
+
+describe("GET /metrics", () => {
+  it("counts calls by procedure, protocol and reason with latencies, without a key and without revealing who called", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 1_000_000 });
+    expect((await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey })).status).toBe(200);
+    expect((await postJson(`${service.url}/api/v1/decisions`, decision, {})).status).toBe(401);
+    const secretPath = `/no-such-path-${accountId}`;
+    expect((await fetch(`${service.url}${secretPath}`)).status).toBe(404);
+    const client = createClient(DecisionService, createConnectTransport({ baseUrl: service.url, httpVersion: "1.1" }));
+    await client.decide(
+      create(DecideRequestSchema, {
+        model: decision.model,
+        state: { kind: { case: "stringValue", value: decision.state } },
+        questions: { urgent: { type: "noul", instructions: "Is this urgent?" } },
+      }),
+      { headers: { authorization: `Bearer ${apiKey}` } },
+    );
+
+    const response = await fetch(`${service.url}/metrics`);
+    expect(response.status).toBe(200);
+    expect(response.headers.get("content-type")).toMatch(/^text\/plain; version=0\.0\.4/);
+    const text = await response.text();
+
+    expect(sample(text, "typesafe_calls_total", { procedure: DECIDE, protocol: "gateway", reason: "OK" })).toBe(1);
+    expect(sample(text, "typesafe_calls_total", { procedure: DECIDE, protocol: "gateway", reason: "UNAUTHENTICATED" })).toBe(1);
+    expect(sample(text, "typesafe_calls_total", { procedure: DECIDE, protocol: "connect", reason: "OK" })).toBe(1);
+    expect(sample(text, "typesafe_calls_total", { procedure: "other", protocol: "gateway", reason: "NOT_FOUND" })).toBe(1);
+    expect(sample(text, "typesafe_call_duration_seconds_count", { procedure: DECIDE, protocol: "gateway" })).toBe(2);
+    const decideSeconds = sample(text, "typesafe_call_duration_seconds_sum", { procedure: DECIDE, protocol: "gateway" })!;
+    expect(decideSeconds).toBeGreaterThan(0);
+    expect(decideSeconds).toBeLessThan(30);
+
+    expect(sample(text, "typesafe_meter_late_settles_total")).toBe(0);
+    expect(sample(text, "typesafe_meter_holds_expired_total")).toBe(0);
+    expect(sample(text, "typesafe_db_pool_connections", { state: "pending" })).toBe(0);
+    expect(sample(text, "typesafe_db_pool_connections", { state: "used" })).toEqual(expect.any(Number));
+    expect(sample(text, "process_cpu_seconds_total")).toBeGreaterThan(0);
+
+    expect(text).not.toContain(apiKey);
+    expect(text).not.toContain(accountId);
+    expect(text).not.toContain("checkout");
+  });
+
+  it("answers only GET, with the enveloped 405", async () => {
+    const response = await fetch(`${service.url}/metrics`, { method: "POST", body: "{}" });
+    expect(response.status).toBe(405);
+    expect(response.headers.get("allow")).toBe("GET");
+    expect(await response.json()).toMatchObject({ data: { reason: "METHOD_NOT_ALLOWED" } });
+  });
+});
