@@ -41,10 +41,10 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
   });
   const { db } = database;
   const meter = createMeter({ db, config: config.metering, logger });
-  const decision = createDecisionService({ db, meter, llm: config.llm, logger });
-  const search = createSearchService({ db, meter, config: config.search, logger });
-
   const metrics = createMetrics({ meter, db });
+  const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics });
+  const search = createSearchService({ db, meter, config: config.search, logger, metrics });
+
   const observer = { logger, metrics };
 
   const isReady = async () => {

@@ -12,7 +12,15 @@ export interface Metrics {
   registry: Registry;
   /** One finished call: its reason ("OK" on success) and duration. */
   recordCall(procedure: string, protocol: string, reason: string, seconds: number): void;
+  /** One HTTP call to the upstream LLM: ok, rejected (4xx), failed (5xx, transport), timeout or aborted. */
+  recordLlmCall(outcome: LlmCallOutcome, seconds: number): void;
+  /** One decided request: the tokens it was charged for and how each question was answered. */
+  recordDecision(tokens: { input: number; cachedInput: number; output: number }, methods: string[]): void;
+  /** One search source's part in a search: its reported status, latency and whether the cache answered. */
+  recordSearchSource(source: string, status: string, seconds: number, cached: boolean): void;
 }
+
+export type LlmCallOutcome = "ok" | "rejected" | "failed" | "timeout" | "aborted";
 
 const METER_COUNTERS: [keyof MeterStats, string, string][] = [
   ["holdsExpired", "typesafe_meter_holds_expired_total", "Holds released by lease expiry (this replica's sweeper)."],
@@ -37,6 +45,50 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
     help: "Call latency from the first byte of the request to the answer, by procedure and protocol.",
     labelNames: ["procedure", "protocol"] as const,
     buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registers: [registry],
+  });
+
+  const llmCalls = new Counter({
+    name: "typesafe_llm_calls_total",
+    help: "HTTP calls to the upstream LLM (probes and retries included) by outcome.",
+    labelNames: ["outcome"] as const,
+    registers: [registry],
+  });
+  const llmSeconds = new Histogram({
+    name: "typesafe_llm_call_duration_seconds",
+    help: "Latency of each HTTP call to the upstream LLM.",
+    buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+    registers: [registry],
+  });
+  const llmTokens = new Counter({
+    name: "typesafe_llm_tokens_total",
+    help: "Tokens of answered decisions by kind: input (cached included), cached_input, output.",
+    labelNames: ["kind"] as const,
+    registers: [registry],
+  });
+  const decisionAnswers = new Counter({
+    name: "typesafe_decision_answers_total",
+    help: "Answered questions by method: logprobs, verbalized (the fallback), or error.",
+    labelNames: ["method"] as const,
+    registers: [registry],
+  });
+  const searchSources = new Counter({
+    name: "typesafe_search_source_results_total",
+    help: "Search sources' parts in searches by source and reported status.",
+    labelNames: ["source", "status"] as const,
+    registers: [registry],
+  });
+  const searchSeconds = new Histogram({
+    name: "typesafe_search_source_duration_seconds",
+    help: "Latency of each search source's part, cache hits included.",
+    labelNames: ["source"] as const,
+    buckets: [0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+    registers: [registry],
+  });
+  const searchCacheHits = new Counter({
+    name: "typesafe_search_cache_hits_total",
+    help: "Search source answers served from the cache, by source.",
+    labelNames: ["source"] as const,
     registers: [registry],
   });
 
@@ -73,6 +125,21 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
       const labels = { procedure: knownProcedure(procedure), protocol: protocolName(protocol) };
       calls.inc({ ...labels, reason });
       callSeconds.observe(labels, seconds);
+    },
+    recordLlmCall(outcome, seconds) {
+      llmCalls.inc({ outcome });
+      llmSeconds.observe(seconds);
+    },
+    recordDecision(tokens, methods) {
+      llmTokens.inc({ kind: "input" }, tokens.input);
+      llmTokens.inc({ kind: "cached_input" }, tokens.cachedInput);
+      llmTokens.inc({ kind: "output" }, tokens.output);
+      for (const method of methods) decisionAnswers.inc({ method });
+    },
+    recordSearchSource(source, status, seconds, cached) {
+      searchSources.inc({ source, status });
+      searchSeconds.observe({ source }, seconds);
+      if (cached) searchCacheHits.inc({ source });
     },
   };
 }

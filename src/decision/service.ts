@@ -1,3 +1,4 @@
+import type { Metrics } from "../metrics.js";
 import { create, toJsonString } from "@bufbuild/protobuf";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
@@ -33,6 +34,7 @@ export interface DecisionServiceDeps {
   logger: Logger;
   /** Defaults to the OpenAI-compatible client built from `llm`. */
   llmClient?: LlmClient;
+  metrics?: Pick<Metrics, "recordLlmCall" | "recordDecision">;
 }
 
 /**
@@ -42,8 +44,8 @@ export interface DecisionServiceDeps {
  * wrapper, which settles the actual cost or releases the hold.
  */
 export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<typeof DecisionService> {
-  const { db, meter, llm, logger } = deps;
-  const client = deps.llmClient ?? (llm.baseUrl !== undefined ? createLlmClient({ config: llm, logger }) : undefined);
+  const { db, meter, llm, logger, metrics } = deps;
+  const client = deps.llmClient ?? (llm.baseUrl !== undefined ? createLlmClient({ config: llm, logger, metrics }) : undefined);
   const engine = client ? createDecisionEngine({ llm: client, logger }) : undefined;
 
   return {
@@ -91,6 +93,10 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
             cached_input_tokens: outcome.usage.cachedInputTokens,
             upstream_calls: outcome.usage.upstreamCalls,
           });
+          metrics?.recordDecision(
+            { input: outcome.usage.inputTokens, cachedInput: outcome.usage.cachedInputTokens, output: outcome.usage.outputTokens },
+            outcome.answers.map(([, answer]) => answer.xMethod ?? "error"),
+          );
           if (outcome.answered === 0) {
             const first = outcome.answers[0]?.[1];
             throw apiError("UPSTREAM_FAILED", "the upstream LLM could not answer any question", {

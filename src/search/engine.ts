@@ -1,3 +1,4 @@
+import type { Metrics } from "../metrics.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { performance } from "node:perf_hooks";
 import type { SearchConfig } from "../config.js";
@@ -113,7 +114,12 @@ interface SourceRun {
  * by all requests). Deadlines use real timers; the injected clock is the
  * request time T for windows, cache TTLs and rate budgets.
  */
-export function createSearchEngine(deps: { config: SearchConfig; logger: Logger; now?: () => number }): SearchEngine {
+export function createSearchEngine(deps: {
+  config: SearchConfig;
+  logger: Logger;
+  now?: () => number;
+  metrics?: Pick<Metrics, "recordSearchSource">;
+}): SearchEngine {
   const now = deps.now ?? Date.now;
   const logger = deps.logger.child({ component: "search" });
   const catalog = parseSourceCatalog(deps.config.env);
@@ -212,13 +218,15 @@ export function createSearchEngine(deps: { config: SearchConfig; logger: Logger;
     const finish = (status: SourceStatus, fields: { reason?: string; items?: NormalizedItem[]; cached?: boolean; charged?: boolean; called?: boolean } = {}): SourceRun => {
       const items = fields.items ?? [];
       const chargedUnits = fields.charged ? entry.priceUnits : 0;
+      const seconds = (performance.now() - started) / 1000;
+      deps.metrics?.recordSearchSource(entry.id, status, seconds, fields.cached ?? false);
       return {
         report: {
           id: entry.id,
           status,
           reason: fields.reason ?? "",
           resultCount: items.length,
-          latencyMs: Math.round(performance.now() - started),
+          latencyMs: Math.round(seconds * 1000),
           cached: fields.cached ?? false,
           costCredits: unitsToCredits(chargedUnits),
         },

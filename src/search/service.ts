@@ -1,3 +1,4 @@
+import type { Metrics } from "../metrics.js";
 import { create, toJsonString } from "@bufbuild/protobuf";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
@@ -24,6 +25,7 @@ export interface SearchServiceDeps {
   logger: Logger;
   /** Request time T for windows, cache TTLs and rate budgets; tests inject a clock. */
   now?: () => number;
+  metrics?: Pick<Metrics, "recordSearchSource">;
 }
 
 /**
@@ -38,7 +40,7 @@ export interface SearchServiceDeps {
  * the sources whose upstream call answered.
  */
 export function createSearchService(deps: SearchServiceDeps): ServiceImpl<typeof SearchService> {
-  const engine = createSearchEngine({ config: deps.config, logger: deps.logger, now: deps.now });
+  const engine = createSearchEngine({ config: deps.config, logger: deps.logger, now: deps.now, metrics: deps.metrics });
 
   return {
     async search(request, ctx: HandlerContext) {

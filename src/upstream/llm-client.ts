@@ -1,3 +1,4 @@
+import type { LlmCallOutcome, Metrics } from "../metrics.js";
 import type { LlmConfig } from "../config.js";
 import type { Logger } from "../logger.js";
 import { postWithRetry, UpstreamError, type HttpResponse } from "./http.js";
@@ -99,8 +100,13 @@ export const CAPABILITIES_TTL_MS = 15 * 60_000;
 /** A failed probe is the answer for this long. */
 export const PROBE_FAILURE_TTL_MS = 5_000;
 
-export function createLlmClient(deps: { config: LlmConfig; logger: Logger; now?: () => number }): LlmClient {
-  const { config, logger } = deps;
+export function createLlmClient(deps: {
+  config: LlmConfig;
+  logger: Logger;
+  now?: () => number;
+  metrics?: Pick<Metrics, "recordLlmCall">;
+}): LlmClient {
+  const { config, logger, metrics } = deps;
   const now = deps.now ?? Date.now;
   const baseUrl = config.baseUrl;
   const semaphore = createSemaphore(config.maxConcurrentCalls);
@@ -114,8 +120,10 @@ export function createLlmClient(deps: { config: LlmConfig; logger: Logger; now?:
     if (baseUrl === undefined) throw new LlmCallError("rejected", false);
     const release = await semaphore.acquire(options.signal);
     if (!release) throw new LlmCallError("aborted", false);
+    const started = performance.now();
+    let outcome: LlmCallOutcome = "failed";
     try {
-      return await postWithRetry(
+      const response = await postWithRetry(
         {
           url: `${baseUrl}/chat/completions`,
           headers: config.apiKey ? { authorization: `Bearer ${config.apiKey}` } : {},
@@ -123,14 +131,21 @@ export function createLlmClient(deps: { config: LlmConfig; logger: Logger; now?:
         },
         { signal: options.signal, deadlineMs: options.deadlineMs, attemptTimeoutMs: config.callTimeoutMs, maxRetries },
       );
+      outcome = response.status < 300 ? "ok" : response.status < 500 ? "rejected" : "failed";
+      return response;
     } catch (err) {
       if (err instanceof UpstreamError) {
-        if (err.kind === "aborted") throw new LlmCallError("aborted", false);
+        if (err.kind === "aborted") {
+          outcome = "aborted";
+          throw new LlmCallError("aborted", false);
+        }
+        if (err.kind === "timeout") outcome = "timeout";
         throw new LlmCallError(err.kind === "timeout" ? "timeout" : "upstream_error", true);
       }
       throw err;
     } finally {
       release();
+      metrics?.recordLlmCall(outcome, (performance.now() - started) / 1000);
     }
   }
 

@@ -6,19 +6,23 @@ import { DecideRequestSchema, DecisionService } from "../../src/gen/typesafe/dec
 import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
+import { startFakeSearch, type FakeSearch } from "../support/fake-search/providers.js";
 
 let database: TestDatabase;
 let fake: FakeLlm;
+let fakeSearch: FakeSearch;
 let service: TestApp;
 
 beforeAll(async () => {
   database = await createTestDatabase();
   fake = await startFakeLlm();
-  service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1` });
+  fakeSearch = await startFakeSearch({ ids: ["hackernews"] });
+  service = await startTestApp(database, { ...fakeSearch.env, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1` });
 });
 afterAll(async () => {
   await service?.stop();
   await fake?.close();
+  await fakeSearch?.close();
   await database?.close();
 });
 
@@ -81,6 +85,33 @@ describe("GET /metrics", () => {
     expect(text).not.toContain(apiKey);
     expect(text).not.toContain(accountId);
     expect(text).not.toContain("checkout");
+  });
+
+  it("counts upstream LLM calls, tokens and answer methods, and search sources with cache hits", async () => {
+    const { apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    // The first decision of a process also probes the upstream; this one starts after that.
+    expect((await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey })).status).toBe(200);
+    const before = await (await fetch(`${service.url}/metrics`)).text();
+    const decided = await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
+    expect(decided.status).toBe(200);
+    const usage = decided.body.data["usage"] as { input_tokens: number; output_tokens: number; cached_input_tokens: number };
+    for (let i = 0; i < 2; i++) {
+      expect((await postJson(`${service.url}/api/v1/search`, { q: "postgres vacuum", s: ["hackernews"] }, { apiKey })).status).toBe(200);
+    }
+    const after = await (await fetch(`${service.url}/metrics`)).text();
+    const grew = (name: string, labels: Record<string, string> = {}) => (sample(after, name, labels) ?? 0) - (sample(before, name, labels) ?? 0);
+
+    expect(usage.input_tokens).toBeGreaterThan(0);
+    expect(grew("typesafe_llm_calls_total", { outcome: "ok" })).toBe(1);
+    expect(grew("typesafe_llm_call_duration_seconds_count")).toBe(1);
+    expect(grew("typesafe_llm_tokens_total", { kind: "input" })).toBe(usage.input_tokens);
+    expect(grew("typesafe_llm_tokens_total", { kind: "output" })).toBe(usage.output_tokens);
+    expect(grew("typesafe_llm_tokens_total", { kind: "cached_input" })).toBe(usage.cached_input_tokens);
+    expect(grew("typesafe_decision_answers_total", { method: "logprobs" })).toBe(1);
+    expect(grew("typesafe_search_source_results_total", { source: "hackernews", status: "ok" })).toBe(2);
+    expect(grew("typesafe_search_cache_hits_total", { source: "hackernews" })).toBe(1);
+    expect(grew("typesafe_search_source_duration_seconds_count", { source: "hackernews" })).toBe(2);
+    expect(after).not.toContain("postgres vacuum");
   });
 
   it("answers only GET, with the enveloped 405", async () => {
