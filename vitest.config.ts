@@ -6,6 +6,8 @@ export default defineConfig({
     // Other languages' clients need Debian packages: `npm run test:polyglot` (vitest.polyglot.config.ts).
     exclude: ["test/polyglot/**", "**/node_modules/**"],
     globalSetup: ["test/support/global-setup.ts"],
+    // Every gateway answer a test receives must match the OpenAPI document.
+    setupFiles: ["test/support/openapi-conformance.ts"],
     reporters: ["default", "./test/support/summary-reporter.ts"],
     testTimeout: 30_000,
     hookTimeout: 60_000,

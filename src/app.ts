@@ -6,7 +6,8 @@ import { createDecisionService } from "./decision/service.js";
 import { createGateway } from "./gateway/gateway.js";
 import { createMeter, type Meter } from "./metering/meter.js";
 import { createMetrics } from "./metrics.js";
-import { apiRoutes } from "./gateway/routes.js";
+import { apiRoutes, served } from "./gateway/routes.js";
+import { readOpenApiDocument } from "./openapi/served.js";
 import { DecisionService } from "./gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchRequestSchema, SearchService } from "./gen/typesafe/search/v1/search_service_pb.js";
 import { findSearchJsonViolation } from "./search/validate.js";
@@ -66,12 +67,13 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
       {
         routes,
         fallback: createGateway({
-          routes: apiRoutes({ decision, search }),
+          routes: apiRoutes([served(DecisionService, decision), served(SearchService, search)]),
           logger,
           maxBodyBytes: config.maxBodyBytes,
           isReady,
           shutdownSignal: shutdown.signal,
           metrics,
+          openApiDocument: readOpenApiDocument(),
         }),
         interceptors: [createObserveInterceptor(observer)],
         maxBodyBytes: config.maxBodyBytes,

@@ -22,7 +22,9 @@ export interface Metrics {
 
 export type LlmCallOutcome = "ok" | "rejected" | "failed" | "timeout" | "aborted";
 
-const METER_COUNTERS: [keyof MeterStats, string, string][] = [
+const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, string][] = [
+  ["settles", "typesafe_meter_settles_total", "Calls settled: charged their actual cost or used their free request."],
+  ["releases", "typesafe_meter_releases_total", "Holds given back after a failed call."],
   ["holdsExpired", "typesafe_meter_holds_expired_total", "Holds released by lease expiry (this replica's sweeper)."],
   ["lateSettles", "typesafe_meter_late_settles_total", "Work finished after its hold expired: answered as an error, not billed."],
   ["settleFailures", "typesafe_meter_settle_failures_total", "Settles that could not be recorded (answered 503; the lease releases the hold)."],
@@ -106,6 +108,24 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
   }
 
   new Gauge({
+    name: "typesafe_meter_holds_in_flight",
+    help: "Holds this replica has open: calls admitted and not yet settled or released.",
+    registers: [registry],
+    collect() {
+      this.set(deps.meter.stats().holdsInFlight);
+    },
+  });
+
+  const queryDuration = new Histogram({
+    name: "typesafe_db_query_duration_seconds",
+    help: "Database statements by outcome (ok, error), from send to answer.",
+    labelNames: ["outcome"] as const,
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    registers: [registry],
+  });
+  observeQueries(deps.db, (outcome, seconds) => queryDuration.observe({ outcome }, seconds));
+
+  new Gauge({
     name: "typesafe_db_pool_connections",
     help: "Database pool connections: used, free, and acquisitions waiting for one.",
     labelNames: ["state"] as const,
@@ -165,4 +185,23 @@ function protocolName(protocol: string): string {
     return "connect";
   }
   return "other";
+}
+
+/** Times every knex statement by its query id, from knex's own query events. */
+function observeQueries(db: Knex, record: (outcome: "ok" | "error", seconds: number) => void): void {
+  const started = new Map<string, number>();
+  const done = (outcome: "ok" | "error") => (_: unknown, query: { __knexQueryUid?: string }) => {
+    const uid = query.__knexQueryUid;
+    const start = uid === undefined ? undefined : started.get(uid);
+    if (start === undefined) return;
+    started.delete(uid!);
+    record(outcome, (performance.now() - start) / 1000);
+  };
+  db.on("query", (query: { __knexQueryUid?: string }) => {
+    if (query.__knexQueryUid === undefined) return;
+    if (started.size > 10_000) started.clear(); // statements whose answer event never came
+    started.set(query.__knexQueryUid, performance.now());
+  });
+  db.on("query-response", done("ok"));
+  db.on("query-error", done("error"));
 }

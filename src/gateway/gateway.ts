@@ -30,10 +30,6 @@ export interface RpcRoute<I extends DescMessage = DescMessage, O extends DescMes
   finishData?: (data: Record<string, unknown>) => void;
 }
 
-export function rpcRoute<I extends DescMessage, O extends DescMessage>(route: RpcRoute<I, O>): RpcRoute {
-  return route as unknown as RpcRoute;
-}
-
 export interface GatewayOptions {
   routes: RpcRoute[];
   logger: Logger;
@@ -44,7 +40,11 @@ export interface GatewayOptions {
   shutdownSignal?: AbortSignal;
   /** Served at GET /metrics (Prometheus text format) and fed by every call. */
   metrics?: Metrics;
+  /** The OpenAPI document of this surface (JSON text), served at GET /api/v1/openapi.json. */
+  openApiDocument?: string;
 }
+
+const OPENAPI_PATH = "/api/v1/openapi.json";
 
 /** The fallback handler of the Connect adapter: /api/v1 paths, health probes, and enveloped 404/405. */
 export function createGateway(options: GatewayOptions) {
@@ -73,6 +73,11 @@ export function createGateway(options: GatewayOptions) {
     if (path === "/metrics" && options.metrics) {
       if (req.method !== "GET") return refuse(req, res, requestId, path, methodNotAllowed(path, "GET"), { allow: "GET" });
       return sendMetrics(res, options.metrics, requestId);
+    }
+    if (path === OPENAPI_PATH && options.openApiDocument !== undefined) {
+      if (req.method !== "GET") return refuse(req, res, requestId, path, methodNotAllowed(path, "GET"), { allow: "GET" });
+      res.writeHead(200, { "content-type": "application/json; charset=utf-8", "cache-control": "public, max-age=300", "x-request-id": requestId });
+      return void res.end(options.openApiDocument);
     }
     const candidates = byPath.get(path);
     if (!candidates) {

@@ -1,37 +1,103 @@
+import { getOption, hasOption, type DescMethod, type DescMethodUnary, type DescService } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
+import { http } from "../gen/google/api/annotations_pb.js";
 import { DecisionService } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchService } from "../gen/typesafe/search/v1/search_service_pb.js";
 import { findSearchJsonViolation } from "../search/validate.js";
-import { rpcRoute, type RpcRoute } from "./gateway.js";
+import type { RpcRoute } from "./gateway.js";
 
-/** The /api/v1 path table: each path is one unary RPC of the Protobuf contract. */
-export function apiRoutes(services: {
-  decision: ServiceImpl<typeof DecisionService>;
-  search: ServiceImpl<typeof SearchService>;
-}): RpcRoute[] {
-  return [
-    rpcRoute({
-      httpMethod: "POST",
-      path: "/api/v1/decisions",
-      method: DecisionService.method.decide,
-      impl: services.decision.decide,
-      finishData: dropEmptyAnswerFields,
-    }),
-    rpcRoute({
-      httpMethod: "POST",
-      path: "/api/v1/search",
-      method: SearchService.method.search,
-      impl: services.search.search,
-      checkBody: findSearchJsonViolation,
-      finishData: nullMissingDates,
-    }),
-    rpcRoute({
-      httpMethod: "GET",
-      path: "/api/v1/sources",
-      method: SearchService.method.listSources,
-      impl: services.search.listSources,
-    }),
-  ];
+/** A service and its implementation, as registered on the Connect router. */
+export interface ServedService<S extends DescService = DescService> {
+  service: S;
+  impl: ServiceImpl<S>;
+}
+
+export function served<S extends DescService>(service: S, impl: ServiceImpl<S>): ServedService {
+  return { service, impl } as unknown as ServedService;
+}
+
+/** Where a JSON path goes, read from a method's `google.api.http` annotation. */
+export interface HttpBinding {
+  httpMethod: "GET" | "POST";
+  path: string;
+}
+
+/**
+ * The /api/v1 path table, built from the `google.api.http` annotations in
+ * proto/: every annotated unary RPC of a served service gets its path, so the
+ * proto is the source of truth for the HTTP surface as for the messages.
+ */
+export function apiRoutes(services: ServedService[]): RpcRoute[] {
+  const routes: RpcRoute[] = [];
+  for (const { service, impl } of services) {
+    for (const method of service.methods) {
+      const binding = httpBindingOf(method);
+      if (binding === undefined) continue;
+      const handler = (impl as Record<string, RpcRoute["impl"] | undefined>)[method.localName];
+      if (method.methodKind !== "unary") throw new Error(`${method.parent.typeName}.${method.name}: an HTTP binding needs a unary RPC`);
+      if (handler === undefined) throw new Error(`${method.parent.typeName}.${method.name}: has an HTTP binding but no implementation`);
+      const touches = jsonTouchesOf(method);
+      routes.push({ ...binding, method: method as DescMethodUnary, impl: handler.bind(impl), checkBody: touches?.checkBody, finishData: touches?.finishData });
+    }
+  }
+  return routes;
+}
+
+/**
+ * The HTTP binding of a method, or undefined when it has none. The gateway
+ * serves what the contract needs: `get` without a body, `post` with `body: "*"`,
+ * literal paths; any other rule is refused at start rather than half-served.
+ */
+export function httpBindingOf(method: DescMethod): HttpBinding | undefined {
+  if (!hasOption(method, http)) return undefined;
+  const rule = getOption(method, http);
+  const where = `${method.parent.typeName}.${method.name}`;
+  if (rule.additionalBindings.length > 0) throw new Error(`${where}: additional_bindings are not supported`);
+  const { pattern } = rule;
+  let binding: HttpBinding;
+  if (pattern.case === "get" && rule.body === "") binding = { httpMethod: "GET", path: pattern.value };
+  else if (pattern.case === "post" && rule.body === "*") binding = { httpMethod: "POST", path: pattern.value };
+  else throw new Error(`${where}: only get without a body and post with body "*" are supported`);
+  if (!/^(\/[A-Za-z0-9._~-]+)+$/.test(binding.path)) throw new Error(`${where}: ${binding.path} must be a literal path`);
+  return binding;
+}
+
+/**
+ * What the JSON surface of an RPC adds to its messages: rules of the body the
+ * message cannot express, touches on the answer's `data`, and the same touches
+ * described in the OpenAPI document's schemas (by message type name).
+ */
+export interface JsonTouches extends Pick<RpcRoute, "checkBody" | "finishData"> {
+  documentData?: (schemas: Record<string, Record<string, unknown>>) => void;
+}
+
+/** The touches of an RPC, by its full name (so descriptors from any registry find them). */
+export function jsonTouchesOf(method: DescMethod): JsonTouches | undefined {
+  return jsonTouches[`${method.parent.typeName}.${method.name}`];
+}
+
+const jsonTouches: Record<string, JsonTouches> = {
+  [`${DecisionService.typeName}.${DecisionService.method.decide.name}`]: {
+    finishData: dropEmptyAnswerFields,
+    documentData: (schemas) => notRequired(schemas["typesafe.decision.v1.Answer"], ["probabilities", "legend"]),
+  },
+  [`${SearchService.typeName}.${SearchService.method.search.name}`]: {
+    checkBody: findSearchJsonViolation,
+    finishData: nullMissingDates,
+    documentData: (schemas) => requiredOrNull(schemas["typesafe.search.v1.Result"], ["published_at", "discussion_url"]),
+  },
+};
+
+function notRequired(schema: Record<string, unknown> | undefined, fields: string[]): void {
+  if (!schema) return;
+  schema["required"] = (schema["required"] as string[]).filter((name) => !fields.includes(name));
+}
+
+function requiredOrNull(schema: Record<string, unknown> | undefined, fields: string[]): void {
+  if (!schema) return;
+  const properties = schema["properties"] as Record<string, Record<string, unknown>>;
+  for (const name of fields) properties[name] = { ...properties[name], type: [properties[name]!["type"], "null"] };
+  schema["required"] = [...(schema["required"] as string[]), ...fields];
 }
 
 /** Answers keep only the fields of their type (a noul answer has no empty `probabilities`). */

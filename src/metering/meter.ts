@@ -84,6 +84,12 @@ export type MeteredResult<T> =
 
 /** Counts of the events that should stay near zero; non-zero means stalls, crashes or DB trouble. */
 export interface MeterStats {
+  /** Holds this replica has open right now (work running or being settled). */
+  holdsInFlight: number;
+  /** Calls settled (charged their actual cost, or used their free request). */
+  settles: number;
+  /** Holds given back after a failed call, by this replica. */
+  releases: number;
   /** Holds released by lease expiry via this replica's sweeper. */
   holdsExpired: number;
   /** Work finished after its hold had expired: answered as an error, not billed. */
@@ -149,7 +155,7 @@ export function createMeter(deps: MeterDeps): Meter {
   const held = new Set<string>();
   /** Releases under way, so shutdown can wait for them before the pool closes. */
   const releasing = new Set<Promise<void>>();
-  const counters: MeterStats = { holdsExpired: 0, lateSettles: 0, settleFailures: 0, releaseFailures: 0, cappedCharges: 0 };
+  const counters: Omit<MeterStats, "holdsInFlight"> = { settles: 0, releases: 0, holdsExpired: 0, lateSettles: 0, settleFailures: 0, releaseFailures: 0, cappedCharges: 0 };
   let closing = false;
   let sweeper: NodeJS.Timeout | undefined;
   let sweeping: Promise<void> | undefined;
@@ -176,7 +182,8 @@ export function createMeter(deps: MeterDeps): Meter {
   function release(requestId: string, log: Logger): Promise<void> {
     const pending = (async () => {
       try {
-        await resolveWithRetry({ requestId, success: false, now: now() });
+        const released = await resolveWithRetry({ requestId, success: false, now: now() });
+        if (released.outcome === "released") counters.releases++;
       } catch (err) {
         counters.releaseFailures++;
         log.warn("release failed; the lease will release the hold", { err });
@@ -340,6 +347,7 @@ export function createMeter(deps: MeterDeps): Meter {
       });
       throw apiError("UNAVAILABLE", "the call outlived its reservation and was not billed; retry");
     }
+    counters.settles++;
     if (settled.capped) {
       counters.cappedCharges++;
       log.warn("actual cost above the reservation; charged the reservation", {
@@ -379,6 +387,7 @@ export function createMeter(deps: MeterDeps): Meter {
       log.warn("a settle attempt had committed though its reply was lost; answering with its billing");
       return asOwnOutcome(fallback, { requestId, success: true, actualUnits: chargeUnits });
     }
+    if (fallback.outcome === "released") counters.releases++;
     log.warn("settle failed; the hold was released and the call is answered 503", { err: settleError });
     throw apiError("UNAVAILABLE", "the call could not be billed because the database is unreachable; it was not billed; retry later", {
       cause: settleError,
@@ -422,7 +431,7 @@ export function createMeter(deps: MeterDeps): Meter {
       sweeper = undefined;
       await sweeping;
     },
-    stats: () => ({ ...counters }),
+    stats: () => ({ ...counters, holdsInFlight: held.size }),
   };
 }
 

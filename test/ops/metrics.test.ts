@@ -114,6 +114,28 @@ describe("GET /metrics", () => {
     expect(after).not.toContain("postgres vacuum");
   });
 
+  it("counts settles and releases, shows holds in flight, and times database statements", async () => {
+    const { apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    const before = await (await fetch(`${service.url}/metrics`)).text();
+    expect((await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey })).status).toBe(200);
+    // Algolia's shape for an error answer (hn.algolia.com/api: {"message", "status"}); the only source failing makes the call fail.
+    fakeSearch.providers.hackernews.reply({ status: 503, body: { message: "Service Unavailable", status: 503 } });
+    try {
+      expect((await postJson(`${service.url}/api/v1/search`, { q: "released hold", s: ["hackernews"] }, { apiKey })).status).toBe(502);
+    } finally {
+      fakeSearch.reset();
+    }
+    const after = await (await fetch(`${service.url}/metrics`)).text();
+    const grew = (name: string, labels: Record<string, string> = {}) => (sample(after, name, labels) ?? 0) - (sample(before, name, labels) ?? 0);
+
+    expect(grew("typesafe_meter_settles_total")).toBe(1);
+    expect(grew("typesafe_meter_releases_total")).toBe(1);
+    expect(sample(after, "typesafe_meter_holds_in_flight")).toBe(0);
+    // Admission and settle of the decision, admission and release of the search: at least four statements.
+    expect(grew("typesafe_db_query_duration_seconds_count", { outcome: "ok" })).toBeGreaterThanOrEqual(4);
+    expect(sample(after, "typesafe_db_query_duration_seconds_sum", { outcome: "ok" })).toBeGreaterThan(0);
+  });
+
   it("answers only GET, with the enveloped 405", async () => {
     const response = await fetch(`${service.url}/metrics`, { method: "POST", body: "{}" });
     expect(response.status).toBe(405);

@@ -26,6 +26,8 @@ const DECISION_FILE = "typesafe/decision/v1/decision_service.proto";
 const SEARCH_FILE = "typesafe/search/v1/search_service.proto";
 const HEALTH_FILE = "grpc/health/v1/health.proto";
 const STRUCT_FILE = "google/protobuf/struct.proto";
+/** google.api.http on the RPCs brings its annotation files and their import. */
+const HTTP_ANNOTATION_FILES = ["google/api/annotations.proto", "google/api/http.proto", "google/protobuf/descriptor.proto"];
 
 let server: H2cServer;
 let client: Client<typeof ServerReflection>;
@@ -113,13 +115,13 @@ describe("grpc.reflection.v1 over the gRPC protocol", () => {
     expect(file?.package).toBe("typesafe.decision.v1");
     expect(file?.service.map((s) => s.name)).toEqual(["DecisionService"]);
     expect(file?.service[0]?.method.map((m) => m.name)).toEqual(["Decide"]);
-    expect(deps.map((d) => d.name)).toEqual([STRUCT_FILE]);
+    expect(deps.map((d) => d.name)).toEqual([...HTTP_ANNOTATION_FILES, STRUCT_FILE]);
   });
 
   it("file_by_filename includes transitive dependencies, enough to rebuild the schema", async () => {
     const res = await reflectOne({ messageRequest: { case: "fileByFilename", value: DECISION_FILE } });
     const files = decodedFiles(res);
-    expect(files.map((f) => f.name)).toEqual([DECISION_FILE, STRUCT_FILE]);
+    expect(files.map((f) => f.name)).toEqual([DECISION_FILE, ...HTTP_ANNOTATION_FILES, STRUCT_FILE]);
     // A FileDescriptorSet lists imports before their importers.
     const registry = createFileRegistry(create(FileDescriptorSetSchema, { file: [...files].reverse() }));
     expect(registry.getService("typesafe.decision.v1.DecisionService")?.methods.map((m) => m.name)).toEqual([
@@ -133,7 +135,7 @@ describe("grpc.reflection.v1 over the gRPC protocol", () => {
       { messageRequest: { case: "fileByFilename", value: DECISION_FILE } },
     );
     if (!first || !second) throw new Error("expected two responses");
-    expect(decodedFiles(first).map((f) => f.name)).toEqual([DECISION_FILE, STRUCT_FILE]);
+    expect(decodedFiles(first).map((f) => f.name)).toEqual([DECISION_FILE, ...HTTP_ANNOTATION_FILES, STRUCT_FILE]);
     expect(decodedFiles(second).map((f) => f.name)).toEqual([DECISION_FILE]);
   });
 
@@ -199,7 +201,7 @@ describe("grpc.reflection.v1alpha", () => {
       }
     }
     expect(cases).toEqual(["fileDescriptorResponse", "errorResponse"]);
-    expect(names).toEqual([SEARCH_FILE]);
+    expect(names).toEqual([SEARCH_FILE, ...HTTP_ANNOTATION_FILES]);
   });
 });
 

@@ -4,6 +4,7 @@ import { createAccount, createApiKey } from "../../src/accounts/store.js";
 import { loadConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
 import type { TestDatabase } from "./database.js";
+import { checkAnswersOf } from "./openapi-conformance.js";
 
 export interface TestApp {
   app: App;
@@ -28,6 +29,7 @@ export async function startTestApp(
     DATABASE_URL: database.url,
   });
   const app = await startApp(config, createLogger(config.logLevel, {}, options.onLogLine));
+  checkAnswersOf(app.server.url);
   return { app, url: app.server.url, stop: () => app.stop() };
 }
 

@@ -1,0 +1,31 @@
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { createFileRegistry, fromBinary } from "@bufbuild/protobuf";
+import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
+import { getComments } from "@bufbuild/protoplugin";
+import { DecisionService } from "../gen/typesafe/decision/v1/decision_service_pb.js";
+import { SearchService } from "../gen/typesafe/search/v1/search_service_pb.js";
+import { buildOpenApiDocument } from "./document.js";
+import { OPENAPI_DOCUMENT_PATH } from "./served.js";
+
+/**
+ * `npm run generate` (after `buf generate`): writes src/gen/openapi.json from
+ * proto/. `buf build` gives the descriptors with their comments, which become
+ * the document's descriptions. CI regenerates it and fails when it differs.
+ */
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "typesafe-openapi-"));
+try {
+  const image = path.join(scratch, "image.binpb");
+  execFileSync("buf", ["build", "-o", image], { stdio: "inherit" });
+  const registry = createFileRegistry(fromBinary(FileDescriptorSetSchema, fs.readFileSync(image)));
+  const { version } = JSON.parse(fs.readFileSync("package.json", "utf8")) as { version: string };
+  const document = buildOpenApiDocument(registry, [DecisionService.typeName, SearchService.typeName], version, (desc) => {
+    const text = getComments(desc).leading?.trim();
+    return text ? text.replace(/\s*\n\s*/g, " ") : undefined;
+  });
+  fs.writeFileSync(OPENAPI_DOCUMENT_PATH, `${JSON.stringify(document, null, 2)}\n`);
+} finally {
+  fs.rmSync(scratch, { recursive: true, force: true });
+}
