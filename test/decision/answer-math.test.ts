@@ -4,12 +4,14 @@ import {
   choiceAnswer,
   choiceConfidence,
   combineTwoStage,
+  errorAnswer,
   groupsToExpand,
   isReasoningOpener,
   noulAnswer,
   firstPositionWindow,
   mostProbable,
   readLabelDistribution,
+  round6,
   scoreAnswer,
   scoreConfidence,
 } from "../../src/decision/answer-math.js";
@@ -231,5 +233,117 @@ describe("labels and prompt", () => {
     ["96 KB of plain text stays under the 32K budget", "word ".repeat(19_660), 8 + 24_575],
   ])("estimates tokens: %s", (_name, content, tokens) => {
     expect(estimateTokens([{ role: "user", content }])).toBe(tokens);
+  });
+});
+
+describe("rules that mutation testing showed unpinned", () => {
+  it("skips entries that are not labels or whose logprob is not a finite number (NaN, +Infinity)", () => {
+    const read = readLabelDistribution(
+      [
+        { token: "A", logprob: Math.log(0.25) },
+        { token: "Z", logprob: Math.log(0.5) },
+        { token: "B", logprob: Number.NaN },
+        { token: "B", logprob: Number.POSITIVE_INFINITY },
+        { token: "B", logprob: -9999 },
+      ],
+      letterLabels(2),
+    );
+    expect(read).toEqual({ probabilities: [1, 0], mass: 0.25, unseen: 1 });
+  });
+
+  it("a positive logprob (a server rounding up) counts as probability 1, not more", () => {
+    expect(readLabelDistribution([{ token: "A", logprob: 0.01 }, { token: "B", logprob: Math.log(0.5) }], letterLabels(2))).toEqual({
+      probabilities: [1 / 1.5, 0.5 / 1.5],
+      mass: 1,
+      unseen: 0,
+    });
+  });
+
+  it("mostProbable keeps the first of equal entries", () => {
+    const window = [{ token: "A", logprob: -0.5 }, { token: "B", logprob: -0.5 }, { token: "C", logprob: -2 }];
+    expect(mostProbable(window)?.token).toBe("A");
+    expect(mostProbable([])).toBeUndefined();
+  });
+
+  it.each([
+    ["<think>", true],
+    ["  <think>", true],
+    ["</think>", true],
+    ["<thinking>", true],
+    ["<reasoning>", true],
+    ["<|channel|>", true],
+    [" <|start|>", true],
+    ["x<think>", false],
+    ["A <think>", false],
+    ["<thinker", false],
+    ["A<|", false],
+    ["A", false],
+  ])("isReasoningOpener(%j) is %s: anchored at the start, after spaces only", (token, expected) => {
+    expect(isReasoningOpener(token)).toBe(expected);
+  });
+
+  it("isReasoningOpener(undefined) is false", () => {
+    expect(isReasoningOpener(undefined)).toBe(false);
+  });
+
+  it("argmax looks at the last entry too; the confidence of one option is 1", () => {
+    expect(choiceAnswer(["a", "b", "c"], [0.2, 0.3, 0.5], { method: "logprobs" }).choice).toBe("c");
+    expect(choiceConfidence([1])).toBe(1);
+    expect(choiceConfidence([0.5, 0.5])).toBe(0);
+  });
+
+  it("a one-level scale is fully confident; a certain level too", () => {
+    expect(scoreConfidence([1])).toBe(1);
+    expect(scoreConfidence([0, 0, 1])).toBe(1);
+  });
+
+  it("x_unseen only when some label was unseen; x_approx whenever the readout says so, false included", () => {
+    expect(noulAnswer([0.6, 0.4], { method: "logprobs", unseen: 0 })).not.toHaveProperty("xUnseen");
+    expect(noulAnswer([1, 0], { method: "logprobs", unseen: 1 })).toMatchObject({ xUnseen: 1 });
+    expect(choiceAnswer(["a", "b"], [0.5, 0.5], { method: "logprobs", approx: false })).toMatchObject({ xApprox: false });
+    expect(choiceAnswer(["a", "b"], [0.5, 0.5], { method: "logprobs", approx: true })).toMatchObject({ xApprox: true });
+    expect(choiceAnswer(["a", "b"], [0.5, 0.5], { method: "logprobs" })).not.toHaveProperty("xApprox");
+  });
+
+  it.each([
+    ["no_signal", "no answer label appeared in the upstream model's next-token distribution"],
+    ["upstream_error", "the upstream model failed to answer this question"],
+    ["timeout", "the upstream model did not answer within the deadline"],
+    ["refusal", "the upstream model refused to answer this question"],
+    ["unsupported", "the upstream model cannot answer this kind of question"],
+  ] as const)("an %s error answer has its fixed message", (code, message) => {
+    expect(errorAnswer(code, true)).toEqual({ type: "error", code, message, retryable: true });
+    expect(errorAnswer(code, false).retryable).toBe(false);
+  });
+
+  it("groupsToExpand: ties go to the lower group; exactly the coverage stops; zero groups are never expanded", () => {
+    expect(groupsToExpand([0.25, 0.25, 0.25, 0.25], 2)).toEqual([0, 1]);
+    expect(groupsToExpand([0.2, 0.3, 0.3, 0.2], 3)).toEqual([1, 2, 0]);
+    expect(groupsToExpand([0.5, 0.5, 0], 3, 0.5)).toEqual([0]);
+    expect(groupsToExpand([1, 0, 0], 3)).toEqual([0]);
+    expect(groupsToExpand([0.6, 0, 0.4], 3, 1)).toEqual([0, 2]);
+  });
+
+  it("combineTwoStage: a zero-probability group left unasked does not make the answer approximate", () => {
+    const groups = [[0, 1], [2, 3]];
+    const exact = combineTwoStage(groups, [1, 0], new Map([[0, [0.25, 0.75]]]), 4);
+    expect(exact).toEqual({ probabilities: [0.25, 0.75, 0, 0], approx: false });
+    const approx = combineTwoStage(groups, [0.9, 0.1], new Map([[0, [0.25, 0.75]]]), 4);
+    expect(approx.approx).toBe(true);
+    expect(approx.probabilities.map(round6)).toEqual([0.225, 0.675, 0.05, 0.05]);
+  });
+
+  it("combineTwoStage covers every option, also one no group lists", () => {
+    expect(combineTwoStage([[0]], [1], new Map([[0, [1]]]), 2).probabilities).toEqual([1, 0]);
+  });
+
+  it("averageDistributions: agreement is set by the sample furthest from the mean, of three", () => {
+    const { probabilities, agreement } = averageDistributions([
+      [0.5, 0.5],
+      [0.5, 0.5],
+      [0.8, 0.2],
+    ]);
+    expect(probabilities.map(round6)).toEqual([0.6, 0.4]);
+    expect(round6(agreement)).toBe(0.8);
   });
 });

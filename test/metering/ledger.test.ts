@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { revokeApiKey } from "../../src/accounts/store.js";
-import { admit, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
+import { admit, grant, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
 import { decisionReserveUnits, searchReserveUnits } from "../../src/metering/meter.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -197,7 +197,7 @@ describe("idempotency keys (A6)", () => {
     const key = { idempotencyKey: "order-42", requestHash: hash("body-1"), freeAllowed: false };
     const first = admitted(await a.call({ ...key, now: at(0) }));
     expect((await a.call({ ...key, now: at(1) })).outcome).toBe("idempotency_in_progress");
-    expect((await a.call({ ...key, requestHash: hash("body-2"), now: at(2) })).outcome).toBe("idempotency_mismatch");
+    expect(await a.call({ ...key, requestHash: hash("body-2"), now: at(2) })).toMatchObject({ outcome: "idempotency_mismatch", requestId: first.requestId });
 
     await resolve(database.db, { requestId: first.requestId, success: true, actualUnits: 7_000, response: { answer: 42 }, now: at(3) });
     const replay = await a.call({ ...key, now: at(4) });
@@ -244,5 +244,38 @@ describe("keys (A7)", () => {
       leaseMs: 1_000,
     });
     expect(refused).toEqual({ outcome: "unauthenticated" });
+  });
+});
+
+describe("answers of the ledger functions that callers branch on", () => {
+  it("resolving a request id nobody admitted is not_found, and changes nothing", async () => {
+    const requestId = crypto.randomUUID();
+    expect(await resolve(database.db, { requestId, success: true, actualUnits: 1, now: at(1) })).toEqual({ outcome: "not_found", requestId });
+    expect(await resolve(database.db, { requestId, success: false, now: at(2) })).toEqual({ outcome: "not_found", requestId });
+  });
+
+  it("capped only for a paid settle above the reservation: never a release, never a free call", async () => {
+    const a = await account({ units: 100_000, freeRequests: 1 });
+    const free = admitted(await a.call({ now: at(0) }));
+    expect(free.funding).toBe("free");
+    expect(await resolve(database.db, { requestId: free.requestId, success: true, actualUnits: 50_000, now: at(1) })).toMatchObject({ outcome: "settled", capped: false, chargedUnits: 0 });
+    const released = admitted(await a.call({ freeAllowed: false, now: at(2) }));
+    expect(await resolve(database.db, { requestId: released.requestId, success: false, now: at(3) })).toMatchObject({ outcome: "released", capped: false });
+    const exact = admitted(await a.call({ freeAllowed: false, now: at(4) }));
+    expect(await resolve(database.db, { requestId: exact.requestId, success: true, actualUnits: 32_000, now: at(5) })).toMatchObject({ capped: false, chargedUnits: 32_000 });
+    await a.check();
+  });
+
+  it("grant adds units and free requests to an account; an unknown account gets undefined", async () => {
+    const a = await account({ units: 1_000, freeRequests: 2 });
+    expect(await grant(database.db, { accountId: a.accountId, units: 500, freeRequests: 3, now: at(1) })).toEqual({
+      accountId: a.accountId,
+      balanceUnits: 1_500,
+      reservedUnits: 0,
+      freeRemaining: 5,
+      freeReserved: 0,
+    });
+    expect(await grant(database.db, { accountId: crypto.randomUUID(), units: 500, freeRequests: 0, now: at(2) })).toBeUndefined();
+    await a.check();
   });
 });
