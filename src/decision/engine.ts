@@ -101,8 +101,8 @@ function lines(labels: LabelSet, texts: readonly string[]): LabelLine[] {
   return texts.map((text, i) => ({ symbol: labels.symbols[i]!, text }));
 }
 
-function groupListing(options: readonly string[]) {
-  const groups = splitIntoGroups(options.length);
+function groupListing(options: readonly string[], perGroup = MAX_LABELS_PER_CALL) {
+  const groups = splitIntoGroups(options.length, perGroup);
   const symbols = letterLabels(groups.length).symbols;
   return groups.map((members, g) => ({ symbol: symbols[g]!, names: members.map((i) => options[i]!) }));
 }
@@ -137,6 +137,8 @@ interface Asker {
   stateBlock: string;
   cacheKey: string;
   options: CallOptions;
+  /** Labels one call can read: 26 letters, or fewer when the server caps its logprob window. */
+  labelsPerCall: number;
 }
 
 /** The engine over one LLM client; it keeps no state between requests (the client caches the probe). */
@@ -155,7 +157,12 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
     // Every call of the request listens on one signal: up to 40 questions × (call, retry wait, semaphore).
     const request = linkedSignal([options.signal]);
     setMaxListeners(0, request.signal);
-    const ask: Asker = { stateBlock: input.stateBlock, cacheKey, options: { signal: request.signal, deadlineMs: options.deadlineMs } };
+    const ask: Asker = {
+      stateBlock: input.stateBlock,
+      cacheKey,
+      options: { signal: request.signal, deadlineMs: options.deadlineMs },
+      labelsPerCall: Math.min(MAX_LABELS_PER_CALL, caps.topLogprobs),
+    };
     const results = await Promise.all(
       input.questions.map(async (q): Promise<QuestionResult> => {
         try {
@@ -200,7 +207,7 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
         return { answer: scoreAnswer(q.labels, r.distribution.probabilities, logprobExtras(r.distribution)), billed: [r.usage] };
       }
       case "choice": {
-        if (q.options.length > MAX_LABELS_PER_CALL) return twoStageChoice(q.instructions, q.options, ask);
+        if (q.options.length > ask.labelsPerCall) return twoStageChoice(q.instructions, q.options, ask);
         const labels = letterLabels(q.options.length);
         const r = await readout(ask, choiceBlock(q.instructions, lines(labels, q.options)), labels);
         return { answer: choiceAnswer(q.options, r.distribution.probabilities, logprobExtras(r.distribution)), billed: [r.usage] };
@@ -209,16 +216,20 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
   }
 
   /**
-   * More than 26 options: ask for the group letter, then within the likely
-   * groups (at most 3, covering 99 % of the mass, within the question's
-   * token budget); P(option) = P(group) · P(option | group).
+   * More options than one call can read (26, or the server's logprob cap):
+   * ask for the group letter, then within the likely groups (at most 3,
+   * covering 99 % of the mass, within the question's token budget);
+   * P(option) = P(group) · P(option | group). A group whose call failed is
+   * asked once more when it could hold the winner, and the question fails
+   * (retryable) if it still cannot be read: never a silently different choice.
    */
   async function twoStageChoice(instructions: string, options: readonly string[], ask: Asker): Promise<QuestionResult> {
-    const groups = splitIntoGroups(options.length);
-    const stage1 = await readout(ask, groupBlock(instructions, groupListing(options)), letterLabels(groups.length));
+    const groups = splitIntoGroups(options.length, ask.labelsPerCall);
+    const stage1 = await readout(ask, groupBlock(instructions, groupListing(options, ask.labelsPerCall)), letterLabels(groups.length));
+    const groupProbabilities = stage1.distribution.probabilities;
     let budget = QUESTION_BUDGET_TOKENS - stage1.usage.promptTokens;
     const planned: Array<{ group: number; block: QuestionBlock; labels: LabelSet }> = [];
-    for (const group of groupsToExpand(stage1.distribution.probabilities)) {
+    for (const group of groupsToExpand(groupProbabilities)) {
       const members = groups[group]!;
       const labels = letterLabels(members.length);
       const block = choiceBlock(instructions, lines(labels, members.map((i) => options[i]!)));
@@ -227,25 +238,40 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
       budget -= cost;
       planned.push({ group, block, labels });
     }
-    const inner = await Promise.all(
-      planned.map(async (p) => {
-        try {
-          return { group: p.group, readout: await readout(ask, p.block, p.labels) };
-        } catch (err) {
-          if (err instanceof LlmCallError && err.code === "aborted") throw err;
-          logger.debug("two-stage choice: a group could not be read; spread evenly", { group: p.group });
-          return undefined;
-        }
-      }),
-    );
+    type GroupRead = { group: number; readout: Readout } | { group: number; error: unknown };
+    const readGroup = async (p: (typeof planned)[number]): Promise<GroupRead> => {
+      try {
+        return { group: p.group, readout: await readout(ask, p.block, p.labels) };
+      } catch (err) {
+        if (err instanceof LlmCallError && err.code === "aborted") throw err;
+        return { group: p.group, error: err };
+      }
+    };
+    const inner = await Promise.all(planned.map(readGroup));
     const within = new Map<number, number[]>();
     const billed = [stage1.usage];
-    for (const result of inner) {
-      if (!result) continue;
+    const take = (result: GroupRead) => {
+      if (!("readout" in result)) return false;
       within.set(result.group, result.readout.distribution.probabilities);
       billed.push(result.readout.usage);
+      return true;
+    };
+    const failed = inner.filter((result) => !take(result));
+    if (failed.length > 0) {
+      // What the others say without the failed groups: a failed group matters when its whole mass could beat their best.
+      const known = combineTwoStage(groups, groupProbabilities, within, options.length).probabilities;
+      for (const { group } of failed) {
+        const others = Math.max(0, ...known.filter((_p, option) => !groups[group]!.includes(option)));
+        if (groupProbabilities[group]! < others) {
+          logger.debug("two-stage choice: a group could not be read and cannot hold the winner; spread evenly", { group });
+          continue;
+        }
+        const again = await readGroup(planned.find((p) => p.group === group)!);
+        if ("error" in again) throw again.error;
+        take(again);
+      }
     }
-    const combined = combineTwoStage(groups, stage1.distribution.probabilities, within, options.length);
+    const combined = combineTwoStage(groups, groupProbabilities, within, options.length);
     const answer = choiceAnswer(options, combined.probabilities, {
       method: "logprobs",
       mass: stage1.distribution.mass,

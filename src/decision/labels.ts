@@ -90,11 +90,12 @@ export function optionOrder(names: Iterable<string>): string[] {
 }
 
 /**
- * Splits `count` options, in order, into the fewest groups of at most 26,
- * as evenly as possible (27 options: 14 + 13). Returns option indexes per group.
+ * Splits `count` options, in order, into the fewest groups of at most
+ * `perGroup` (26 letters, or a server's logprob cap), as evenly as possible
+ * (27 options: 14 + 13). Returns option indexes per group.
  */
-export function splitIntoGroups(count: number): number[][] {
-  const groupCount = Math.ceil(count / MAX_LABELS_PER_CALL);
+export function splitIntoGroups(count: number, perGroup = MAX_LABELS_PER_CALL): number[][] {
+  const groupCount = Math.ceil(count / perGroup);
   const groups: number[][] = [];
   let next = 0;
   for (let g = 0; g < groupCount; g++) {

@@ -13,6 +13,7 @@ import {
   startFakeLlm,
   textReply,
   userContent,
+  vllmMaxLogprobs,
   type FakeHandler,
 } from "../support/fake-llm.js";
 
@@ -145,6 +146,70 @@ describe("logprobs path", () => {
     expect(probabilities.o1).toBe(0.6);
     expect(probabilities.o14).toBeCloseTo(0.4 / 13, 6);
     expect(answers.pick).toMatchObject({ choice: "o1", xApprox: true });
+  });
+});
+
+describe("two-stage choice when a group cannot be read", () => {
+  const options = Array.from({ length: 60 }, (_, i) => `opt${i}`);
+  // 60 options in three groups of 20: A = opt0–19, B = opt20–39, C = opt40–59; the true best is opt45 (0.5).
+  const stage1 = () => logprobsReply({ A: 0.3, B: 0.2, C: 0.5 }, { prompt: 400 });
+  const groupA = () => logprobsReply({ D: 1 }, { prompt: 200 });
+  const groupB = () => logprobsReply({ A: 1 }, { prompt: 200 });
+
+  it("asks the group that could hold the winner once more, and answers from it", async () => {
+    const { outcome, answers, fake } = await decide(
+      routeByMarker({
+        "Options, in groups": stage1,
+        "A: opt0\n": groupA,
+        "A: opt20\n": groupB,
+        // No label in the window twice (the readout's own retry), then an answer on the group's second read.
+        "A: opt40\n": (_r, n) => (n <= 2 ? logprobsReply({ Hello: 1 }) : logprobsReply({ F: 1 }, { prompt: 200 })),
+      }),
+      [{ key: "pick", type: "choice", instructions: "Pick one", options }],
+    );
+    expect(answers.pick).toMatchObject({ choice: "opt45", xApprox: false });
+    expect((answers.pick!.probabilities as Record<string, number>).opt45).toBe(0.5);
+    expect(fake.questionRequests().filter((r) => userContent(r).includes("A: opt40\n"))).toHaveLength(3);
+    // Billed: the calls that answered (stage 1, groups A and B, group C's third call).
+    expect(outcome.usage).toMatchObject({ inputTokens: 1_000, upstreamCalls: 4 });
+  });
+
+  it("fails the question (retryable) when that group still cannot be read, instead of naming another winner", async () => {
+    const { outcome, answers } = await decide(
+      routeByMarker({
+        "Options, in groups": stage1,
+        "A: opt0\n": groupA,
+        "A: opt20\n": groupB,
+        "A: opt40\n": () => logprobsReply({ Hello: 1 }),
+      }),
+      [{ key: "pick", type: "choice", instructions: "Pick one", options }],
+    );
+    expect(answers.pick).toEqual({ type: "error", code: "no_signal", message: expect.any(String), retryable: true });
+    expect(outcome).toMatchObject({ answered: 0, usage: { upstreamCalls: 0 } });
+  });
+});
+
+describe("a server that caps its logprob window (vLLM --max-logprobs 5)", () => {
+  it("asks a 12-option choice in groups of at most 5, each call within the window", async () => {
+    const options = Array.from({ length: 12 }, (_, i) => `o${i}`);
+    const route = routeByMarker({
+      "Options, in groups": () => logprobsReply({ A: 0.1, B: 0.8, C: 0.1 }),
+      "A: o0\n": () => logprobsReply({ A: 1 }),
+      "A: o4\n": () => logprobsReply({ C: 0.9, D: 0.1 }),
+      "A: o8\n": () => logprobsReply({ B: 1 }),
+    });
+    const { answers, fake } = await decide((request) => (Number(request.body.top_logprobs) > 5 ? vllmMaxLogprobs(Number(request.body.top_logprobs), 5) : route(request)), [
+      { key: "pick", type: "choice", instructions: "Pick one", options },
+    ]);
+    expect(answers.pick).toMatchObject({ choice: "o6", xApprox: false });
+    expect((answers.pick!.probabilities as Record<string, number>).o6).toBe(0.72);
+    const asked = fake.questionRequests();
+    for (const r of asked) expect(r.body.top_logprobs).toBe(5);
+    const listing = userContent(asked.find((r) => userContent(r).includes("Options, in groups"))!);
+    expect(listing).toContain("Group A:\n- o0\n- o1\n- o2\n- o3\nGroup B:\n- o4\n");
+    expect(listing).toContain("Group C:\n- o8\n- o9\n- o10\n- o11\n\n");
+    const inner = userContent(asked.find((r) => userContent(r).includes("A: o4\n"))!);
+    expect(inner).toContain("A: o4\nB: o5\nC: o6\nD: o7\n\n");
   });
 });
 

@@ -1,7 +1,7 @@
 import { describe, expect, it, onTestFinished } from "vitest";
 import { createLogger } from "../../src/logger.js";
 import { adjustAfterRejection, createLlmClient, logprobCapIn, type CallOptions, type LlmCapabilities } from "../../src/upstream/llm-client.js";
-import { fakeLlmConfig, isProbe, logprobsReply, PROBE_OK, startFakeLlm, textReply, type ChatBody, type FakeReply } from "../support/fake-llm.js";
+import { fakeLlmConfig, isProbe, logprobsReply, PROBE_OK, startFakeLlm, textReply, vllmMaxLogprobs, type ChatBody, type FakeReply } from "../support/fake-llm.js";
 
 /**
  * The request validation of real OpenAI-compatible servers, reproduced by the
@@ -17,14 +17,6 @@ function openAiUnsupported(param: string): FakeReply {
   return {
     status: 400,
     json: { error: { message: `Unsupported parameter: '${param}' is not supported with this model.`, type: "invalid_request_error", param, code: "unsupported_parameter" } },
-  };
-}
-
-/** vLLM's error body (vllm/entrypoints/openai/protocol.py ErrorResponse) for a request over --max-logprobs (vllm/v1/engine/processor.py). */
-function vllmMaxLogprobs(requested: number, allowed: number): FakeReply {
-  return {
-    status: 400,
-    json: { object: "error", message: `Requested sample logprobs of ${requested}, which is greater than max allowed: ${allowed}`, type: "BadRequestError", param: null, code: 400 },
   };
 }
 

@@ -235,3 +235,11 @@ export function deferred<T = void>(): { promise: Promise<T>; resolve: (value: T)
   const promise = new Promise<T>((r) => (resolve = r));
   return { promise, resolve };
 }
+
+/** vLLM's error body (vllm/entrypoints/openai/protocol.py ErrorResponse) for a request over --max-logprobs (vllm/v1/engine/processor.py). */
+export function vllmMaxLogprobs(requested: number, allowed: number): FakeReply {
+  return {
+    status: 400,
+    json: { object: "error", message: `Requested sample logprobs of ${requested}, which is greater than max allowed: ${allowed}`, type: "BadRequestError", param: null, code: 400 },
+  };
+}
