@@ -160,7 +160,8 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
     const ask: Asker = {
       stateBlock: input.stateBlock,
       cacheKey,
-      options: { signal: request.signal, deadlineMs: options.deadlineMs },
+      // This request is one party of the fair share of upstream slots.
+      options: { signal: request.signal, deadlineMs: options.deadlineMs, party: {} },
       labelsPerCall: Math.min(MAX_LABELS_PER_CALL, caps.topLogprobs),
     };
     const results = await Promise.all(

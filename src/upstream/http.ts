@@ -31,6 +31,12 @@ export interface HttpCallOptions {
   maxDelayMs?: number;
   /** Injected for tests that must not depend on Math.random. */
   random?: () => number;
+  /**
+   * Takes a slot of a shared limit for one attempt (undefined: the signal
+   * aborted while waiting). Held only while the attempt runs, never through a
+   * backoff or Retry-After wait.
+   */
+  slot?: (signal: AbortSignal) => Promise<(() => void) | undefined>;
 }
 
 export interface HttpResponse {
@@ -71,10 +77,15 @@ export async function postWithRetry(call: HttpCall, options: HttpCallOptions): P
   let attempts = 0;
   for (;;) {
     if (options.signal.aborted) throw new UpstreamError("aborted", attempts);
+    const release = options.slot ? await options.slot(options.signal) : () => undefined;
+    if (!release) throw new UpstreamError("aborted", attempts);
     const remainingMs = options.deadlineMs - Date.now();
-    if (remainingMs <= 0) throw new UpstreamError("timeout", attempts);
+    if (remainingMs <= 0) {
+      release();
+      throw new UpstreamError("timeout", attempts);
+    }
     attempts += 1;
-    const outcome = await attempt(call, options.signal, Math.min(options.attemptTimeoutMs, remainingMs));
+    const outcome = await attempt(call, options.signal, Math.min(options.attemptTimeoutMs, remainingMs)).finally(release);
     const canRetry = attempts <= options.maxRetries;
     if (outcome.kind === "response") {
       const { status, text, retryAfterMs } = outcome;

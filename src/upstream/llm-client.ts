@@ -18,6 +18,8 @@ export interface LlmClient {
    */
   capabilities(options: CallOptions): Promise<LlmCapabilities>;
   complete(request: ChatRequest, options: CallOptions): Promise<ChatCompletion>;
+  /** Calls waiting for one of the TYPESAFE_LLM_MAX_CONCURRENT_CALLS slots. */
+  waitingCalls(): number;
 }
 
 export interface LlmCapabilities {
@@ -48,6 +50,12 @@ export type ChatRequest =
 export interface CallOptions {
   signal: AbortSignal;
   deadlineMs: number;
+  /**
+   * Who the call is for (one decision request): the concurrent-call slots go
+   * round-robin between parties, so a 40-question request cannot starve a
+   * 1-question one queued behind it.
+   */
+  party?: object;
 }
 
 export interface TokenLogprob {
@@ -109,7 +117,7 @@ export function createLlmClient(deps: {
   const { config, logger, metrics } = deps;
   const now = deps.now ?? Date.now;
   const baseUrl = config.baseUrl;
-  const semaphore = createSemaphore(config.maxConcurrentCalls);
+  const slots = createFairSemaphore(config.maxConcurrentCalls);
   /** OpenAI proper documents `prompt_cache_key`; other servers may reject unknown fields. */
   const sendsCacheKey = baseUrl !== undefined && /^https:\/\/api\.openai\.com\b/.test(baseUrl);
   let probed: Promise<LlmCapabilities> | undefined;
@@ -118,8 +126,6 @@ export function createLlmClient(deps: {
 
   async function post(body: Record<string, unknown>, options: CallOptions, maxRetries: number): Promise<HttpResponse> {
     if (baseUrl === undefined) throw new LlmCallError("rejected", false);
-    const release = await semaphore.acquire(options.signal);
-    if (!release) throw new LlmCallError("aborted", false);
     const started = performance.now();
     let outcome: LlmCallOutcome = "failed";
     try {
@@ -129,7 +135,13 @@ export function createLlmClient(deps: {
           headers: config.apiKey ? { authorization: `Bearer ${config.apiKey}` } : {},
           body: JSON.stringify({ model: config.model, ...body }),
         },
-        { signal: options.signal, deadlineMs: options.deadlineMs, attemptTimeoutMs: config.callTimeoutMs, maxRetries },
+        {
+          signal: options.signal,
+          deadlineMs: options.deadlineMs,
+          attemptTimeoutMs: config.callTimeoutMs,
+          maxRetries,
+          slot: (signal) => slots.acquire(options.party ?? PROBE_PARTY, signal),
+        },
       );
       outcome = response.status < 300 ? "ok" : response.status < 500 ? "rejected" : "failed";
       return response;
@@ -144,7 +156,6 @@ export function createLlmClient(deps: {
       }
       throw err;
     } finally {
-      release();
       metrics?.recordLlmCall(outcome, (performance.now() - started) / 1000);
     }
   }
@@ -231,6 +242,7 @@ export function createLlmClient(deps: {
 
   return {
     capabilities,
+    waitingCalls: () => slots.waiting(),
 
     async complete(request, options) {
       const caps = await capabilities(options);
@@ -410,34 +422,61 @@ function raceAbort<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
   });
 }
 
-/** A counting semaphore whose waiters give up when their signal aborts. */
-function createSemaphore(limit: number) {
+/** The party of calls made for no request (the capability probe). */
+const PROBE_PARTY = {};
+
+/**
+ * A counting semaphore whose free slot goes to the waiting party served
+ * longest ago (round-robin between parties; first come first served within
+ * one), and whose waiters give up when their signal aborts.
+ */
+export function createFairSemaphore(limit: number) {
   let active = 0;
-  const waiters: Array<() => void> = [];
-  const release = () => {
-    active -= 1;
-    const next = waiters.shift();
-    if (next) next();
+  let waiting = 0;
+  let grants = 0;
+  const queues = new Map<object, Array<() => void>>();
+  const lastGrant = new WeakMap<object, number>();
+  const take = (party: object) => {
+    lastGrant.set(party, ++grants);
+    active += 1;
+    return once(release);
   };
+  function release() {
+    active -= 1;
+    let next: object | undefined;
+    for (const party of queues.keys()) {
+      if (next === undefined || (lastGrant.get(party) ?? 0) < (lastGrant.get(next) ?? 0)) next = party;
+    }
+    if (next === undefined) return;
+    const queue = queues.get(next)!;
+    const grant = queue.shift()!;
+    if (queue.length === 0) queues.delete(next);
+    grant();
+  }
   return {
-    acquire(signal: AbortSignal): Promise<(() => void) | undefined> {
+    waiting: () => waiting,
+    acquire(party: object, signal: AbortSignal): Promise<(() => void) | undefined> {
       if (signal.aborted) return Promise.resolve(undefined);
-      if (active < limit) {
-        active += 1;
-        return Promise.resolve(once(release));
-      }
+      if (active < limit) return Promise.resolve(take(party));
       return new Promise((resolve) => {
         const grant = () => {
+          waiting -= 1;
           signal.removeEventListener("abort", onAbort);
-          active += 1;
-          resolve(once(release));
+          resolve(take(party));
         };
         const onAbort = () => {
-          const index = waiters.indexOf(grant);
-          if (index >= 0) waiters.splice(index, 1);
+          const queue = queues.get(party);
+          const index = queue?.indexOf(grant) ?? -1;
+          if (index < 0) return;
+          queue!.splice(index, 1);
+          if (queue!.length === 0) queues.delete(party);
+          waiting -= 1;
           resolve(undefined);
         };
-        waiters.push(grant);
+        waiting += 1;
+        const queue = queues.get(party);
+        if (queue) queue.push(grant);
+        else queues.set(party, [grant]);
         signal.addEventListener("abort", onAbort, { once: true });
       });
     },

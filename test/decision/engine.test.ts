@@ -198,7 +198,7 @@ describe("a server that caps its logprob window (vLLM --max-logprobs 5)", () => 
       "A: o4\n": () => logprobsReply({ C: 0.9, D: 0.1 }),
       "A: o8\n": () => logprobsReply({ B: 1 }),
     });
-    const { answers, fake } = await decide((request) => (Number(request.body.top_logprobs) > 5 ? vllmMaxLogprobs(Number(request.body.top_logprobs), 5) : route(request)), [
+    const { answers, fake } = await decide((request, index) => (Number(request.body.top_logprobs) > 5 ? vllmMaxLogprobs(Number(request.body.top_logprobs), 5) : route(request, index)), [
       { key: "pick", type: "choice", instructions: "Pick one", options },
     ]);
     expect(answers.pick).toMatchObject({ choice: "o6", xApprox: false });

@@ -12,6 +12,7 @@ import {
   textReply,
   type FakeHandler,
 } from "../support/fake-llm.js";
+import { waitFor } from "../support/wait.js";
 
 async function setup(handler: FakeHandler, overrides: Partial<LlmConfig> = {}) {
   const fake = await startFakeLlm(handler);
@@ -212,6 +213,79 @@ describe("calls", () => {
     await Promise.all(calls);
     expect(maxInFlight).toBe(2);
     expect(fake.questionRequests()).toHaveLength(5);
+  });
+});
+
+describe("sharing the concurrent-call slots", () => {
+  const question = (text: string) => ({ kind: "logprobs" as const, messages: [{ role: "user" as const, content: text }] });
+  const textOf = (r: { body: { messages: { content: string }[] } }) => r.body.messages.at(-1)!.content;
+
+  it("goes round-robin between requests: a 1-question request queued behind a 10-question one is served next", async () => {
+    const firstHeld = deferred();
+    const { fake, client } = await setup(
+      async (r) => {
+        if (isProbe(r.body)) return PROBE_OK;
+        if (textOf(r) === "big-0") await firstHeld.promise;
+        return logprobsReply({ A: 1 });
+      },
+      { maxConcurrentCalls: 1 },
+    );
+    await client.capabilities(opts());
+    const big = { ...opts(), party: {} };
+    const small = { ...opts(), party: {} };
+    const bigCalls = Array.from({ length: 10 }, (_, i) => client.complete(question(`big-${i}`), big));
+    await fake.received(2); // the probe and big-0, which holds the only slot
+    const smallCall = client.complete(question("small"), small);
+    await waitFor(() => client.waitingCalls() === 10, "nine big calls and the small one to queue");
+    firstHeld.resolve();
+    await Promise.all([...bigCalls, smallCall]);
+    expect(fake.questionRequests().map(textOf).slice(0, 3)).toEqual(["big-0", "small", "big-1"]);
+    expect(client.waitingCalls()).toBe(0);
+  });
+
+  it("a call waiting out a Retry-After gives its slot to the next call meanwhile", async () => {
+    let limited = 0;
+    const { fake, client } = await setup(
+      (r) => {
+        if (isProbe(r.body)) return PROBE_OK;
+        // OpenAI's 429 (platform.openai.com/docs/guides/error-codes): a rate-limit error with Retry-After in seconds.
+        if (textOf(r) === "first" && limited++ === 0) {
+          return { status: 429, headers: { "retry-after": "1" }, json: { error: { message: "Rate limit reached for requests", type: "requests", param: null, code: "rate_limit_exceeded" } } };
+        }
+        return logprobsReply({ A: 1 });
+      },
+      { maxConcurrentCalls: 1 },
+    );
+    await client.capabilities(opts());
+    const first = client.complete(question("first"), { ...opts(), party: {} });
+    await fake.received(2);
+    const second = client.complete(question("second"), { ...opts(), party: {} });
+    await Promise.all([first, second]);
+    expect(fake.questionRequests().map(textOf)).toEqual(["first", "second", "first"]);
+  });
+
+  it("a waiter whose caller goes away leaves the queue", async () => {
+    const held = deferred();
+    const { fake, client } = await setup(
+      async (r) => {
+        if (isProbe(r.body)) return PROBE_OK;
+        await held.promise;
+        return logprobsReply({ A: 1 });
+      },
+      { maxConcurrentCalls: 1 },
+    );
+    await client.capabilities(opts());
+    const running = client.complete(question("running"), opts());
+    await fake.received(2);
+    const caller = new AbortController();
+    const gone = client.complete(question("gone"), { ...opts(caller.signal), party: {} });
+    await waitFor(() => client.waitingCalls() === 1, "the second call to queue");
+    caller.abort();
+    await expect(gone).rejects.toMatchObject({ code: "aborted" });
+    expect(client.waitingCalls()).toBe(0);
+    held.resolve();
+    await running;
+    expect(fake.questionRequests().map(textOf)).toEqual(["running"]);
   });
 });
 
