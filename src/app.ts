@@ -42,7 +42,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
   });
   const { db } = database;
   const meter = createMeter({ db, config: config.metering, logger });
-  const metrics = createMetrics({ meter, db });
+  const metrics = config.metrics ? createMetrics({ meter, db }) : undefined;
   const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics });
   const search = createSearchService({ db, meter, config: config.search, logger, metrics });
 

@@ -16,6 +16,8 @@ export interface Config {
   /** Connections to an external PostgreSQL (the embedded store always uses one). */
   dbPoolMax: number;
   logLevel: LogLevel | "silent";
+  /** GET /metrics and the collection behind it (TYPESAFE_METRICS=off turns both off). */
+  metrics: boolean;
   /** How long SIGTERM waits for in-flight calls before releasing their holds. */
   shutdownGraceMs: number;
   /** Maximum body size of the JSON gateway and of RPC messages. */
@@ -86,6 +88,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   if (!["debug", "info", "warn", "error", "silent"].includes(logLevel)) {
     problems.push(`TYPESAFE_LOG_LEVEL: must be one of debug, info, warn, error, silent, got "${logLevel}"`);
   }
+  const metrics = str("TYPESAFE_METRICS") ?? "on";
+  if (metrics !== "on" && metrics !== "off") problems.push(`TYPESAFE_METRICS: must be on or off, got "${metrics}"`);
   const llmBaseUrl = str("TYPESAFE_LLM_BASE_URL");
   if (llmBaseUrl && !/^https?:\/\/[^/]/.test(llmBaseUrl)) {
     problems.push(`TYPESAFE_LLM_BASE_URL: must be an http(s) URL, got "${llmBaseUrl}"`);
@@ -114,6 +118,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     dataDir: path.resolve(cwd, str("TYPESAFE_DATA_DIR") ?? ".typesafe-data"),
     dbPoolMax: int("TYPESAFE_DB_POOL_MAX", 10, 2, 1000),
     logLevel,
+    metrics: metrics !== "off",
     shutdownGraceMs: int("TYPESAFE_SHUTDOWN_GRACE_MS", 10_000),
     maxBodyBytes: 96 * 1024,
     metering: {

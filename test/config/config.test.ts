@@ -51,6 +51,12 @@ describe("configuration is checked in one pass", () => {
     },
   );
 
+  it("TYPESAFE_METRICS is on or off", () => {
+    expect(problemsOf({ TYPESAFE_METRICS: "maybe" })).toEqual(['TYPESAFE_METRICS: must be on or off, got "maybe"']);
+    expect(loadConfig({}).metrics).toBe(true);
+    expect(loadConfig({ TYPESAFE_METRICS: "off" }).metrics).toBe(false);
+  });
+
   it("the service exits with code 2 and every problem before it opens anything", async () => {
     const dataDir = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-config-")), "store");
     const result = await runToExit("src/main.ts", [], { ...SIX_BAD, DATABASE_URL: "", TYPESAFE_DATA_DIR: dataDir });

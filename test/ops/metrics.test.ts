@@ -136,6 +136,16 @@ describe("GET /metrics", () => {
     expect(sample(after, "typesafe_db_query_duration_seconds_sum", { outcome: "ok" })).toBeGreaterThan(0);
   });
 
+  it("TYPESAFE_METRICS=off: no /metrics (404), calls answered as before", async () => {
+    const quiet = await startTestApp(database, { TYPESAFE_METRICS: "off" });
+    try {
+      expect((await fetch(`${quiet.url}/metrics`)).status).toBe(404);
+      expect((await fetch(`${quiet.url}/healthz`)).status).toBe(200);
+    } finally {
+      await quiet.stop();
+    }
+  });
+
   it("answers only GET, with the enveloped 405", async () => {
     const response = await fetch(`${service.url}/metrics`, { method: "POST", body: "{}" });
     expect(response.status).toBe(405);
