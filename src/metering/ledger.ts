@@ -112,7 +112,7 @@ export async function admit(db: Knex | Knex.Transaction, input: AdmitInput): Pro
       input.requestId ?? null,
     ],
   ), input.timeoutMs);
-  const row = single(result.rows, "metering_admit");
+  const row = single(result.rows);
   if (row.outcome === "unauthenticated") return { outcome: "unauthenticated" };
   const account: AccountSnapshot = {
     accountId: need(row.account_id),
@@ -221,7 +221,7 @@ export async function resolve(db: Knex | Knex.Transaction, input: ResolveInput):
       input.now ?? null,
     ],
   ), input.timeoutMs);
-  const row = single(result.rows, "metering_resolve");
+  const row = single(result.rows);
   if (row.outcome === "not_found") return { outcome: "not_found", requestId: input.requestId };
   const common = {
     requestId: row.request_id,
@@ -245,7 +245,7 @@ export async function sweep(db: Knex | Knex.Transaction, now?: Date, maxAccounts
     "SELECT metering_sweep(?::timestamptz, ?::integer) AS expired",
     [now ?? null, maxAccounts],
   );
-  return single(result.rows, "metering_sweep").expired;
+  return single(result.rows).expired;
 }
 
 export interface GrantInput {
@@ -273,7 +273,7 @@ export async function grant(db: Knex | Knex.Transaction, input: GrantInput): Pro
     input.freeRequests,
     input.now ?? null,
   ]);
-  const row = single(result.rows, "metering_grant");
+  const row = single(result.rows);
   if (row.id === null) return undefined;
   return {
     accountId: row.id,
@@ -284,9 +284,10 @@ export async function grant(db: Knex | Knex.Transaction, input: GrantInput): Pro
   };
 }
 
-function single<T>(rows: T[], fn: string): T {
+/** The one row a metering function returns (SQL functions of a row type always return one). */
+function single<T>(rows: T[]): T {
   const row = rows[0];
-  if (row === undefined) throw new Error(`${fn} returned no row`);
+  if (row === undefined) throw new Error("a metering function returned no row");
   return row;
 }
 

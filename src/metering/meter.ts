@@ -219,7 +219,8 @@ export function createMeter(deps: MeterDeps): Meter {
         keyHash: hashApiKey(call.apiKey),
         endpoint: call.endpoint,
         reserveUnits: call.reserveUnits,
-        freeAllowed: call.freeAllowed && call.endpoint === "decide",
+        // The ledger funds only decisions from free requests, whatever the caller allows.
+        freeAllowed: call.freeAllowed,
         leaseMs: call.timeoutMs + config.leaseMarginMs,
         idempotencyKey: call.idempotencyKey,
         requestHash:

@@ -14,7 +14,7 @@ import { assertInvariants } from "../support/invariants.js";
  */
 let database: TestDatabase;
 beforeAll(async () => {
-  database = await createTestDatabase();
+  database = await createTestDatabase(10, { sweepsEveryAccount: true });
 });
 afterAll(async () => {
   await database?.close();
@@ -197,7 +197,9 @@ describe("idempotency keys (A6)", () => {
     const key = { idempotencyKey: "order-42", requestHash: hash("body-1"), freeAllowed: false };
     const first = admitted(await a.call({ ...key, now: at(0) }));
     expect((await a.call({ ...key, now: at(1) })).outcome).toBe("idempotency_in_progress");
-    expect(await a.call({ ...key, requestHash: hash("body-2"), now: at(2) })).toMatchObject({ outcome: "idempotency_mismatch", requestId: first.requestId });
+    const mismatch = await a.call({ ...key, requestHash: hash("body-2"), now: at(2) });
+    expect(mismatch).toMatchObject({ outcome: "idempotency_mismatch", requestId: first.requestId });
+    expect(mismatch).not.toHaveProperty("response");
 
     await resolve(database.db, { requestId: first.requestId, success: true, actualUnits: 7_000, response: { answer: 42 }, now: at(3) });
     const replay = await a.call({ ...key, now: at(4) });

@@ -28,7 +28,7 @@ const metering = { ...loadConfig({}).metering, statementTimeoutMs: 400 };
 const RETRY_DELAYS_MS = [5, 10, 20];
 
 beforeAll(async () => {
-  database = await createTestDatabase(10);
+  database = await createTestDatabase(10, { sweepsEveryAccount: true });
   const target = new URL(database.url);
   proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port) }, (chunk) => {
     const text = chunk.toString("latin1");
@@ -47,9 +47,16 @@ afterAll(async () => {
   await database?.close();
 });
 
-function meterThroughProxy(): Meter {
-  return createMeter({ db: proxied, config: metering, logger: createLogger("silent"), settleRetryDelaysMs: RETRY_DELAYS_MS });
+/** The log lines of the last meterThroughProxy(), parsed. */
+let logged: ({ level: string; msg: string } & Record<string, unknown>)[] = [];
+
+function meterThroughProxy(retryDelaysMs: readonly number[] | undefined = RETRY_DELAYS_MS): Meter {
+  logged = [];
+  const logger = createLogger("debug", {}, (line) => logged.push(JSON.parse(line)));
+  return createMeter({ db: proxied, config: metering, logger, settleRetryDelaysMs: retryDelaysMs });
 }
+
+const loggedLine = (msg: string) => logged.find((line) => line.msg === msg);
 
 /** Faults for the metering statements in the order they are sent; "pass" once the list is used up. */
 function faultsInOrder(list: { sql: "admit" | "resolve"; fault: Fault }[]) {
@@ -79,7 +86,7 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     expect(result.billing).toMatchObject({ funding: "paid", chargedCredits: unitsToCredits(1_234), balanceCredits: unitsToCredits(32_000 - 1_234) });
     expect(await requestRow(metered.requestId)).toMatchObject({ status: "settled", charged: 1_234 });
     expect(await accountRow(accountId)).toMatchObject({ balance: 32_000 - 1_234, reserved: 0, in_flight: 0 });
-    expect(meter.stats()).toMatchObject({ lateSettles: 0, settleFailures: 0 });
+    expect(meter.stats()).toMatchObject({ lateSettles: 0, settleFailures: 0, settles: 1, releases: 0, cappedCharges: 0 });
     await assertInvariants(database.db, accountId);
   });
 
@@ -88,13 +95,17 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     faultsInOrder([{ sql: "admit", fault: "lose-reply" }]);
     const metered = call(apiKey, { freeAllowed: true });
     let ran = false;
-    const failure = await meterThroughProxy()
+    const meter = meterThroughProxy();
+    const failure = await meter
       .run(metered, async () => {
         ran = true;
         return { value: 1, chargeUnits: 0 };
       })
       .catch((err: unknown) => err);
     expect(reasonOf(failure)).toBe("UNAVAILABLE");
+    expect(describeError(failure).message).toBe("the database is unreachable; the call was not billed; retry later");
+    expect((failure as Error).cause).toBeInstanceOf(Error);
+    expect(meter.stats()).toMatchObject({ releases: 1, releaseFailures: 0, holdsInFlight: 0 });
     expect(ran).toBe(false);
     // The admission did commit (its row exists) and is released already.
     expect(await requestRow(metered.requestId)).toMatchObject({ status: "released", charged: 0 });
@@ -106,10 +117,11 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
     faultsInOrder([{ sql: "admit", fault: "lose-request" }]);
     const metered = call(apiKey);
-    expect(reasonOf(await meterThroughProxy().run(metered, async () => ({ value: 1, chargeUnits: 0 })).catch((e: unknown) => e))).toBe(
-      "UNAVAILABLE",
-    );
+    const meter = meterThroughProxy();
+    expect(reasonOf(await meter.run(metered, async () => ({ value: 1, chargeUnits: 0 })).catch((e: unknown) => e))).toBe("UNAVAILABLE");
     expect(await requestRow(metered.requestId)).toBeUndefined();
+    // The release found nothing to give back: not counted as a release.
+    expect(meter.stats()).toMatchObject({ releases: 0, releaseFailures: 0 });
     expect(await accountRow(accountId)).toMatchObject({ reserved: 0, in_flight: 0 });
   });
 
@@ -121,8 +133,44 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     const metered = call(apiKey);
     const result = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 700 }));
     expect(result.billing.chargedCredits).toBe(unitsToCredits(700));
-    expect(meter.stats().settleFailures).toBe(1);
+    expect(meter.stats()).toMatchObject({ settleFailures: 1, settles: 1, releases: 0, lateSettles: 0, cappedCharges: 0 });
+    expect(loggedLine("a settle attempt had committed though its reply was lost; answering with its billing")).toMatchObject({ level: "warn" });
     expect(await requestRow(metered.requestId)).toMatchObject({ status: "settled", charged: 700 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("the same with a charge above the reservation: 200 at the reservation, counted as capped", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    faultsInOrder(Array.from({ length: RETRY_DELAYS_MS.length + 1 }, () => ({ sql: "resolve" as const, fault: "lose-reply" as const })));
+    const meter = meterThroughProxy();
+    const metered = call(apiKey, { reserveUnits: 1_000 });
+    const result = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 1_500 }));
+    expect(result.billing.chargedCredits).toBe(unitsToCredits(1_000));
+    expect(meter.stats()).toMatchObject({ settleFailures: 1, settles: 1, cappedCharges: 1 });
+    expect(await requestRow(metered.requestId)).toMatchObject({ status: "settled", charged: 1_000 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("the settle committed and the release's first reply is lost too: its retry still reads 'settled', the caller gets 200", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    faultsInOrder(Array.from({ length: RETRY_DELAYS_MS.length + 2 }, () => ({ sql: "resolve" as const, fault: "lose-reply" as const })));
+    const meter = meterThroughProxy();
+    const metered = call(apiKey);
+    const result = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 900 }));
+    expect(result.billing.chargedCredits).toBe(unitsToCredits(900));
+    expect(meter.stats()).toMatchObject({ settleFailures: 1, settles: 1, releases: 0 });
+    expect(await requestRow(metered.requestId)).toMatchObject({ status: "settled", charged: 900 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("with the default retry delays, one settle lost before the database saw it is retried and answered 200", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    faultsInOrder([{ sql: "resolve", fault: "lose-request" }]);
+    const meter = meterThroughProxy(undefined);
+    const metered = call(apiKey);
+    const result = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 800 }));
+    expect(result.billing.chargedCredits).toBe(unitsToCredits(800));
+    expect(meter.stats()).toMatchObject({ settleFailures: 0, settles: 1 });
     await assertInvariants(database.db, accountId);
   });
 
@@ -134,7 +182,10 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     const metered = call(apiKey);
     const failure = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 700 })).catch((e: unknown) => e);
     expect(reasonOf(failure)).toBe("UNAVAILABLE");
-    expect(describeError(failure).message).toContain("not billed");
+    expect(describeError(failure).message).toBe("the call could not be billed because the database is unreachable; it was not billed; retry later");
+    expect((failure as Error).cause).toBeInstanceOf(Error);
+    expect(meter.stats()).toMatchObject({ settleFailures: 1, releases: 1, lateSettles: 0, settles: 0 });
+    expect(loggedLine("settle failed; the hold was released and the call is answered 503")).toMatchObject({ level: "warn", err: expect.any(Object) });
     expect(await requestRow(metered.requestId)).toMatchObject({ status: "released", charged: 0 });
     expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
     await assertInvariants(database.db, accountId);
@@ -148,7 +199,11 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     const failure = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 700 })).catch((e: unknown) => e);
     expect(reasonOf(failure)).toBe("UNAVAILABLE");
     expect(describeError(failure).detail.metadata).toMatchObject({ billing: "unknown" });
+    expect(describeError(failure).message).toBe(
+      "the database is unreachable and this call's billing could not be confirmed; a retry with the same Idempotency-Key returns the answer if it was billed",
+    );
     expect(meter.stats()).toMatchObject({ settleFailures: 1, releaseFailures: 1 });
+    expect(loggedLine("settle and release failed; the lease releases the hold unless a settle attempt committed")).toMatchObject({ level: "error", err: expect.any(Object) });
     expect(await requestRow(metered.requestId)).toMatchObject({ status: "active", charged: 0 });
     nextFault = () => "pass";
     // The lease gives it back: sweep as of a time past it.

@@ -23,7 +23,7 @@ let database: TestDatabase;
 const metering = loadConfig({}).metering;
 
 beforeAll(async () => {
-  database = await createTestDatabase(10);
+  database = await createTestDatabase(10, { sweepsEveryAccount: true });
 });
 afterAll(async () => {
   await database?.close();
@@ -372,6 +372,48 @@ describe("the sweeper", () => {
   });
 });
 
+describe("the sweeper under a failing database", () => {
+  it("a failing sweep is logged and the next one runs", async () => {
+    // Nothing listens on port 1 of the loopback: every sweep fails at once.
+    const unreachable = createKnex("postgres://postgres@127.0.0.1:1/none", 1);
+    const lines: LogLine[] = [];
+    const meter = createMeter({
+      db: unreachable,
+      config: { ...metering, sweepIntervalMs: 20 },
+      logger: createLogger("debug", {}, (line) => lines.push(JSON.parse(line) as LogLine)),
+    });
+    try {
+      meter.startSweeper();
+      await waitFor(() => lines.filter((line) => line.msg === "sweep failed").length >= 2, "two failed sweeps");
+      expect(lines.find((line) => line.msg === "sweep failed")).toMatchObject({ level: "warn", err: expect.any(Object) });
+    } finally {
+      await meter.stop();
+      await unreachable.destroy();
+    }
+  });
+});
+
+describe("errors that are not the database's", () => {
+  it("an admission the database refuses (not unreachable) is an error of its own, not a 503, and nothing is released", async () => {
+    const { apiKey } = await createTestAccount(database.db, { units: 32_000 });
+    const { meter } = loggedMeter();
+    const failure = await failureOf(meter.run(call(apiKey, { endpoint: "bogus" as never }), ok));
+    expect(detailOf(failure).reason).toBe("INTERNAL");
+    expect(String((failure as Error).message)).toContain("unknown endpoint");
+    expect(meter.stats()).toMatchObject({ releases: 0, releaseFailures: 0 });
+  });
+
+  it("a cancel carries the caller's reason as its cause", async () => {
+    const { apiKey } = await createTestAccount(database.db, { units: 32_000 });
+    const { meter } = loggedMeter();
+    const caller = new AbortController();
+    const reason = new Error("client closed the connection");
+    caller.abort(reason);
+    const failure = await failureOf(meter.run(call(apiKey, { signal: caller.signal }), ok));
+    expect((failure as Error).cause).toBe(reason);
+  });
+});
+
 describe("shutdown", () => {
   it("after beginShutdown a new call is UNAVAILABLE with a 1 s retry, and nothing is held", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
@@ -418,7 +460,7 @@ describe("a database that cannot be reached", () => {
       expect(failure.reason).toBe("UNAVAILABLE");
       expect(failure.message).toBe("the database is unreachable; the call was not billed; retry later");
       expect(meter.stats()).toMatchObject({ releaseFailures: 1, releases: 0, holdsInFlight: 0 });
-      expect(lines.find((line) => line.msg === "release failed; the lease will release the hold")).toMatchObject({ level: "warn", endpoint: "search" });
+      expect(lines.find((line) => line.msg === "release failed; the lease will release the hold")).toMatchObject({ level: "warn", endpoint: "search", err: expect.any(Object) });
     } finally {
       await unreachable.destroy();
     }

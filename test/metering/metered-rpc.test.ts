@@ -136,12 +136,22 @@ describe("meteredRpc", () => {
     expect(failure).toMatchObject({ reason: "IDEMPOTENCY_MISMATCH" });
   });
 
+  it("a stored response with a field this version does not know still replays (written by a newer replica)", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 100_000 });
+    const headers = { "idempotency-key": "order-4" };
+    await meteredRpc(meter, context(headers).ctx, rpcCall(apiKey), async () => ({ response: answer, chargeUnits: 0 }));
+    await database.db("requests").where({ account_id: accountId }).update({ response: JSON.stringify({ sources: [{ id: "hackernews" }], addedLater: true }) });
+    const again = await meteredRpc(meter, context(headers).ctx, rpcCall(apiKey), async () => ({ response: answer, chargeUnits: 0 }));
+    expect(again.response.sources.map((s) => s.id)).toEqual(["hackernews"]);
+  });
+
   it("a stored response that no longer decodes is INTERNAL, not a wrong answer", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 100_000 });
     const headers = { "idempotency-key": "order-3" };
     await meteredRpc(meter, context(headers).ctx, rpcCall(apiKey), async () => ({ response: answer, chargeUnits: 0 }));
     await database.db("requests").where({ account_id: accountId }).update({ response: JSON.stringify({ sources: "not a list" }) });
-    const failure = await meteredRpc(meter, context(headers).ctx, rpcCall(apiKey), async () => ({ response: answer, chargeUnits: 0 })).catch(describeError);
-    expect(failure).toMatchObject({ reason: "INTERNAL" });
+    const thrown = await meteredRpc(meter, context(headers).ctx, rpcCall(apiKey), async () => ({ response: answer, chargeUnits: 0 })).catch((err: unknown) => err);
+    expect(describeError(thrown)).toMatchObject({ reason: "INTERNAL", message: "internal error" });
+    expect((thrown as Error).cause).toBeInstanceOf(Error);
   });
 });

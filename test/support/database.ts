@@ -1,7 +1,12 @@
 import crypto from "node:crypto";
+import fs from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
 import type { Knex } from "knex";
 import { inject } from "vitest";
 import { createKnex, migrate } from "../../src/db/database.js";
+import { openEmbeddedStore } from "../../src/db/embedded.js";
+import { createLogger } from "../../src/logger.js";
 
 export interface TestDatabase {
   /** Connection string a spawned server process can use. */
@@ -12,13 +17,24 @@ export interface TestDatabase {
   close(): Promise<void>;
 }
 
+export interface TestDatabaseOptions {
+  /**
+   * The file sweeps expired holds of every account (the sweeper's clock moved
+   * past other tests' leases): without DATABASE_URL it gets an embedded store
+   * of its own (about 3 s), since on the shared one its sweeps would expire
+   * the holds of files running beside it.
+   */
+  sweepsEveryAccount?: boolean;
+}
+
 /**
  * A migrated database for one test file: a fresh database on the server of
  * DATABASE_URL, or the run's shared embedded store (tests then use their own
  * accounts and never assume an empty database).
  */
-export async function createTestDatabase(poolMax = 10): Promise<TestDatabase> {
+export async function createTestDatabase(poolMax = 10, options: TestDatabaseOptions = {}): Promise<TestDatabase> {
   const serverUrl = process.env.DATABASE_URL;
+  if (!serverUrl && options.sweepsEveryAccount) return createPrivateEmbeddedDatabase();
   if (!serverUrl) {
     const url = inject("embeddedDatabaseUrl");
     const db = createKnex(url, 1);
@@ -41,6 +57,23 @@ export async function createTestDatabase(poolMax = 10): Promise<TestDatabase> {
       const cleanup = createKnex(serverUrl, 1);
       await cleanup.raw(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
       await cleanup.destroy();
+    },
+  };
+}
+
+async function createPrivateEmbeddedDatabase(): Promise<TestDatabase> {
+  const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-test-"));
+  const store = await openEmbeddedStore(dataDir, createLogger("silent"));
+  const db = createKnex(store.url, 1);
+  await migrate(db, false);
+  return {
+    url: store.url,
+    db,
+    isExternal: false,
+    close: async () => {
+      await db.destroy();
+      await store.close();
+      await fs.rm(dataDir, { recursive: true, force: true });
     },
   };
 }
