@@ -402,7 +402,7 @@ function verbalizedPlan(q: QuestionSpec): VerbalizedPlan | undefined {
  * non-negative number for every symbol, normalized; undefined otherwise.
  */
 export function parseVerbalized(content: string, symbols: readonly string[]): number[] | undefined {
-  const text = content.trim();
+  const text = withoutReasoning(content).trim();
   const start = text.indexOf("{");
   const end = text.lastIndexOf("}");
   if (start < 0 || end <= start) return undefined;
@@ -424,6 +424,22 @@ export function parseVerbalized(content: string, symbols: readonly string[]): nu
   if (!(sum > 0)) return undefined;
   return values.map((v) => v / sum);
 }
+
+/**
+ * The answer part of a reply from a model that reasons in its content: what
+ * follows the last `</think>` (DeepSeek-R1, Qwen3 without a reasoning parser)
+ * or the final channel of gpt-oss's harmony format; nothing when the
+ * reasoning never closed (the budget ran out).
+ */
+export function withoutReasoning(content: string): string {
+  const closed = content.toLowerCase().lastIndexOf(THINK_CLOSE);
+  if (closed >= 0) return content.slice(closed + THINK_CLOSE.length);
+  const final = content.lastIndexOf(HARMONY_FINAL);
+  if (final >= 0) return content.slice(final + HARMONY_FINAL.length);
+  return /^\s*(<think>|<\|channel\|>)/i.test(content) ? "" : content;
+}
+const THINK_CLOSE = "</think>";
+const HARMONY_FINAL = "<|channel|>final<|message|>";
 
 function logprobExtras(d: LabelDistribution) {
   return { method: "logprobs" as const, mass: d.mass, unseen: d.unseen };

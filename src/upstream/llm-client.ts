@@ -1,6 +1,7 @@
 import type { LlmCallOutcome, Metrics } from "../metrics.js";
 import type { LlmConfig } from "../config.js";
 import type { Logger } from "../logger.js";
+import { isReasoningOpener, mostProbable } from "../decision/answer-math.js";
 import { postWithRetry, UpstreamError, type HttpResponse } from "./http.js";
 
 /**
@@ -30,6 +31,18 @@ export interface LlmCapabilities {
   maxTokensField: "max_tokens" | "max_completion_tokens";
   /** The server accepts `chat_template_kwargs: {enable_thinking: false}`. */
   thinkingSwitch: boolean;
+  /**
+   * The lowest `reasoning_effort` the model accepts (`none` turns thinking off
+   * on Ollama's /v1 route and gpt-5.1; o-series models take `low`), or
+   * undefined where the parameter is refused (gpt-4o).
+   */
+  reasoningEffort: ReasoningEffort | undefined;
+  /**
+   * The model opens with a reasoning token whatever it is told (DeepSeek-R1,
+   * gpt-oss): its first-token logprobs say nothing about the answer, so it is
+   * asked on the verbalized path with room to think first.
+   */
+  alwaysThinks: boolean;
   /** The server accepts `response_format: {type: "json_schema"}` (probed only without logprobs). */
   jsonSchema: boolean;
   /** The model accepts `temperature` and `top_p` (OpenAI's reasoning models refuse them). */
@@ -37,6 +50,13 @@ export interface LlmCapabilities {
   /** The chat template has a system role (Gemma 2 and Mistral v0.1 templates raise without one). */
   systemRole: boolean;
 }
+
+/** Reasoning efforts, the least reasoning first. */
+export const REASONING_EFFORTS = ["none", "minimal", "low", "medium", "high"] as const;
+export type ReasoningEffort = (typeof REASONING_EFFORTS)[number];
+
+/** Output tokens a model that always thinks gets on top of its answer's budget. */
+export const THINKING_BUDGET_TOKENS = 2_048;
 
 export interface ChatMessage {
   role: "system" | "user" | "assistant";
@@ -101,8 +121,12 @@ const PROBE_MESSAGES: ChatMessage[] = [
   { role: "user", content: "Reply with the word yes." },
 ];
 const PREFERRED_TOP_LOGPROBS = 20;
-/** Each rejection adjusts one setting: thinking, max tokens field, sampling, system role, logprob cap, logprobs. */
-const MAX_PROBE_ATTEMPTS = 8;
+/**
+ * Each rejection adjusts one setting: reasoning effort (raised, then dropped),
+ * thinking switch, max tokens field, sampling, system role, logprob cap,
+ * logprobs; a reasoning opener on the probe turns logprobs off.
+ */
+const MAX_PROBE_ATTEMPTS = 10;
 /** Capabilities are probed again after this, so a redeployed upstream is noticed. */
 export const CAPABILITIES_TTL_MS = 15 * 60_000;
 /** A failed probe is the answer for this long. */
@@ -166,6 +190,8 @@ export function createLlmClient(deps: {
       topLogprobs: PREFERRED_TOP_LOGPROBS,
       maxTokensField: "max_tokens",
       thinkingSwitch: true,
+      reasoningEffort: REASONING_EFFORTS[0],
+      alwaysThinks: false,
       jsonSchema: false,
       sampling: true,
       systemRole: true,
@@ -176,7 +202,7 @@ export function createLlmClient(deps: {
         [caps.maxTokensField]: caps.logprobs ? 1 : 16,
         ...(caps.sampling ? { temperature: 1, top_p: 1 } : {}),
         ...(caps.logprobs ? { logprobs: true, top_logprobs: caps.topLogprobs } : {}),
-        ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
+        ...thinkingOff(caps),
       };
       const response = await post(body, options, config.maxRetries);
       if (response.status >= 200 && response.status < 300) {
@@ -188,6 +214,16 @@ export function createLlmClient(deps: {
           // Accepted but empty (jundot/omlx#1549) or a one-entry window (a post-sampling report): unusable.
           if (window.length < 2) {
             caps.logprobs = false;
+            continue;
+          }
+          // Thinking stayed on through every switch the server took: the first token is the reasoning, not the answer.
+          if (isReasoningOpener(mostProbable(window)?.token)) {
+            caps.logprobs = false;
+            caps.alwaysThinks = true;
+            logger.warn("the model opens with a reasoning token although thinking was switched off; asking on the verbalized path with a reasoning budget", {
+              model: config.model,
+              reasoning_budget_tokens: THINKING_BUDGET_TOKENS,
+            });
             continue;
           }
           return caps;
@@ -209,8 +245,8 @@ export function createLlmClient(deps: {
     const response = await post(
       {
         messages: messagesFor(caps, PROBE_MESSAGES),
-        [caps.maxTokensField]: 32,
-        ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
+        [caps.maxTokensField]: 32 + (caps.alwaysThinks ? THINKING_BUDGET_TOKENS : 0),
+        ...thinkingOff(caps),
         response_format: jsonSchemaFormat({ type: "object", properties: { yes: { type: "number" } }, required: ["yes"], additionalProperties: false }),
       },
       options,
@@ -248,7 +284,7 @@ export function createLlmClient(deps: {
       const caps = await capabilities(options);
       const common: Record<string, unknown> = {
         messages: messagesFor(caps, request.messages),
-        ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
+        ...thinkingOff(caps),
         ...(sendsCacheKey && request.cacheKey ? { prompt_cache_key: request.cacheKey } : {}),
       };
       const body: Record<string, unknown> =
@@ -256,7 +292,7 @@ export function createLlmClient(deps: {
           ? { ...common, [caps.maxTokensField]: 1, ...(caps.sampling ? { temperature: 1, top_p: 1 } : {}), logprobs: true, top_logprobs: caps.topLogprobs }
           : {
               ...common,
-              [caps.maxTokensField]: caps.maxTokensField === "max_completion_tokens" ? Math.max(request.maxTokens, 2_048) : request.maxTokens,
+              [caps.maxTokensField]: answerTokens(caps, request.maxTokens),
               ...(caps.jsonSchema ? { response_format: jsonSchemaFormat(request.schema) } : {}),
             };
       const response = await post(body, options, config.maxRetries);
@@ -272,6 +308,24 @@ export function createLlmClient(deps: {
   };
 }
 
+/** The fields that switch thinking off where the server takes them. */
+function thinkingOff(caps: LlmCapabilities): Record<string, unknown> {
+  return {
+    ...(caps.thinkingSwitch ? { chat_template_kwargs: { enable_thinking: false } } : {}),
+    ...(caps.reasoningEffort ? { reasoning_effort: caps.reasoningEffort } : {}),
+  };
+}
+
+/**
+ * The output budget of a verbalized call. A model that thinks anyway gets room
+ * for its reasoning on top; OpenAI's reasoning models (max_completion_tokens)
+ * count hidden reasoning tokens against it, so they get at least that much too.
+ */
+function answerTokens(caps: LlmCapabilities, answer: number): number {
+  if (caps.alwaysThinks) return answer + THINKING_BUDGET_TOKENS;
+  return caps.maxTokensField === "max_completion_tokens" ? Math.max(answer, THINKING_BUDGET_TOKENS) : answer;
+}
+
 /**
  * Changes one probe setting after a 4xx, reading the rejection only for the
  * name of the field it complains about. Returns false when nothing is left to
@@ -279,6 +333,14 @@ export function createLlmClient(deps: {
  */
 export function adjustAfterRejection(caps: LlmCapabilities, text: string): boolean {
   const said = text.toLowerCase();
+  // OpenAI: "Unsupported value: 'reasoning_effort' does not support 'none' with this model. Supported values are:
+  // 'minimal', 'low', 'medium', and 'high'." (recorded in Kilo-Org/cloud#3807); vLLM's pydantic error "Input should
+  // be 'low', 'medium' or 'high'"; gpt-4o: "Unsupported parameter: 'reasoning_effort' ...". The lowest value offered, else none at all.
+  if (caps.reasoningEffort !== undefined && /reasoning[_ .]?effort/.test(said)) {
+    const current = caps.reasoningEffort;
+    caps.reasoningEffort = REASONING_EFFORTS.find((effort) => effort !== current && new RegExp(`['"]${effort}['"]`).test(said));
+    return true;
+  }
   if (caps.thinkingSwitch && /chat_template_kwargs|enable_thinking/.test(said)) {
     caps.thinkingSwitch = false;
     return true;
@@ -308,6 +370,10 @@ export function adjustAfterRejection(caps: LlmCapabilities, text: string): boole
     return true;
   }
   // An unnamed complaint: drop the optional fields one at a time, the most exotic first.
+  if (caps.reasoningEffort !== undefined) {
+    caps.reasoningEffort = undefined;
+    return true;
+  }
   if (caps.thinkingSwitch) {
     caps.thinkingSwitch = false;
     return true;

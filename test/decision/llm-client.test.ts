@@ -28,7 +28,17 @@ describe("capability probe", () => {
   it("probes once for concurrent callers and sends the exact logprobs request", async () => {
     const { fake, client } = await setup((r) => (isProbe(r.body) ? PROBE_OK : logprobsReply({ A: 0.7, B: 0.3 })));
     const [caps] = await Promise.all([client.capabilities(opts()), client.capabilities(opts()), client.complete(ask, opts())]);
-    expect(caps).toEqual({ logprobs: true, topLogprobs: 20, maxTokensField: "max_tokens", thinkingSwitch: true, jsonSchema: false, sampling: true, systemRole: true });
+    expect(caps).toEqual({
+      logprobs: true,
+      topLogprobs: 20,
+      maxTokensField: "max_tokens",
+      thinkingSwitch: true,
+      reasoningEffort: "none",
+      alwaysThinks: false,
+      jsonSchema: false,
+      sampling: true,
+      systemRole: true,
+    });
     expect(fake.requests.filter((r) => isProbe(r.body))).toHaveLength(1);
     const question = fake.questionRequests()[0]!;
     expect(question.path).toBe("/v1/chat/completions");
@@ -37,6 +47,7 @@ describe("capability probe", () => {
       model: "fake-model",
       messages: [{ role: "user", content: "Q" }],
       chat_template_kwargs: { enable_thinking: false },
+      reasoning_effort: "none",
       max_tokens: 1,
       temperature: 1,
       top_p: 1,

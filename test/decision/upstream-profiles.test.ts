@@ -1,4 +1,5 @@
 import { describe, expect, it, onTestFinished } from "vitest";
+import { parseVerbalized, withoutReasoning } from "../../src/decision/engine.js";
 import { createLogger } from "../../src/logger.js";
 import { adjustAfterRejection, createLlmClient, logprobCapIn, type CallOptions, type LlmCapabilities } from "../../src/upstream/llm-client.js";
 import { fakeLlmConfig, isProbe, logprobsReply, PROBE_OK, startFakeLlm, textReply, vllmMaxLogprobs, type ChatBody, type FakeReply } from "../support/fake-llm.js";
@@ -82,6 +83,36 @@ describe("upstream profiles", () => {
   });
 });
 
+function capabilities(): LlmCapabilities {
+  return {
+    logprobs: true,
+    topLogprobs: 20,
+    maxTokensField: "max_tokens",
+    thinkingSwitch: true,
+    reasoningEffort: "none",
+    alwaysThinks: false,
+    jsonSchema: false,
+    sampling: true,
+    systemRole: true,
+  };
+}
+
+describe("the answer of a model that reasons in its content", () => {
+  it.each([
+    ['<think>\nMaybe {"yes": 0}?\n</think>\n\n{"yes": 0.7, "no": 0.3}', '\n\n{"yes": 0.7, "no": 0.3}'],
+    ["<think>\nStill weighing {the", ""],
+    ['<|channel|>analysis<|message|>Think {x}.<|end|><|start|>assistant<|channel|>final<|message|>{"A": 1}', '{"A": 1}'],
+    ["<|channel|>analysis<|message|>Ran out", ""],
+    ['{"yes": 1}', '{"yes": 1}'],
+  ])("%j → %j", (content, answer) => {
+    expect(withoutReasoning(content)).toBe(answer);
+  });
+
+  it("a stated distribution is read after the reasoning, never from inside it", () => {
+    expect(parseVerbalized('<think>\n{"yes": 0, "no": 1} is wrong\n</think>\n{"yes": 0.75, "no": 0.25}', ["yes", "no"])).toEqual([0.75, 0.25]);
+  });
+});
+
 describe("reading a rejection", () => {
   it.each([
     ["requested sample logprobs of 20, which is greater than max allowed: 5", 5],
@@ -93,8 +124,33 @@ describe("reading a rejection", () => {
     expect(logprobCapIn(text)).toBe(cap);
   });
 
+  it.each([
+    // OpenAI gpt-5, as recorded in Kilo-Org/cloud#3807.
+    ["Unsupported value: 'reasoning_effort' does not support 'none' with this model. Supported values are: 'minimal', 'low', 'medium', and 'high'.", "minimal"],
+    ["Unsupported value: 'reasoning_effort' does not support 'none' with this model. Supported values are: 'low', 'medium', and 'high'.", "low"],
+    // vLLM's pydantic literal error.
+    [`[{'type': 'literal_error', 'loc': ('body', 'reasoning_effort'), 'msg': "Input should be 'low', 'medium' or 'high'", 'input': 'none'}]`, "low"],
+    ["Unsupported parameter: 'reasoning_effort' is not supported with this model.", undefined],
+  ])("%s → reasoning_effort %s", (text, effort) => {
+    const caps = capabilities();
+    expect(adjustAfterRejection(caps, text)).toBe(true);
+    expect(caps).toMatchObject({ reasoningEffort: effort, thinkingSwitch: true, sampling: true, logprobs: true });
+  });
+
+  it("an unnamed complaint drops the reasoning effort first, then the thinking switch, then logprobs", () => {
+    const caps = capabilities();
+    const steps = [1, 2, 3, 4].map(() => (adjustAfterRejection(caps, "Bad Request"), { ...caps }));
+    expect(steps.map((c) => [c.reasoningEffort, c.thinkingSwitch, c.logprobs])).toEqual([
+      [undefined, true, true],
+      [undefined, false, true],
+      [undefined, false, false],
+      [undefined, false, false],
+    ]);
+    expect(adjustAfterRejection(caps, "Bad Request")).toBe(false);
+  });
+
   it("drops only what a rejection names, one thing at a time", () => {
-    const caps: LlmCapabilities = { logprobs: true, topLogprobs: 20, maxTokensField: "max_tokens", thinkingSwitch: true, jsonSchema: false, sampling: true, systemRole: true };
+    const caps = capabilities();
     expect(adjustAfterRejection(caps, "Unsupported parameter: 'top_p' is not supported with this model.")).toBe(true);
     expect(caps).toMatchObject({ sampling: false, logprobs: true, thinkingSwitch: true, systemRole: true });
     expect(adjustAfterRejection(caps, "Requested sample logprobs of 20, which is greater than max allowed: 1")).toBe(true);

@@ -178,9 +178,14 @@ function completion(choice: Record<string, unknown>, init: UsageInit): FakeReply
 /**
  * A max_tokens-1 completion whose first-position window holds `probabilities`
  * (token → probability, as given; the sampled token is the most probable one).
+ * As entries, one token string may appear twice, as servers that decode two
+ * pieces alike return it (vllm#44319, sglang#32290).
  */
-export function logprobsReply(probabilities: Record<string, number>, init: UsageInit & { refusal?: string } = {}): FakeReply {
-  const entries = Object.entries(probabilities).sort((a, b) => b[1] - a[1]);
+export function logprobsReply(
+  probabilities: Record<string, number> | ReadonlyArray<readonly [string, number]>,
+  init: UsageInit & { refusal?: string } = {},
+): FakeReply {
+  const entries = (Array.isArray(probabilities) ? [...probabilities] : Object.entries(probabilities)).sort((a, b) => b[1] - a[1]);
   const top = entries.map(([token, p]) => ({ token, logprob: p > 0 ? Math.log(p) : -9999, bytes: [...Buffer.from(token)] }));
   const first = top[0] ?? { token: "", logprob: 0, bytes: [] };
   return completion(
