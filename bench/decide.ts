@@ -14,15 +14,14 @@
  *     measured one request at a time so the ratio is the engine's fan-out.
  * Loopback only; every measure is bounded in time. Each connection uses its
  * own account, with limits far above the product's (60/min, 5 in flight),
- * which would otherwise cap the load at one call per second. Load generator,
- * fake upstream and service share this process (and the machine's cores).
+ * which would otherwise cap the load at one call per second. The load
+ * generator and the service share this process, the fake upstream runs in
+ * its own; `npm run bench` measures the service in its own process.
  */
-import { fork } from "node:child_process";
-import { fileURLToPath } from "node:url";
 import { startApp } from "../src/app.js";
 import { loadConfig } from "../src/config.js";
 import { createLogger } from "../src/logger.js";
-import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
+import { startFakeUpstream } from "./processes.js";
 import { createBenchAccounts, openBenchStore, printTable, runAutocannon, startBareBaseline } from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
@@ -48,48 +47,10 @@ function decideBody(questions: number): string {
   });
 }
 
-/**
- * The fake upstream runs in a child process of its own, as a real upstream
- * would: it must not take CPU from the service under test. The parent sets
- * its reply delay over IPC.
- */
-async function runFakeUpstream(): Promise<void> {
-  let delayMs = UPSTREAM_DELAY_MS;
-  const fake = await startFakeLlm((r) =>
-    isProbe(r.body)
-      ? PROBE_OK
-      : { ...logprobsReply({ yes: 0.6, no: 0.2, A: 0.1, "1": 0.05, "2": 0.05 }, { prompt: 180, cached: 150 }), delayMs },
-  );
-  process.on("message", (message: { delayMs?: number; stop?: boolean }) => {
-    if (message.delayMs !== undefined) delayMs = message.delayMs;
-    process.send!({ ok: true });
-    if (message.stop) void fake.close().then(() => process.exit(0));
-  });
-  process.send!({ url: fake.url });
-}
-
-async function startFakeUpstream() {
-  const child = fork(fileURLToPath(import.meta.url), ["--fake-upstream"], { stdio: "inherit" });
-  const next = () => new Promise<{ url?: string }>((resolve) => child.once("message", resolve));
-  const { url } = await next();
-  const send = async (message: object) => {
-    const ack = next();
-    child.send(message);
-    await ack;
-  };
-  return {
-    url: url!,
-    setDelay: (delayMs: number) => send({ delayMs }),
-    close: async () => {
-      const exited = new Promise((resolve) => child.once("exit", resolve));
-      await send({ stop: true });
-      await exited;
-    },
-  };
-}
-
 async function main() {
+  // The fake upstream runs in a process of its own, as a real upstream would: it must not take CPU from the service.
   const fake = await startFakeUpstream();
+  await fake.setDelay(UPSTREAM_DELAY_MS);
   const store = await openBenchStore(process.env.DATABASE_URL);
   const config = loadConfig({
     PORT: "0",
@@ -159,7 +120,7 @@ async function main() {
   }
 }
 
-(process.argv.includes("--fake-upstream") ? runFakeUpstream() : main()).catch((err: unknown) => {
+main().catch((err: unknown) => {
   console.error(err);
   process.exit(1);
 });

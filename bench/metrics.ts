@@ -1,22 +1,23 @@
 /**
  * What the metrics cost on the hot path: 1-question decisions through the
- * JSON gateway against a fake upstream answering at once (in its own process),
- * with TYPESAFE_METRICS on and off, alternated (on, off, on, off, …) so drift
- * of a shared machine falls on both. The issue asks for ≤ 5 % difference.
+ * JSON gateway, the service in its own process (`node dist/main.js`) with
+ * TYPESAFE_METRICS on and off, alternated (on, off, on, off, …) so drift of a
+ * shared machine falls on both; the fake upstream (answering at once) and the
+ * load generator in processes of their own. Prints throughput and the
+ * service's CPU time per call, medians of the rounds. The issue asks for
+ * ≤ 5 % difference in throughput.
  *
  *   npm run bench:metrics
- *   DATABASE_URL=postgres://… BENCH_ROUNDS=3 BENCH_DURATION_S=5 npm run bench:metrics
+ *   DATABASE_URL=postgres://… BENCH_ROUNDS=5 BENCH_DURATION_S=5 npm run bench:metrics
  */
-import { fork } from "node:child_process";
-import { fileURLToPath } from "node:url";
-import { startApp } from "../src/app.js";
-import { loadConfig } from "../src/config.js";
-import { createLogger } from "../src/logger.js";
-import { createBenchAccounts, openBenchStore, runAutocannon } from "./support.js";
+import { createKnex } from "../src/db/database.js";
+import { buildService, startFakeUpstream, startLoadGenerator, startService } from "./processes.js";
+import { createDefaultAccounts, createScratchDatabase } from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+const ACCOUNTS = 1_500;
 
 const body = JSON.stringify({
   model: "typesafe/service-1.13",
@@ -24,69 +25,56 @@ const body = JSON.stringify({
   questions: { urgent: { type: "noul", instructions: "Is it urgent?" } },
 });
 
-/** bench/decide.ts's fake upstream, in a child process, set to answer at once. */
-async function startFakeUpstream() {
-  const child = fork(fileURLToPath(new URL("./decide.ts", import.meta.url)), ["--fake-upstream"], { stdio: "inherit" });
-  const next = () => new Promise<{ url?: string }>((resolve) => child.once("message", resolve));
-  const { url } = await next();
-  const send = async (message: object) => {
-    const ack = next();
-    child.send(message);
-    await ack;
-  };
-  await send({ delayMs: 0 });
-  return { url: url!, close: () => send({ stop: true }) };
-}
-
 const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 
 async function main() {
+  await buildService();
+  const scratch = await createScratchDatabase(process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres");
   const fake = await startFakeUpstream();
-  const store = await openBenchStore(process.env.DATABASE_URL);
+  const load = await startLoadGenerator();
+  const figures: Record<"on" | "off", { rps: number[]; cpuMsPerCall: number[] }> = { on: { rps: [], cpuMsPerCall: [] }, off: { rps: [], cpuMsPerCall: [] } };
   let apiKeys: string[] | undefined;
-  const rates: Record<"on" | "off", number[]> = { on: [], off: [] };
   try {
     console.log(`metrics cost bench: ${ROUNDS} rounds of on/off, ${DURATION_S} s each, ${CONNECTIONS} connections, Node ${process.version}`);
     for (let round = 0; round < ROUNDS; round++) {
       for (const setting of ["on", "off"] as const) {
-        const config = loadConfig({
-          PORT: "0",
-          TYPESAFE_LOG_LEVEL: "silent",
-          TYPESAFE_METRICS: setting,
-          TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`,
-          TYPESAFE_LLM_MAX_CONCURRENT_CALLS: "512",
-          ...store.env,
-        });
-        const app = await startApp(config, createLogger("silent"));
+        const service = await startService({ TYPESAFE_METRICS: setting, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, DATABASE_URL: scratch.url });
         try {
-          apiKeys ??= (await createBenchAccounts(app.database.db, CONNECTIONS, 10_000)).map((a) => a.apiKey);
-          const keys = apiKeys;
-          const url = `${app.server.url}/api/v1/decisions`;
-          const headers = { "content-type": "application/json", authorization: `Bearer ${keys[0]}` };
-          let next = 0;
-          const result = await runAutocannon({
-            url,
-            method: "POST",
-            headers,
-            body,
-            connections: CONNECTIONS,
-            duration: DURATION_S,
-            setupClient: (client) => client.setHeaders({ ...headers, authorization: `Bearer ${keys[next++ % keys.length]}` }),
-          });
-          rates[setting].push(result.requests.average);
-          console.log(`  round ${round + 1} metrics ${setting.padEnd(3)} ${result.requests.average.toFixed(0).padStart(6)} req/s  p50 ${result.latency.p50} ms  p99 ${result.latency.p99} ms`);
+          if (!apiKeys) {
+            // The first start migrated the database.
+            const db = createKnex(scratch.url, 4);
+            apiKeys = await createDefaultAccounts(db, ACCOUNTS);
+            await db.destroy();
+          }
+          const url = `${service.url}/api/v1/decisions`;
+          await load.run({ mode: "http", url, body, apiKeys, connections: CONNECTIONS, durationS: 1 }); // warm-up
+          const cpuBefore = await service.cpuSeconds();
+          const result = await load.run({ mode: "http", url, body, apiKeys, connections: CONNECTIONS, durationS: DURATION_S });
+          const cpuMsPerCall = ((await service.cpuSeconds()) - cpuBefore) * 1000 / result.requests;
+          figures[setting].rps.push(result.rps);
+          figures[setting].cpuMsPerCall.push(cpuMsPerCall);
+          console.log(
+            `  round ${round + 1} metrics ${setting.padEnd(3)} ${result.rps.toFixed(0).padStart(6)} req/s  p50 ${result.p50} ms  p99 ${result.p99} ms  ` +
+              `service CPU ${cpuMsPerCall.toFixed(3)} ms/call`,
+          );
         } finally {
-          await app.stop();
+          await service.stop();
         }
       }
     }
-    const on = median(rates.on);
-    const off = median(rates.off);
-    const cost = (1 - on / off) * 100;
-    console.log(`median req/s: metrics on ${on.toFixed(0)}, off ${off.toFixed(0)}; on/off ${(on / off).toFixed(3)} (${cost.toFixed(1)} % cost; target ≤ 5 %)`);
+    const on = median(figures.on.rps);
+    const off = median(figures.off.rps);
+    const cpuOn = median(figures.on.cpuMsPerCall);
+    const cpuOff = median(figures.off.cpuMsPerCall);
+    console.log(
+      `median: metrics on ${on.toFixed(0)} req/s, off ${off.toFixed(0)} req/s, on/off ${(on / off).toFixed(3)} ` +
+        `(${((1 - on / off) * 100).toFixed(1)} % cost; target ≤ 5 %); service CPU per call on ${cpuOn.toFixed(3)} ms, off ${cpuOff.toFixed(3)} ms ` +
+        `(${((cpuOn / cpuOff - 1) * 100).toFixed(1)} %)`,
+    );
   } finally {
+    await load.close();
     await fake.close();
-    await store.cleanup();
+    await scratch.drop();
   }
 }
 

@@ -78,6 +78,21 @@ export async function createBenchAccounts(
   return accounts;
 }
 
+/**
+ * Accounts at the product's default limits (60/min, 5 in flight), one key
+ * each, funded without end: a load that takes the keys in turn, one per
+ * request, spreads over so many accounts that no limit binds and no account
+ * row is hot, as with many real callers.
+ */
+export async function createDefaultAccounts(db: Knex, count: number): Promise<string[]> {
+  const keys: string[] = [];
+  for (let i = 0; i < count; i++) {
+    const account = await createAccount(db, { name: `bench-${i}`, units: 1e15, freeRequests: 0 });
+    keys.push((await createApiKey(db, account.id)).apiKey);
+  }
+  return keys;
+}
+
 /** A bare `node:http` server on loopback answering `body` to every request: the throughput baseline. */
 export async function startBareBaseline(body: string): Promise<{ url: string; close(): Promise<void> }> {
   const server = http.createServer((req, res) => {

@@ -20,6 +20,9 @@ export interface Metrics {
   recordSearchSource(source: string, status: string, seconds: number, cached: boolean): void;
 }
 
+/** Bound label children of recordCall kept per raw procedure, protocol and reason. */
+const MAX_CACHED_CALL_SERIES = 256;
+
 export type LlmCallOutcome = "ok" | "rejected" | "failed" | "timeout" | "aborted";
 
 const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, string][] = [
@@ -123,7 +126,9 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
     buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
     registers: [registry],
   });
-  observeQueries(deps.db, (outcome, seconds) => queryDuration.observe({ outcome }, seconds));
+  // Label children bound once: an observation is then an array update, with no label hashing per call.
+  const queryOutcomes = { ok: queryDuration.labels({ outcome: "ok" }), error: queryDuration.labels({ outcome: "error" }) };
+  observeQueries(deps.db, (outcome, seconds) => queryOutcomes[outcome].observe(seconds));
 
   new Gauge({
     name: "typesafe_db_pool_connections",
@@ -139,12 +144,21 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
     },
   });
 
+  const callSeries = new Map<string, { count: ReturnType<typeof calls.labels>; seconds: ReturnType<typeof callSeconds.labels> }>();
+
   return {
     registry,
     recordCall(procedure, protocol, reason, seconds) {
-      const labels = { procedure: knownProcedure(procedure), protocol: protocolName(protocol) };
-      calls.inc({ ...labels, reason });
-      callSeconds.observe(labels, seconds);
+      const key = `${procedure}\n${protocol}\n${reason}`;
+      let series = callSeries.get(key);
+      if (!series) {
+        const labels = { procedure: knownProcedure(procedure), protocol: protocolName(protocol) };
+        series = { count: calls.labels({ ...labels, reason }), seconds: callSeconds.labels(labels) };
+        // Raw procedures and content types come from clients: only so many are remembered.
+        if (callSeries.size < MAX_CACHED_CALL_SERIES) callSeries.set(key, series);
+      }
+      series.count.inc();
+      series.seconds.observe(seconds);
     },
     recordLlmCall(outcome, seconds) {
       llmCalls.inc({ outcome });

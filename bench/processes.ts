@@ -1,0 +1,147 @@
+/**
+ * The processes a bench runs apart, as users run them: the service itself
+ * (`node dist/main.js`, what `npm start` execs), the fake upstream, the bare
+ * `node:http` baseline and the load generator, each in a process of its own
+ * so none of them takes CPU from another's event loop. The parent only
+ * orchestrates; children are driven over IPC. Loopback only.
+ */
+import { fork, spawn, type ChildProcess } from "node:child_process";
+import fs from "node:fs/promises";
+import net from "node:net";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import type { LoadOptions, LoadResult } from "./roles.js";
+
+const ROLES = fileURLToPath(new URL("./roles.ts", import.meta.url));
+const ROOT = fileURLToPath(new URL("..", import.meta.url));
+
+/** A child running one of bench/roles.ts's roles, answering each message with one reply. */
+async function startRole(role: string): Promise<{ child: ChildProcess; ask<T>(message: object): Promise<T>; first: unknown }> {
+  const child = fork(ROLES, [role], { stdio: ["ignore", "inherit", "inherit", "ipc"] });
+  const replies: Array<(value: unknown) => void> = [];
+  child.on("message", (message) => replies.shift()?.(message));
+  const next = () => new Promise<unknown>((resolve) => replies.push(resolve));
+  const first = await next();
+  return {
+    child,
+    first,
+    ask: <T>(message: object) => {
+      const reply = next() as Promise<T>;
+      child.send(message);
+      return reply;
+    },
+  };
+}
+
+async function stopRole(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null) return;
+  const exited = new Promise((resolve) => child.once("exit", resolve));
+  child.kill("SIGTERM");
+  await exited;
+}
+
+/** The fake OpenAI-compatible upstream (bench/roles.ts), answering after `delayMs`. */
+export async function startFakeUpstream() {
+  const role = await startRole("--fake-upstream");
+  return {
+    url: (role.first as { url: string }).url,
+    setDelay: (delayMs: number) => role.ask({ delayMs }),
+    close: () => stopRole(role.child),
+  };
+}
+
+/** A bare `node:http` server answering `body` to every request: the throughput and latency baseline. */
+export async function startBareServer(body: string) {
+  const role = await startRole("--bare");
+  await role.ask({ body });
+  return { url: (role.first as { url: string }).url, close: () => stopRole(role.child) };
+}
+
+/** The load generator: autocannon over HTTP, or concurrent unary calls over binary gRPC. */
+export async function startLoadGenerator() {
+  const role = await startRole("--load");
+  return {
+    run: async (options: LoadOptions): Promise<LoadResult> => {
+      const result = await role.ask<LoadResult | { error: string }>(options);
+      if ("error" in result) throw new Error(`load on ${options.url}: ${result.error}`);
+      return result;
+    },
+    close: () => stopRole(role.child),
+  };
+}
+
+/** A free loopback port (the service is told its port; it cannot report one it picked). */
+export async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as net.AddressInfo;
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+export interface ServiceProcess {
+  url: string;
+  pid: number;
+  /** From spawn until /readyz first answered 200. */
+  startMs: number;
+  /** Peak resident memory so far (VmHWM), in MB. */
+  peakRssMb(): Promise<number>;
+  /** CPU time the service has used so far (user + system), in seconds: per-call cost that a busy machine's throughput hides. */
+  cpuSeconds(): Promise<number>;
+  stop(): Promise<void>;
+}
+
+/** Compiles src to dist once, as `npm start`'s prestart does. */
+export async function buildService(): Promise<void> {
+  await run("npx", ["tsc", "-p", "tsconfig.build.json"]);
+}
+
+/** The service as `npm start` runs it, with `env` on top of this process's, ready when /readyz answers. */
+export async function startService(env: Record<string, string>): Promise<ServiceProcess> {
+  const port = await freePort();
+  const started = performance.now();
+  const child = spawn(process.execPath, [path.join(ROOT, "dist/main.js")], {
+    cwd: ROOT,
+    env: { ...process.env, PORT: String(port), ...env },
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  const url = `http://127.0.0.1:${port}`;
+  const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`the service exited with ${child.exitCode} before it was ready`);
+    const ready = await fetch(`${url}/readyz`).then(
+      (r) => r.status === 200,
+      () => false,
+    );
+    if (ready) break;
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  const startMs = performance.now() - started;
+  return {
+    url,
+    pid: child.pid!,
+    startMs,
+    async peakRssMb() {
+      const status = await fs.readFile(`/proc/${child.pid}/status`, "utf8");
+      return Number(/VmHWM:\s+(\d+) kB/.exec(status)![1]) / 1024;
+    },
+    async cpuSeconds() {
+      const stat = await fs.readFile(`/proc/${child.pid}/stat`, "utf8");
+      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      // utime and stime, fields 14 and 15 of proc(5), in clock ticks of 1/100 s on Linux.
+      return (Number(fields[11]) + Number(fields[12])) / 100;
+    },
+    async stop() {
+      if (child.exitCode !== null) return;
+      child.kill("SIGTERM");
+      await exited;
+    },
+  };
+}
+
+function run(command: string, args: string[]): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, { cwd: ROOT, stdio: "inherit" });
+    child.once("exit", (code) => (code === 0 ? resolve() : reject(new Error(`${command} ${args.join(" ")} exited with ${code}`))));
+  });
+}

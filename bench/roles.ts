@@ -1,0 +1,199 @@
+/**
+ * The roles of bench/processes.ts's children, one per process:
+ *   --fake-upstream  an OpenAI-compatible upstream answering every question (delay set over IPC)
+ *   --bare           a bare `node:http` server answering a fixed body (the baseline)
+ *   --load           the load generator: autocannon (closed loop), a fixed-rate open loop, or gRPC calls
+ * Each sends one IPC message when ready and answers each message it gets with one.
+ */
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { createRequire } from "node:module";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { fromJsonString } from "@bufbuild/protobuf";
+import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decision/v1/decision_service_pb.js";
+import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
+
+export interface LoadOptions {
+  /** http: autocannon, as many requests as the connections take; rate: `rate` requests/s whatever the answers; grpc: binary gRPC Decide. */
+  mode: "http" | "rate" | "grpc";
+  url: string;
+  /** The JSON request body (for gRPC, the same request in its JSON form). */
+  body: string;
+  /** Keys used in turn, one per request, as many callers would. */
+  apiKeys: string[];
+  connections: number;
+  durationS: number;
+  rate?: number;
+}
+
+export interface LoadResult {
+  rps: number;
+  /** Milliseconds, with microsecond resolution where the mode measures it (rate, grpc). */
+  p50: number;
+  p99: number;
+  requests: number;
+}
+
+const reply = (message: object) => process.send!(message);
+
+async function fakeUpstream(): Promise<void> {
+  let delayMs = 0;
+  const fake = await startFakeLlm((r) =>
+    isProbe(r.body)
+      ? PROBE_OK
+      : { ...logprobsReply({ yes: 0.6, no: 0.2, A: 0.1, "1": 0.05, "2": 0.05 }, { prompt: 180, cached: 150 }), delayMs },
+  );
+  process.on("message", (message: { delayMs: number }) => {
+    delayMs = message.delayMs;
+    reply({ ok: true });
+  });
+  process.once("SIGTERM", () => void fake.close().then(() => process.exit(0)));
+  reply({ url: fake.url });
+}
+
+async function bare(): Promise<void> {
+  let body = "{}";
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(body);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  process.on("message", (message: { body: string }) => {
+    body = message.body;
+    reply({ ok: true });
+  });
+  process.once("SIGTERM", () => process.exit(0));
+  reply({ url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/` });
+}
+
+interface AutocannonRequest {
+  method?: string;
+  headers?: Record<string, string>;
+  body?: string;
+}
+// autocannon ships no type declarations; this is the part of its API used here.
+const autocannon = createRequire(import.meta.url)("autocannon") as (options: object) => Promise<{
+  requests: { average: number; total: number };
+  latency: { p50: number; p99: number };
+  non2xx: number;
+  errors: number;
+}>;
+
+function percentile(sorted: number[], p: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? NaN;
+}
+
+async function closedLoop(options: LoadOptions): Promise<LoadResult> {
+  let next = 0;
+  const headers = { "content-type": "application/json" };
+  const result = await autocannon({
+    url: options.url,
+    connections: options.connections,
+    duration: options.durationS,
+    requests: [
+      {
+        method: "POST",
+        body: options.body,
+        headers,
+        setupRequest: (req: AutocannonRequest) => ({
+          ...req,
+          headers: { ...headers, authorization: `Bearer ${options.apiKeys[next++ % options.apiKeys.length]}` },
+        }),
+      },
+    ],
+  });
+  if (result.non2xx > 0 || result.errors > 0) throw new Error(`${result.non2xx} non-2xx answers, ${result.errors} errors`);
+  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, requests: result.requests.total };
+}
+
+/** Sends `rate` requests per second on a schedule that does not wait for answers (an open loop), timing each. */
+async function openLoop(options: LoadOptions): Promise<LoadResult> {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: options.connections });
+  const target = new URL(options.url);
+  const total = Math.round(options.rate! * options.durationS);
+  const latencies: number[] = [];
+  let failed = 0;
+  const send = (i: number) =>
+    new Promise<void>((resolve) => {
+      const started = performance.now();
+      const req = http.request(
+        target,
+        {
+          method: "POST",
+          agent,
+          headers: { "content-type": "application/json", authorization: `Bearer ${options.apiKeys[i % options.apiKeys.length]}` },
+        },
+        (res) => {
+          res.resume();
+          res.on("end", () => {
+            if (res.statusCode === 200) latencies.push(performance.now() - started);
+            else failed++;
+            resolve();
+          });
+        },
+      );
+      req.on("error", () => {
+        failed++;
+        resolve();
+      });
+      req.end(options.body);
+    });
+  const began = performance.now();
+  const inFlight: Array<Promise<void>> = [];
+  for (let i = 0; i < total; i++) {
+    const due = began + (i * 1000) / options.rate!;
+    const wait = due - performance.now();
+    if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+    inFlight.push(send(i));
+  }
+  await Promise.all(inFlight);
+  agent.destroy();
+  if (failed > 0) throw new Error(`${failed} of ${total} requests failed`);
+  const sorted = latencies.sort((a, b) => a - b);
+  return { rps: total / ((performance.now() - began) / 1000), p50: percentile(sorted, 50), p99: percentile(sorted, 99), requests: total };
+}
+
+/** `connections` concurrent loops of binary gRPC Decide calls over one HTTP/2 connection, as a generated client makes them. */
+async function grpcLoop(options: LoadOptions): Promise<LoadResult> {
+  const client = createClient(DecisionService, createGrpcTransport({ baseUrl: options.url }));
+  const request = fromJsonString(DecideRequestSchema, options.body);
+  const latencies: number[] = [];
+  let next = 0;
+  const until = performance.now() + options.durationS * 1000;
+  const began = performance.now();
+  await Promise.all(
+    Array.from({ length: options.connections }, async () => {
+      while (performance.now() < until) {
+        const started = performance.now();
+        await client.decide(request, { headers: { authorization: `Bearer ${options.apiKeys[next++ % options.apiKeys.length]}` } });
+        latencies.push(performance.now() - started);
+      }
+    }),
+  );
+  const sorted = latencies.sort((a, b) => a - b);
+  return { rps: latencies.length / ((performance.now() - began) / 1000), p50: percentile(sorted, 50), p99: percentile(sorted, 99), requests: latencies.length };
+}
+
+async function load(): Promise<void> {
+  process.on("message", (options: LoadOptions) => {
+    const measure = options.mode === "http" ? closedLoop : options.mode === "rate" ? openLoop : grpcLoop;
+    measure(options).then(reply, (err: unknown) => reply({ error: err instanceof Error ? err.message : String(err) }));
+  });
+  process.once("SIGTERM", () => process.exit(0));
+  reply({ ready: true });
+}
+
+const roles: Record<string, () => Promise<void>> = { "--fake-upstream": fakeUpstream, "--bare": bare, "--load": load };
+const role = roles[process.argv[2] ?? ""];
+if (!role) {
+  console.error(`bench/roles.ts: unknown role ${process.argv[2]}; one of ${Object.keys(roles).join(", ")}`);
+  process.exit(2);
+}
+role().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});

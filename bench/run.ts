@@ -1,0 +1,207 @@
+/**
+ * `npm run bench`: the service as a user runs it (`node dist/main.js`, what
+ * `npm start` execs, in its own process), the fake upstream, the bare
+ * `node:http` baseline and the load generator each in a process of their own,
+ * and one table: each figure, its baseline measured in this run, the ratio
+ * and the target of issue 13.
+ *
+ *   npm run bench                                   # PostgreSQL at 127.0.0.1:5432 (scratch database), then the embedded store
+ *   DATABASE_URL=postgres://… BENCH_DURATION_S=5 npm run bench
+ *
+ * 1,500 accounts at the product's default limits take the load in turn (see
+ * createDefaultAccounts). The upstream answers at once unless a row says
+ * otherwise.
+ */
+import fs from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { createKnex, socketFilePath } from "../src/db/database.js";
+import type { LoadResult } from "./roles.js";
+import { buildService, startBareServer, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
+import { createDefaultAccounts, createScratchDatabase } from "./support.js";
+
+const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
+const CONNECTIONS = 50;
+const ACCOUNTS = 1_500;
+const STEADY_RATE = 500;
+const STARTS = 3;
+
+function decideBody(questions: number): string {
+  return JSON.stringify({
+    model: "typesafe/service-1.13",
+    state: { ticket: "I was charged twice for my pro plan this month", customer: { id: "c-42", plan: "pro" } },
+    questions: Object.fromEntries(
+      Array.from({ length: questions }, (_, i) => [
+        `q${i}`,
+        i % 3 === 0
+          ? { type: "noul", instructions: `Is aspect ${i} urgent?` }
+          : i % 3 === 1
+            ? { type: "choice", instructions: `Which team handles aspect ${i}?`, criteria: { billing: null, technical: null, sales: null } }
+            : { type: "score", instructions: `How big is impact ${i}?`, criteria: ["none", "low", "medium", "high"] },
+      ]),
+    ),
+  });
+}
+
+const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+const fixed = (value: number, digits = 0) => value.toFixed(digits);
+
+interface Row {
+  measure: string;
+  figure: string;
+  baseline: string;
+  ratio: string;
+  target: string;
+  met: boolean;
+}
+
+function printRows(rows: Row[]): void {
+  const columns: Array<keyof Omit<Row, "met">> = ["measure", "figure", "baseline", "ratio", "target"];
+  const widths = columns.map((c) => Math.max(c.length, ...rows.map((r) => r[c].length)));
+  const line = (cells: string[]) => `| ${cells.map((cell, i) => cell.padEnd(widths[i]!)).join(" | ")} |`;
+  console.log(line([...columns]) + " met");
+  console.log(line(widths.map((w) => "-".repeat(w))) + " ---");
+  for (const row of rows) console.log(line(columns.map((c) => row[c])) + (row.met ? " yes" : " NO"));
+}
+
+async function main() {
+  const serverUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
+  console.log(`bench: ${os.cpus().length} cores, Node ${process.version}, ${DURATION_S} s per measure, ${CONNECTIONS} connections, ${new Date().toISOString()}`);
+  await buildService();
+  const scratch = await createScratchDatabase(serverUrl);
+  const fake = await startFakeUpstream();
+  const load = await startLoadGenerator();
+  const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-bench-"));
+  const serviceEnv = { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" };
+  const rows: Row[] = [];
+  let service: ServiceProcess | undefined;
+  let bare: Awaited<ReturnType<typeof startBareServer>> | undefined;
+  try {
+    // Start-up: the first start migrates the fresh database; the next ones are what a restart costs.
+    const startTimes: number[] = [];
+    for (let i = 0; i <= STARTS; i++) {
+      service = await startService({ ...serviceEnv, DATABASE_URL: scratch.url });
+      if (i > 0) startTimes.push(service.startMs);
+      if (i < STARTS) await service.stop();
+    }
+    const onPostgres = service!;
+    const db = createKnex(scratch.url, 4);
+    const apiKeys = await createDefaultAccounts(db, ACCOUNTS);
+    await db.destroy();
+
+    const one = decideBody(1);
+    const answer = await fetch(`${onPostgres.url}/api/v1/decisions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${apiKeys[0]}` },
+      body: one,
+    });
+    const answerText = await answer.text();
+    if (answer.status !== 200) throw new Error(`a warm-up decision answered ${answer.status}: ${answerText}`);
+    bare = await startBareServer(answerText);
+    const http = (url: string, body = one, connections = CONNECTIONS): Promise<LoadResult> =>
+      load.run({ mode: "http", url, body, apiKeys, connections, durationS: DURATION_S });
+    const decisions = `${onPostgres.url}/api/v1/decisions`;
+
+    await load.run({ mode: "http", url: decisions, body: one, apiKeys, connections: CONNECTIONS, durationS: 2 }); // warm-up
+    /** The service's CPU time per call during `measure`: what a call costs, whatever else the machine runs. */
+    const withCpu = async (measure: () => Promise<LoadResult>) => {
+      const before = await onPostgres.cpuSeconds();
+      const result = await measure();
+      return { ...result, cpuMs: ((await onPostgres.cpuSeconds()) - before) * 1000 / result.requests };
+    };
+    const bareLoad = await http(bare.url);
+    const gateway = await withCpu(() => http(decisions));
+    const grpc = await withCpu(() => load.run({ mode: "grpc", url: onPostgres.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S }));
+    const bareSteady = await load.run({ mode: "rate", url: bare.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S, rate: STEADY_RATE });
+    const steady = await load.run({ mode: "rate", url: decisions, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S, rate: STEADY_RATE });
+    const rssUnderLoad = await onPostgres.peakRssMb();
+    await fake.setDelay(50);
+    const oneSerial = await http(decisions, one, 1);
+    const fortySerial = await http(decisions, decideBody(40), 1);
+    await fake.setDelay(0);
+    await onPostgres.stop();
+
+    // The embedded store, measured the same way.
+    service = await startService({ ...serviceEnv, TYPESAFE_DATA_DIR: dataDir });
+    const embeddedUrl = (JSON.parse(await fs.readFile(socketFilePath(dataDir), "utf8")) as { url: string }).url;
+    const embeddedDb = createKnex(embeddedUrl, 1);
+    const embeddedKeys = await createDefaultAccounts(embeddedDb, ACCOUNTS);
+    await embeddedDb.destroy();
+    await load.run({ mode: "http", url: `${service.url}/api/v1/decisions`, body: one, apiKeys: embeddedKeys, connections: CONNECTIONS, durationS: 2 });
+    const embedded = await load.run({ mode: "http", url: `${service.url}/api/v1/decisions`, body: one, apiKeys: embeddedKeys, connections: CONNECTIONS, durationS: DURATION_S });
+    await service.stop();
+
+    const rps = (r: LoadResult) => `${fixed(r.rps)} req/s (p50 ${fixed(r.p50, 1)} ms, p99 ${fixed(r.p99, 1)} ms)`;
+    rows.push(
+      {
+        measure: "metered 1-question decisions, JSON gateway",
+        figure: rps(gateway),
+        baseline: `bare node:http ${fixed(bareLoad.rps)} req/s`,
+        ratio: `${(gateway.rps / bareLoad.rps).toFixed(3)}×`,
+        target: "≥ 1,000 req/s and ≥ 0.055×",
+        met: gateway.rps >= 1_000 && gateway.rps / bareLoad.rps >= 0.055,
+      },
+      {
+        measure: "gRPC Decide, same load",
+        figure: `${rps(grpc)}, service CPU ${fixed(grpc.cpuMs, 2)} ms/call`,
+        baseline: `JSON gateway ${fixed(gateway.rps)} req/s, ${fixed(gateway.cpuMs, 2)} ms/call`,
+        ratio: `${(grpc.rps / gateway.rps).toFixed(2)}× req/s, ${(grpc.cpuMs / gateway.cpuMs).toFixed(2)}× CPU`,
+        target: "≥ 1.0×",
+        met: grpc.rps >= gateway.rps,
+      },
+      {
+        measure: `added latency at a steady ${STEADY_RATE} req/s`,
+        figure: `p50 ${fixed(steady.p50, 2)} ms, p99 ${fixed(steady.p99, 2)} ms`,
+        baseline: `bare p50 ${fixed(bareSteady.p50, 2)} ms, p99 ${fixed(bareSteady.p99, 2)} ms`,
+        ratio: `+${fixed(steady.p50 - bareSteady.p50, 2)} / +${fixed(steady.p99 - bareSteady.p99, 2)} ms`,
+        target: "p50 ≤ +2 ms, p99 ≤ +8 ms",
+        met: steady.p50 - bareSteady.p50 <= 2 && steady.p99 - bareSteady.p99 <= 8,
+      },
+      {
+        measure: "40 questions vs 1, upstream 50 ms, one at a time",
+        figure: `p50 ${fixed(fortySerial.p50, 1)} ms`,
+        baseline: `1 question p50 ${fixed(oneSerial.p50, 1)} ms`,
+        ratio: `${(fortySerial.p50 / oneSerial.p50).toFixed(2)}×`,
+        target: "≤ 1.3×",
+        met: fortySerial.p50 / oneSerial.p50 <= 1.3,
+      },
+      {
+        measure: "peak RSS of the service under that load",
+        figure: `${fixed(rssUnderLoad)} MB`,
+        baseline: "—",
+        ratio: "—",
+        target: "≤ 200 MB",
+        met: rssUnderLoad <= 200,
+      },
+      {
+        measure: "start until /readyz, PostgreSQL (node dist/main.js)",
+        figure: `${fixed(median(startTimes))} ms (median of ${STARTS})`,
+        baseline: "—",
+        ratio: "—",
+        target: "≤ 1,000 ms",
+        met: median(startTimes) <= 1_000,
+      },
+      {
+        measure: "embedded store, 1-question decisions",
+        figure: rps(embedded),
+        baseline: `PostgreSQL ${fixed(gateway.rps)} req/s`,
+        ratio: `${(embedded.rps / gateway.rps).toFixed(2)}×`,
+        target: "≥ 200 req/s, p99 ≤ 500 ms",
+        met: embedded.rps >= 200 && embedded.p99 <= 500,
+      },
+    );
+    printRows(rows);
+  } finally {
+    await service?.stop();
+    await bare?.close();
+    await load.close();
+    await fake.close();
+    await scratch.drop();
+    await fs.rm(dataDir, { recursive: true, force: true });
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});
