@@ -4,6 +4,7 @@ import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
 import { createDecisionService } from "./decision/service.js";
 import { createGateway } from "./gateway/gateway.js";
+import { prepareStatementsOn } from "./metering/ledger.js";
 import { createMeter, type Meter } from "./metering/meter.js";
 import { createMetrics } from "./metrics.js";
 import { apiRoutes, served } from "./gateway/routes.js";
@@ -41,6 +42,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
     logger,
   });
   const { db } = database;
+  await prepareStatementsOn(db);
   const meter = createMeter({ db, config: config.metering, logger });
   const metrics = config.metrics ? createMetrics({ meter, db }) : undefined;
   const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics });

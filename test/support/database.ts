@@ -6,6 +6,7 @@ import type { Knex } from "knex";
 import { inject } from "vitest";
 import { createKnex, migrate } from "../../src/db/database.js";
 import { openEmbeddedStore } from "../../src/db/embedded.js";
+import { prepareStatementsOn } from "../../src/metering/ledger.js";
 import { createLogger } from "../../src/logger.js";
 
 export interface TestDatabase {
@@ -48,6 +49,8 @@ export async function createTestDatabase(poolMax = 10, options: TestDatabaseOpti
   url.pathname = `/${name}`;
   const db = createKnex(url.toString(), poolMax);
   await migrate(db, true);
+  // As the service does on PostgreSQL: the metering statements are named.
+  await prepareStatementsOn(db);
   return {
     url: url.toString(),
     db,
