@@ -77,14 +77,15 @@ async function main() {
   let service: ServiceProcess | undefined;
   let bare: Awaited<ReturnType<typeof startBareServer>> | undefined;
   try {
-    // Start-up: the first start migrates the fresh database; the next ones are what a restart costs.
+    // Start-up as a user runs it (`npm start`, its build fresh): the first start migrates the fresh database,
+    // the next ones are what a restart costs.
     const startTimes: number[] = [];
     for (let i = 0; i <= STARTS; i++) {
-      service = await startService({ ...serviceEnv, DATABASE_URL: scratch.url });
+      service = await startService({ ...serviceEnv, DATABASE_URL: scratch.url }, { via: "npm" });
       if (i > 0) startTimes.push(service.startMs);
-      if (i < STARTS) await service.stop();
+      await service.stop();
     }
-    const onPostgres = service!;
+    const onPostgres = (service = await startService({ ...serviceEnv, DATABASE_URL: scratch.url }));
     const db = createKnex(scratch.url, 4);
     const apiKeys = await createDefaultAccounts(db, ACCOUNTS);
     await db.destroy();
@@ -174,7 +175,7 @@ async function main() {
         met: rssUnderLoad <= 200,
       },
       {
-        measure: "start until /readyz, PostgreSQL (node dist/main.js)",
+        measure: "`npm start` until /readyz, PostgreSQL",
         figure: `${fixed(median(startTimes))} ms (median of ${STARTS})`,
         baseline: "—",
         ratio: "—",
