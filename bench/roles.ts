@@ -15,8 +15,11 @@ import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decisi
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
 
 export interface LoadOptions {
-  /** http: autocannon, as many requests as the connections take; rate: `rate` requests/s whatever the answers; grpc: binary gRPC Decide. */
-  mode: "http" | "rate" | "grpc";
+  /**
+   * http: autocannon, as many requests as the connections take; rate: `rate` requests/s whatever the answers;
+   * grpc: binary gRPC Decide; invalid: autocannon with bad requests in turn on both paths (every answer must be a 4xx).
+   */
+  mode: "http" | "rate" | "grpc" | "invalid";
   url: string;
   /** The JSON request body (for gRPC, the same request in its JSON form). */
   body: string;
@@ -110,6 +113,45 @@ async function closedLoop(options: LoadOptions): Promise<LoadResult> {
   return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, requests: result.requests.total };
 }
 
+/** Bad input of every kind a careless or hostile client sends: each must be refused with a 4xx, none may cost memory for long. */
+const INVALID_BODIES = [
+  "{",
+  '{"model":"typesafe/service-1.13"}',
+  JSON.stringify({ model: "typesafe/service-1.13", state: { a: 1 }, questions: { q: { type: "bogus" } } }),
+  JSON.stringify({ model: "typesafe/service-1.13", state: "x".repeat(200_000), questions: {} }),
+  '{"__proto__":{"admin":true}}',
+  JSON.stringify({ q: "hello", sources: ["nope"] }),
+];
+
+async function invalidLoop(options: LoadOptions): Promise<LoadResult> {
+  let next = 0;
+  const result = (await autocannon({
+    url: options.url,
+    connections: options.connections,
+    duration: options.durationS,
+    requests: [
+      {
+        method: "POST",
+        setupRequest: (req: AutocannonRequest) => {
+          const i = next++;
+          // Every fifth request carries a key nobody issued.
+          const key = i % 5 === 0 ? `ts_live_${"0".repeat(40)}${i}` : options.apiKeys[i % options.apiKeys.length];
+          return {
+            ...req,
+            path: i % 2 === 0 ? "/api/v1/decisions" : "/api/v1/search",
+            body: INVALID_BODIES[i % INVALID_BODIES.length],
+            headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+          };
+        },
+      },
+    ],
+  })) as Awaited<ReturnType<typeof autocannon>> & { "2xx": number; "5xx": number };
+  if (result.errors > 0 || result["5xx"] > 0 || result["2xx"] > 0) {
+    throw new Error(`bad input answered ${result["2xx"]} × 2xx, ${result["5xx"]} × 5xx, ${result.errors} errors`);
+  }
+  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, requests: result.requests.total };
+}
+
 /** Sends `rate` requests per second on a schedule that does not wait for answers (an open loop), timing each. */
 async function openLoop(options: LoadOptions): Promise<LoadResult> {
   const agent = new http.Agent({ keepAlive: true, maxSockets: options.connections });
@@ -180,7 +222,7 @@ async function grpcLoop(options: LoadOptions): Promise<LoadResult> {
 
 async function load(): Promise<void> {
   process.on("message", (options: LoadOptions) => {
-    const measure = options.mode === "http" ? closedLoop : options.mode === "rate" ? openLoop : grpcLoop;
+    const measure = { http: closedLoop, rate: openLoop, grpc: grpcLoop, invalid: invalidLoop }[options.mode];
     measure(options).then(reply, (err: unknown) => reply({ error: err instanceof Error ? err.message : String(err) }));
   });
   process.once("SIGTERM", () => process.exit(0));

@@ -6,7 +6,7 @@
  * and the target of issue 13.
  *
  *   npm run bench                                   # PostgreSQL at 127.0.0.1:5432 (scratch database), then the embedded store
- *   DATABASE_URL=postgres://… BENCH_DURATION_S=5 npm run bench
+ *   DATABASE_URL=postgres://… BENCH_DURATION_S=5 BENCH_INVALID_S=600 npm run bench
  *
  * 1,500 accounts at the product's default limits take the load in turn (see
  * createDefaultAccounts). The upstream answers at once unless a row says
@@ -25,6 +25,7 @@ const CONNECTIONS = 50;
 const ACCOUNTS = 1_500;
 const STEADY_RATE = 500;
 const STARTS = 3;
+const INVALID_S = Number(process.env.BENCH_INVALID_S ?? 30);
 
 function decideBody(questions: number): string {
   return JSON.stringify({
@@ -116,6 +117,8 @@ async function main() {
     const bareSteady = await load.run({ mode: "rate", url: bare.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S, rate: STEADY_RATE });
     const steady = await load.run({ mode: "rate", url: decisions, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S, rate: STEADY_RATE });
     const rssUnderLoad = await onPostgres.peakRssMb();
+    const invalid = await load.run({ mode: "invalid", url: onPostgres.url, body: "", apiKeys, connections: 20, durationS: INVALID_S });
+    const rssAfterInvalid = await onPostgres.peakRssMb();
     await fake.setDelay(50);
     const oneSerial = await http(decisions, one, 1);
     const fortySerial = await http(decisions, decideBody(40), 1);
@@ -173,6 +176,14 @@ async function main() {
         ratio: "—",
         target: "≤ 200 MB",
         met: rssUnderLoad <= 200,
+      },
+      {
+        measure: `peak RSS after ${INVALID_S} s of mixed invalid traffic`,
+        figure: `${fixed(rssAfterInvalid)} MB (${fixed(invalid.rps)} req/s, every answer a 4xx)`,
+        baseline: "—",
+        ratio: "—",
+        target: "≤ 200 MB",
+        met: rssAfterInvalid <= 200,
       },
       {
         measure: "`npm start` until /readyz, PostgreSQL",

@@ -13,7 +13,8 @@ import { postWithRetry, UpstreamError, type HttpResponse } from "./http.js";
  */
 export interface LlmClient {
   /**
-   * Probes once and caches for CAPABILITIES_TTL_MS; concurrent callers share
+   * Probes once and caches for CAPABILITIES_TTL_MS, or until
+   * REPROBE_AFTER_REJECTIONS calls in a row are refused; concurrent callers share
    * one probe. A failed probe is remembered for PROBE_FAILURE_TTL_MS, so a
    * broken upstream costs one probe per interval, not one per request.
    */
@@ -131,6 +132,12 @@ const MAX_PROBE_ATTEMPTS = 10;
 export const CAPABILITIES_TTL_MS = 15 * 60_000;
 /** A failed probe is the answer for this long. */
 export const PROBE_FAILURE_TTL_MS = 5_000;
+/**
+ * This many calls in a row refused with a 4xx (not 408/429) mean the upstream
+ * no longer takes what the probe found (a model or server swapped behind the
+ * same URL): the capabilities are probed again on the next request.
+ */
+export const REPROBE_AFTER_REJECTIONS = 3;
 
 export function createLlmClient(deps: {
   config: LlmConfig;
@@ -147,6 +154,7 @@ export function createLlmClient(deps: {
   let probed: Promise<LlmCapabilities> | undefined;
   /** When the current probe's answer (capabilities or failure) stops counting; Infinity while it runs. */
   let probedUntil = 0;
+  let rejectedInARow = 0;
 
   async function post(body: Record<string, unknown>, options: CallOptions, maxRetries: number): Promise<HttpResponse> {
     if (baseUrl === undefined) throw new LlmCallError("rejected", false);
@@ -299,8 +307,14 @@ export function createLlmClient(deps: {
       if (response.status < 200 || response.status >= 300) {
         logger.warn("llm call failed", { status: response.status, attempts: response.attempts });
         const retryable = response.status === 408 || response.status === 429 || response.status >= 500;
+        if (!retryable && ++rejectedInARow >= REPROBE_AFTER_REJECTIONS && probedUntil !== Infinity) {
+          rejectedInARow = 0;
+          probedUntil = 0;
+          logger.info("llm calls refused in a row; probing capabilities again", { refused: REPROBE_AFTER_REJECTIONS });
+        }
         throw new LlmCallError(retryable || response.status === 401 || response.status === 403 ? "upstream_error" : "rejected", retryable, response.status);
       }
+      rejectedInARow = 0;
       const parsed = parseCompletion(response.text);
       if (!parsed) throw new LlmCallError("upstream_error", true, response.status);
       return parsed;

@@ -1,7 +1,15 @@
 import { describe, expect, it, onTestFinished } from "vitest";
 import type { LlmConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
-import { CAPABILITIES_TTL_MS, createLlmClient, LlmCallError, PROBE_FAILURE_TTL_MS, readUsage, type CallOptions } from "../../src/upstream/llm-client.js";
+import {
+  CAPABILITIES_TTL_MS,
+  createLlmClient,
+  LlmCallError,
+  PROBE_FAILURE_TTL_MS,
+  REPROBE_AFTER_REJECTIONS,
+  readUsage,
+  type CallOptions,
+} from "../../src/upstream/llm-client.js";
 import {
   deferred,
   fakeLlmConfig,
@@ -94,6 +102,22 @@ describe("capability probe", () => {
   ])("treats a 200 with $name as no logprobs", async ({ logprobs }) => {
     const { client } = await setup(() => textReply("yes", { logprobs }));
     expect(await client.capabilities(opts())).toMatchObject({ logprobs: false });
+  });
+
+  it("probes again after calls are refused in a row: an upstream swapped behind the same URL is noticed", async () => {
+    let swapped = false;
+    // After the swap, an OpenAI reasoning model answers every logprobs request with its 400 (aandrew-me/tgpt#333).
+    const refusal = { status: 400, json: { error: { message: "Unsupported parameter: 'logprobs' is not supported with this model.", type: "invalid_request_error", param: "logprobs", code: "unsupported_parameter" } } };
+    const { fake, client } = await setup((r) => (swapped && r.body.logprobs ? refusal : r.body.logprobs ? PROBE_OK : textReply('{"yes": 1}')));
+    expect(await client.capabilities(opts())).toMatchObject({ logprobs: true });
+    swapped = true;
+    for (let i = 0; i < REPROBE_AFTER_REJECTIONS; i++) {
+      await expect(client.complete(ask, opts())).rejects.toMatchObject({ code: "rejected", status: 400 });
+      // Until the last refusal in a row, the cached capabilities stand.
+      if (i < REPROBE_AFTER_REJECTIONS - 1) expect(fake.requests.filter((r) => isProbe(r.body))).toHaveLength(1);
+    }
+    expect(await client.capabilities(opts())).toMatchObject({ logprobs: false });
+    expect(fake.requests.filter((r) => isProbe(r.body)).length).toBeGreaterThan(1);
   });
 
   it("remembers a failed probe briefly: one probe per interval, not one per request; then probes again", async () => {
