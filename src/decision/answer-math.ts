@@ -19,6 +19,8 @@ export interface LabelDistribution {
   mass: number;
   /** Labels absent from the window. */
   unseen: number;
+  /** The most the unseen labels can hold together: `mass` is a lower bound, `mass + unseenMassMax` an upper one. */
+  unseenMassMax: number;
 }
 
 /** vLLM clamps -inf to -9999 so JSON can carry it: such entries are probability 0. */
@@ -31,19 +33,42 @@ const NEGLIGIBLE_LOGPROB = -9999;
  * vllm#44319, sglang#32290), then renormalizes over the labels. `window` is
  * the top-logprobs list (see firstPositionWindow for the sampled token).
  */
-export function readLabelDistribution(window: readonly TokenLogprob[], labels: LabelSet): LabelDistribution {
+export function readLabelDistribution(
+  window: readonly TokenLogprob[],
+  labels: LabelSet,
+  topLogprobs: readonly TokenLogprob[] = window,
+): LabelDistribution {
   const sums = new Array<number>(labels.symbols.length).fill(0);
-  for (const { token, logprob } of window) {
-    const index = labels.indexOf(token);
-    if (index === undefined || !Number.isFinite(logprob) || logprob <= NEGLIGIBLE_LOGPROB) continue;
-    sums[index]! += Math.exp(Math.min(logprob, 0));
+  for (const entry of window) {
+    const index = labels.indexOf(entry.token);
+    if (index !== undefined) sums[index]! += probabilityOf(entry);
   }
   const mass = sums.reduce((a, b) => a + b, 0);
+  const unseen = sums.filter((s) => s === 0).length;
   return {
     probabilities: mass > 0 ? sums.map((s) => s / mass) : sums,
     mass: Math.min(mass, 1),
-    unseen: sums.filter((s) => s === 0).length,
+    unseen,
+    unseenMassMax: unseenMassBound(window, topLogprobs, unseen),
   };
+}
+
+function probabilityOf({ logprob }: TokenLogprob): number {
+  return Number.isFinite(logprob) && logprob > NEGLIGIBLE_LOGPROB ? Math.exp(Math.min(logprob, 0)) : 0;
+}
+
+/**
+ * What `unseen` labels can hold together: each at most the smallest entry of
+ * the top-logprobs list (it is the top k; 0 when the server listed
+ * zero-probability entries, so it listed everything), and all of them at most
+ * what the window leaves of 1. The appended sampled token is not in the list:
+ * it may lie below the k-th.
+ */
+export function unseenMassBound(window: readonly TokenLogprob[], topLogprobs: readonly TokenLogprob[], unseen: number): number {
+  if (unseen === 0) return 0;
+  const floor = topLogprobs.length > 0 ? Math.min(...topLogprobs.map(probabilityOf)) : 1;
+  const left = Math.max(0, 1 - window.reduce((sum, entry) => sum + probabilityOf(entry), 0));
+  return Math.min(unseen * floor, left);
 }
 
 /**
@@ -112,6 +137,7 @@ export interface ReadoutExtras {
   /** Logprobs only. */
   mass?: number;
   unseen?: number;
+  unseenMassMax?: number;
   /** Verbalized only. */
   agreement?: number;
   /** Two-stage choice only. */
@@ -122,6 +148,7 @@ interface ExtraFields {
   xLabelMass?: number;
   xMethod: Method;
   xUnseen?: number;
+  xUnseenMassMax?: number;
   xAgreement?: number;
   xApprox?: boolean;
 }
@@ -131,6 +158,7 @@ function extras(x: ReadoutExtras): ExtraFields {
     ...(x.mass !== undefined ? { xLabelMass: round6(x.mass) } : {}),
     xMethod: x.method,
     ...(x.unseen !== undefined && x.unseen > 0 ? { xUnseen: x.unseen } : {}),
+    ...(x.unseen !== undefined && x.unseen > 0 && x.unseenMassMax !== undefined ? { xUnseenMassMax: round6(x.unseenMassMax) } : {}),
     ...(x.agreement !== undefined ? { xAgreement: round6(x.agreement) } : {}),
     ...(x.approx !== undefined ? { xApprox: x.approx } : {}),
   };

@@ -190,7 +190,7 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
       if (completion.refused) throw new Refused();
       const window = firstPositionWindow(completion.topLogprobs, completion.firstToken);
       if (isReasoningOpener(mostProbable(window)?.token)) continue;
-      const distribution = readLabelDistribution(window, labels);
+      const distribution = readLabelDistribution(window, labels, completion.topLogprobs ?? []);
       if (distribution.mass > 0) return { distribution, usage: usageOf(completion, messages) };
     }
     throw new NoSignal();
@@ -442,7 +442,7 @@ const THINK_CLOSE = "</think>";
 const HARMONY_FINAL = "<|channel|>final<|message|>";
 
 function logprobExtras(d: LabelDistribution) {
-  return { method: "logprobs" as const, mass: d.mass, unseen: d.unseen };
+  return { method: "logprobs" as const, mass: d.mass, unseen: d.unseen, unseenMassMax: d.unseenMassMax };
 }
 
 /** The usage a call reported, or an estimate from its prompt when it reported none. */

@@ -22,6 +22,12 @@ export function canonicalToken(token: string): string {
 }
 
 const LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+/**
+ * The letters without `I`, the first token of most refusals ("I can't…", "I'm
+ * sorry…"): up to 25 labels never read a refusal as an answer. Only a call
+ * over all 26 letters needs `I`.
+ */
+const LETTERS_BUT_I = "ABCDEFGHJKLMNOPQRSTUVWXYZ";
 /** At most this many labels go into one call: the letters A-Z. */
 export const MAX_LABELS_PER_CALL = LETTERS.length;
 /** Up to this many score labels are digits; above, letters (multi-digit numbers split differently per tokenizer). */
@@ -39,18 +45,20 @@ export const NOUL_LABELS: LabelSet = {
 };
 
 /**
- * `A`, `B`, … for `count` labels. Uppercase only: a lowercase `a` or `I` is
- * an article or a pronoun opening a sentence, not an answer.
+ * `A`, `B`, … for `count` labels, skipping `I` below 26 (`H` is followed by
+ * `J`). Uppercase only: a lowercase `a` is an article opening a sentence, not
+ * an answer.
  */
 export function letterLabels(count: number): LabelSet {
   if (count < 1 || count > LETTERS.length) throw new RangeError(`letter labels: 1 to 26, got ${count}`);
+  const letters = (count < LETTERS.length ? LETTERS_BUT_I : LETTERS).slice(0, count);
   return {
-    symbols: [...LETTERS.slice(0, count)],
+    symbols: [...letters],
     indexOf(token) {
       const canon = canonicalToken(token);
       if (canon.length !== 1) return undefined;
-      const index = LETTERS.indexOf(canon);
-      return index >= 0 && index < count ? index : undefined;
+      const index = letters.indexOf(canon);
+      return index >= 0 ? index : undefined;
     },
   };
 }
@@ -69,7 +77,7 @@ export function digitLabels(count: number): LabelSet {
   };
 }
 
-/** Score labels: digits lowest first up to 10 levels, letters A (lowest) … for 11 to 26. */
+/** Score labels: digits lowest first up to 10 levels, letters A (lowest) … for 11 to 26 (letterLabels). */
 export function scoreLabels(count: number): LabelSet {
   return count <= MAX_DIGIT_LABELS ? digitLabels(count) : letterLabels(count);
 }

@@ -30,7 +30,10 @@ describe("readLabelDistribution", () => {
     { name: "letters beyond the option count are not labels", labels: letterLabels(2), window: w({ A: 0.3, B: 0.3, C: 0.4 }), probs: [0.5, 0.5], mass: 0.6, unseen: 0 },
     { name: "digits below the level count only", labels: scoreLabels(3), window: w({ "0": 0.1, "1": 0.2, "2": 0.3, "3": 0.4 }), probs: [1 / 6, 2 / 6, 3 / 6], mass: 0.6, unseen: 0 },
     { name: "multi-digit tokens are not labels", labels: scoreLabels(10), window: w({ "10": 0.5, "9": 0.5 }), probs: [0, 0, 0, 0, 0, 0, 0, 0, 0, 1], mass: 0.5, unseen: 9 },
-    { name: "11+ score labels are letters", labels: scoreLabels(12), window: w({ L: 0.5, "1": 0.5 }), probs: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], mass: 0.5, unseen: 11 },
+    { name: "11+ score labels are letters, I skipped: the 12th is M", labels: scoreLabels(12), window: w({ M: 0.5, "1": 0.5 }), probs: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], mass: 0.5, unseen: 11 },
+    // A refusal opens with "I" ("I can't help with that"): below 26 labels it is never read as an option.
+    { name: "a refusal's I is no label", labels: letterLabels(12), window: w({ I: 0.8, J: 0.2 }), probs: [0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], mass: 0.2, unseen: 11 },
+    { name: "all 26 letters, I included", labels: letterLabels(26), window: w({ I: 0.5, Z: 0.5 }), probs: [...Array(8).fill(0), 0.5, ...Array(16).fill(0), 0.5], mass: 1, unseen: 24 },
     { name: "no label: zero mass, all zeros", labels: NOUL_LABELS, window: w({ The: 0.7, I: 0.3 }), probs: [0, 0], mass: 0, unseen: 2 },
     { name: "degenerate: one token at logprob 0", labels: letterLabels(2), window: [{ token: "B", logprob: 0 }], probs: [0, 1], mass: 1, unseen: 1 },
   ])("$name", ({ labels, window, probs, mass, unseen }) => {
@@ -248,7 +251,8 @@ describe("rules that mutation testing showed unpinned", () => {
       ],
       letterLabels(2),
     );
-    expect(read).toEqual({ probabilities: [1, 0], mass: 0.25, unseen: 1 });
+    // A listed -9999 entry means the server listed every token it could: unseen labels hold nothing.
+    expect(read).toEqual({ probabilities: [1, 0], mass: 0.25, unseen: 1, unseenMassMax: 0 });
   });
 
   it("a positive logprob (a server rounding up) counts as probability 1, not more", () => {
@@ -256,7 +260,24 @@ describe("rules that mutation testing showed unpinned", () => {
       probabilities: [1 / 1.5, 0.5 / 1.5],
       mass: 1,
       unseen: 0,
+      unseenMassMax: 0,
     });
+  });
+
+  it.each([
+    // Each unseen label is at most the list's smallest entry (0.1): 2 × 0.1, but the window leaves only 0.1 of 1.
+    { name: "bounded by what the window leaves", top: { A: 0.5, Z: 0.3, Y: 0.1 }, sampled: undefined, bound: 0.1 },
+    // 2 × 0.15 = 0.3 > the 0.25 left.
+    { name: "bounded by what the window leaves (2)", top: { A: 0.4, Z: 0.2, Y: 0.15 }, sampled: undefined, bound: 0.25 },
+    { name: "bounded by the list's smallest entry", top: { A: 0.3, Z: 0.2, Y: 0.05 }, sampled: undefined, bound: 0.1 },
+    // The sampled token appended below the list's smallest entry does not lower the per-label bound (0.05 each), only what is left.
+    { name: "the appended sampled token is not the floor", top: { A: 0.3, Z: 0.2, Y: 0.05 }, sampled: { W: 0.01 }, bound: 0.1 },
+  ])("unseen labels' mass: $name", ({ top, sampled, bound }) => {
+    const list = w(top);
+    const window = [...list, ...(sampled ? w(sampled) : [])];
+    const read = readLabelDistribution(window, letterLabels(3), list);
+    expect(read.unseen).toBe(2);
+    expect(read.unseenMassMax).toBeCloseTo(bound, 12);
   });
 
   it("mostProbable keeps the first of equal entries", () => {

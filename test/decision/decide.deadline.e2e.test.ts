@@ -49,7 +49,7 @@ describe("the request deadline", () => {
     expect(res.status).toBe(200);
     expect(res.body.data.answers).toEqual({
       urgent: { type: "error", code: "timeout", message: "the upstream model did not answer within the deadline", retryable: true },
-      outage: { type: "noul", noul: 1, x_label_mass: 1, x_method: "logprobs", x_unseen: 1 },
+      outage: { type: "noul", noul: 1, x_label_mass: 1, x_method: "logprobs", x_unseen: 1, x_unseen_mass_max: 0 },
     });
     expect(res.body.data.usage).toMatchObject({ input_tokens: 77, upstream_calls: 1 });
     expect(await balanceUnits(database.db, accountId)).toBe(1_000_000 - 77);

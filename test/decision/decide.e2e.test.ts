@@ -57,6 +57,7 @@ const expectedAnswers = {
     x_label_mass: 0.9,
     x_method: "logprobs",
     x_unseen: 1,
+    x_unseen_mass_max: 0,
   },
   impact: {
     type: "score",

@@ -53,6 +53,7 @@ describe("logprobs path", () => {
       xLabelMass: 0.9,
       xMethod: "logprobs",
       xUnseen: 1,
+      xUnseenMassMax: 0,
     });
     expect(answers.impact).toMatchObject({
       type: "score",
