@@ -48,9 +48,9 @@ function beliefsOf(request: ReceivedRequest): Array<[string, number]> {
 }
 
 /** A logprobs answer: each label's belief spread over the spellings the server returns for it. */
-function logprobsAnswer(request: ReceivedRequest, spell: (label: string) => Array<[string, number]>): FakeReply {
+function logprobsAnswer(request: ReceivedRequest, spell: (label: string) => Array<[string, number]>, cached = 0): FakeReply {
   const entries = beliefsOf(request).flatMap(([label, p]) => spell(label).map(([token, share]): [string, number] => [token, p * share]));
-  return logprobsReply([...entries, ["Z", 0]], { prompt: PROMPT_TOKENS });
+  return logprobsReply([...entries, ["Z", 0]], { prompt: PROMPT_TOKENS, cached });
 }
 
 /** A verbalized answer: the JSON object the prompt asks for, after `preamble`. */
@@ -102,6 +102,8 @@ interface Profile {
   probes: number;
   /** Tokens each question call was billed (prompt plus cached tokens a server reported apart). */
   billedPerCall?: number;
+  /** Cached prompt tokens each question call reported. */
+  cachedPerCall?: number;
   /** What every question request must carry, and what it must not. */
   sends?: Partial<ChatBody>;
   omits?: string[];
@@ -164,13 +166,19 @@ const PROFILES: Profile[] = [
     name: "vLLM (--max-logprobs 5, raw pieces, duplicate strings)",
     reply: (request) =>
       vllmValidation(request.body, 5) ??
-      logprobsAnswer(request, (label) => [
-        [`▁${label}`, 0.5],
-        [label, 0.3],
-        [label, 0.2],
-      ]),
+      logprobsAnswer(
+        request,
+        (label) => [
+          [`▁${label}`, 0.5],
+          [label, 0.3],
+          [label, 0.2],
+        ],
+        // usage.prompt_tokens_details.cached_tokens (vLLM --enable-prompt-tokens-details).
+        64,
+      ),
     method: "logprobs",
     probes: 3,
+    cachedPerCall: 64,
     sends: { reasoning_effort: "low", top_logprobs: 5, chat_template_kwargs: { enable_thinking: false } },
   },
   {
@@ -202,6 +210,7 @@ const PROFILES: Profile[] = [
     probes: 1,
     // The 40 new prompt tokens and the 60 served from the cache.
     billedPerCall: 40 + 60,
+    cachedPerCall: 60,
     sends: { reasoning_effort: "none", chat_template_kwargs: { enable_thinking: false } },
   },
   {
@@ -217,6 +226,14 @@ const PROFILES: Profile[] = [
     probes: 3,
     sends: { reasoning_effort: "none" },
     check: (question) => expect(question.response_format?.type).toBe("json_schema"),
+  },
+  {
+    // Ollama /v1 since 0.12.11: logprobs and top_logprobs (at most 20) are honoured; chat_template_kwargs still ignored.
+    name: "Ollama /v1 with logprobs",
+    reply: (request) => logprobsAnswer(request, (label) => [[label, 1]]),
+    method: "logprobs",
+    probes: 1,
+    sends: { reasoning_effort: "none", top_logprobs: 20 },
   },
   {
     // Gemma 2 behind vLLM: its chat template raises 'System role not supported', relayed as a 400.
@@ -278,7 +295,7 @@ describe("upstream compatibility", () => {
     expect(fake.questionRequests()).toHaveLength(questionCalls);
     expect(fake.requests.filter((r) => isProbe(r.body))).toHaveLength(profile.probes);
     const billed = questionCalls * (profile.billedPerCall ?? PROMPT_TOKENS);
-    expect(res.body.data.usage).toMatchObject({ input_tokens: billed, upstream_calls: questionCalls });
+    expect(res.body.data.usage).toMatchObject({ input_tokens: billed, cached_input_tokens: questionCalls * (profile.cachedPerCall ?? 0), upstream_calls: questionCalls });
     expect(await balanceUnits(database.db, accountId)).toBe(10_000_000 - billed);
     await assertInvariants(database.db, accountId);
 
