@@ -23,7 +23,8 @@ export interface Metrics {
 /** Bound label children of recordCall kept per raw procedure, protocol and reason. */
 const MAX_CACHED_CALL_SERIES = 256;
 
-export type LlmCallOutcome = "ok" | "rejected" | "failed" | "timeout" | "aborted";
+const LLM_CALL_OUTCOMES = ["ok", "rejected", "failed", "timeout", "aborted"] as const;
+export type LlmCallOutcome = (typeof LLM_CALL_OUTCOMES)[number];
 
 const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, string][] = [
   ["settles", "typesafe_meter_settles_total", "Calls settled: charged their actual cost or used their free request."],
@@ -144,6 +145,15 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
     },
   });
 
+  const llmOutcomes = Object.fromEntries(LLM_CALL_OUTCOMES.map((outcome) => [outcome, llmCalls.labels({ outcome })])) as Record<
+    LlmCallOutcome,
+    ReturnType<typeof llmCalls.labels>
+  >;
+  const tokenKinds = {
+    input: llmTokens.labels({ kind: "input" }),
+    cachedInput: llmTokens.labels({ kind: "cached_input" }),
+    output: llmTokens.labels({ kind: "output" }),
+  };
   const callSeries = new Map<string, { count: ReturnType<typeof calls.labels>; seconds: ReturnType<typeof callSeconds.labels> }>();
 
   return {
@@ -161,14 +171,14 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
       series.seconds.observe(seconds);
     },
     recordLlmCall(outcome, seconds) {
-      llmCalls.inc({ outcome });
+      llmOutcomes[outcome].inc();
       llmSeconds.observe(seconds);
     },
     recordDecision(tokens, methods) {
-      llmTokens.inc({ kind: "input" }, tokens.input);
-      llmTokens.inc({ kind: "cached_input" }, tokens.cachedInput);
-      llmTokens.inc({ kind: "output" }, tokens.output);
-      for (const method of methods) decisionAnswers.inc({ method });
+      tokenKinds.input.inc(tokens.input);
+      tokenKinds.cachedInput.inc(tokens.cachedInput);
+      tokenKinds.output.inc(tokens.output);
+      for (const method of methods) decisionAnswers.labels({ method }).inc();
     },
     recordSearchSource(source, status, seconds, cached) {
       searchSources.inc({ source, status });
