@@ -22,30 +22,13 @@ import { startApp } from "../src/app.js";
 import { loadConfig } from "../src/config.js";
 import { createLogger } from "../src/logger.js";
 import { startFakeUpstream } from "./processes.js";
-import { createBenchAccounts, openBenchStore, printTable, runAutocannon, startBareBaseline } from "./support.js";
+import { createBenchAccounts, decideBody, openBenchStore, printTable, runAutocannon, startBareBaseline } from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
 /** 40 questions × this many connections upstream calls in flight on the fake. */
 const FORTY_CONNECTIONS = 10;
 const UPSTREAM_DELAY_MS = 50;
-
-function decideBody(questions: number): string {
-  return JSON.stringify({
-    model: "typesafe/service-1.13",
-    state: { ticket: "I was charged twice for my pro plan this month", customer: { id: "c-42", plan: "pro" } },
-    questions: Object.fromEntries(
-      Array.from({ length: questions }, (_, i) => [
-        `q${i}`,
-        i % 3 === 0
-          ? { type: "noul", instructions: `Is aspect ${i} urgent?` }
-          : i % 3 === 1
-            ? { type: "choice", instructions: `Which team handles aspect ${i}?`, criteria: { billing: null, technical: null, sales: null } }
-            : { type: "score", instructions: `How big is impact ${i}?`, criteria: ["none", "low", "medium", "high"] },
-      ]),
-    ),
-  });
-}
 
 async function main() {
   // The fake upstream runs in a process of its own, as a real upstream would: it must not take CPU from the service.

@@ -53,8 +53,8 @@ export async function startFakeUpstream() {
 /** A bare `node:http` server answering `body` to every request: the throughput and latency baseline. */
 export async function startBareServer(body: string) {
   const role = await startRole("--bare");
-  await role.ask({ body });
-  return { url: (role.first as { url: string }).url, close: () => stopRole(role.child) };
+  const { url } = await role.ask<{ url: string }>({ body });
+  return { url, close: () => stopRole(role.child) };
 }
 
 /** The load generator: autocannon over HTTP, or concurrent unary calls over binary gRPC. */

@@ -6,13 +6,13 @@
  * Each sends one IPC message when ready and answers each message it gets with one.
  */
 import http from "node:http";
-import type { AddressInfo } from "node:net";
 import { createRequire } from "node:module";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { fromJsonString } from "@bufbuild/protobuf";
 import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
+import { startBareBaseline } from "./support.js";
 
 export interface LoadOptions {
   /**
@@ -55,22 +55,16 @@ async function fakeUpstream(): Promise<void> {
   reply({ url: fake.url });
 }
 
+/** Waits for the body to answer with, then serves it (bench/support.ts's baseline server). */
 async function bare(): Promise<void> {
-  let body = "{}";
-  const server = http.createServer((req, res) => {
-    req.resume();
-    req.on("end", () => {
-      res.writeHead(200, { "content-type": "application/json" });
-      res.end(body);
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  process.on("message", (message: { body: string }) => {
-    body = message.body;
-    reply({ ok: true });
+  process.once("message", (message: { body: string }) => {
+    startBareBaseline(message.body).then(
+      (server) => reply({ url: server.url }),
+      (err: unknown) => reply({ error: err instanceof Error ? err.message : String(err) }),
+    );
   });
   process.once("SIGTERM", () => process.exit(0));
-  reply({ url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/` });
+  reply({ ready: true });
 }
 
 interface AutocannonRequest {

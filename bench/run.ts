@@ -18,7 +18,7 @@ import path from "node:path";
 import { createKnex, socketFilePath } from "../src/db/database.js";
 import type { LoadResult } from "./roles.js";
 import { buildService, startBareServer, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
-import { createDefaultAccounts, createScratchDatabase } from "./support.js";
+import { createDefaultAccounts, createScratchDatabase, decideBody } from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const CONNECTIONS = 50;
@@ -26,23 +26,6 @@ const ACCOUNTS = 1_500;
 const STEADY_RATE = 500;
 const STARTS = 3;
 const INVALID_S = Number(process.env.BENCH_INVALID_S ?? 30);
-
-function decideBody(questions: number): string {
-  return JSON.stringify({
-    model: "typesafe/service-1.13",
-    state: { ticket: "I was charged twice for my pro plan this month", customer: { id: "c-42", plan: "pro" } },
-    questions: Object.fromEntries(
-      Array.from({ length: questions }, (_, i) => [
-        `q${i}`,
-        i % 3 === 0
-          ? { type: "noul", instructions: `Is aspect ${i} urgent?` }
-          : i % 3 === 1
-            ? { type: "choice", instructions: `Which team handles aspect ${i}?`, criteria: { billing: null, technical: null, sales: null } }
-            : { type: "score", instructions: `How big is impact ${i}?`, criteria: ["none", "low", "medium", "high"] },
-      ]),
-    ),
-  });
-}
 
 const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 const fixed = (value: number, digits = 0) => value.toFixed(digits);

@@ -93,6 +93,24 @@ export async function createDefaultAccounts(db: Knex, count: number): Promise<st
   return keys;
 }
 
+/** A decision request with `questions` questions, the three types in turn. */
+export function decideBody(questions: number): string {
+  return JSON.stringify({
+    model: "typesafe/service-1.13",
+    state: { ticket: "I was charged twice for my pro plan this month", customer: { id: "c-42", plan: "pro" } },
+    questions: Object.fromEntries(
+      Array.from({ length: questions }, (_, i) => [
+        `q${i}`,
+        i % 3 === 0
+          ? { type: "noul", instructions: `Is aspect ${i} urgent?` }
+          : i % 3 === 1
+            ? { type: "choice", instructions: `Which team handles aspect ${i}?`, criteria: { billing: null, technical: null, sales: null } }
+            : { type: "score", instructions: `How big is impact ${i}?`, criteria: ["none", "low", "medium", "high"] },
+      ]),
+    ),
+  });
+}
+
 /** A bare `node:http` server on loopback answering `body` to every request: the throughput baseline. */
 export async function startBareBaseline(body: string): Promise<{ url: string; close(): Promise<void> }> {
   const server = http.createServer((req, res) => {

@@ -44,6 +44,20 @@ const rowsOf = (accountId: string) => database.db("requests").where({ account_id
 const accountRow = (accountId: string) => database.db("accounts").where({ id: accountId }).first();
 const ok = async () => ({ value: "answer", chargeUnits: 1_000 });
 
+/** Work that starts and then waits until the test calls `release`; `entered` resolves once it runs. */
+function heldWork<T>(result: T) {
+  let release!: () => void;
+  const held = new Promise<void>((resolve) => (release = resolve));
+  let enter!: () => void;
+  const entered = new Promise<void>((resolve) => (enter = resolve));
+  const work = async () => {
+    enter();
+    await held;
+    return result;
+  };
+  return { work, entered, release };
+}
+
 describe("checks before anything is held", () => {
   it("a malformed key is refused by its shape, without a database round trip", async () => {
     const { meter } = loggedMeter();
@@ -185,16 +199,9 @@ describe("refusals say what happened and carry the numbers", () => {
     const { apiKey } = await createTestAccount(database.db, { units: 10_000_000 });
     const { meter } = loggedMeter();
     const first = call(apiKey, { idempotencyKey: "order-7", requestFingerprint: '{"q":1}' });
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => (release = resolve));
-    let entered!: () => void;
-    const inWork = new Promise<void>((resolve) => (entered = resolve));
-    const running = meter.run(first, async () => {
-      entered();
-      await held;
-      return { value: "first", chargeUnits: 700, responseJson: { answer: "first" } };
-    });
-    await inWork;
+    const { work, entered, release } = heldWork({ value: "first", chargeUnits: 700, responseJson: { answer: "first" } });
+    const running = meter.run(first, work);
+    await entered;
     const inProgress = detailOf(await failureOf(meter.run({ ...first, requestId: crypto.randomUUID() }, ok)));
     release();
     const settled = await running;
@@ -293,16 +300,9 @@ describe("what operators see", () => {
   it("holds in flight count the calls whose work is running", async () => {
     const { apiKey } = await createTestAccount(database.db, { units: 100_000 });
     const { meter } = loggedMeter();
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => (release = resolve));
-    let entered!: () => void;
-    const inWork = new Promise<void>((resolve) => (entered = resolve));
-    const running = meter.run(call(apiKey), async () => {
-      entered();
-      await held;
-      return { value: 1, chargeUnits: 0 };
-    });
-    await inWork;
+    const { work, entered, release } = heldWork({ value: 1, chargeUnits: 0 });
+    const running = meter.run(call(apiKey), work);
+    await entered;
     expect(meter.stats().holdsInFlight).toBe(1);
     release();
     await running;
@@ -316,16 +316,9 @@ describe("the sweeper", () => {
     let clock = new Date("2033-05-06T07:08:09.375Z");
     const { meter, lines } = loggedMeter({ now: () => clock });
     // A hold whose work never returns within the test: its lease lapses on the moved clock.
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => (release = resolve));
-    let entered!: () => void;
-    const inWork = new Promise<void>((resolve) => (entered = resolve));
-    const stuck = meter.run(call(apiKey, { freeAllowed: false, timeoutMs: 1_000 }), async () => {
-      entered();
-      await held;
-      return { value: 1, chargeUnits: 0 };
-    });
-    await inWork;
+    const { work, entered, release } = heldWork({ value: 1, chargeUnits: 0 });
+    const stuck = meter.run(call(apiKey, { freeAllowed: false, timeoutMs: 1_000 }), work);
+    await entered;
     expect(await meter.sweepNow()).toBe(0);
     expect(meter.stats().holdsExpired).toBe(0);
     expect(lines.filter((line) => line.msg === "released expired holds")).toEqual([]);
@@ -350,16 +343,9 @@ describe("the sweeper", () => {
       logger: createLogger("debug", {}, (line) => lines.push(JSON.parse(line) as LogLine)),
       now: () => clock,
     });
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => (release = resolve));
-    let entered!: () => void;
-    const inWork = new Promise<void>((resolve) => (entered = resolve));
-    const stuck = meter.run(call(apiKey, { freeAllowed: false, timeoutMs: 1_000 }), async () => {
-      entered();
-      await held;
-      return { value: 1, chargeUnits: 0 };
-    });
-    await inWork;
+    const { work, entered, release } = heldWork({ value: 1, chargeUnits: 0 });
+    const stuck = meter.run(call(apiKey, { freeAllowed: false, timeoutMs: 1_000 }), work);
+    await entered;
     clock = new Date(clock.getTime() + 1_000 + metering.leaseMarginMs + 1);
     meter.startSweeper();
     meter.startSweeper();
