@@ -66,7 +66,8 @@ function probabilityOf({ logprob }: TokenLogprob): number {
  */
 export function unseenMassBound(window: readonly TokenLogprob[], topLogprobs: readonly TokenLogprob[], unseen: number): number {
   if (unseen === 0) return 0;
-  const floor = topLogprobs.length > 0 ? Math.min(...topLogprobs.map(probabilityOf)) : 1;
+  // Infinity for an empty list: then only what the window leaves bounds them.
+  const floor = Math.min(...topLogprobs.map(probabilityOf));
   const left = Math.max(0, 1 - window.reduce((sum, entry) => sum + probabilityOf(entry), 0));
   return Math.min(unseen * floor, left);
 }
@@ -157,8 +158,7 @@ function extras(x: ReadoutExtras): ExtraFields {
   return {
     ...(x.mass !== undefined ? { xLabelMass: round6(x.mass) } : {}),
     xMethod: x.method,
-    ...(x.unseen !== undefined && x.unseen > 0 ? { xUnseen: x.unseen } : {}),
-    ...(x.unseen !== undefined && x.unseen > 0 && x.unseenMassMax !== undefined ? { xUnseenMassMax: round6(x.unseenMassMax) } : {}),
+    ...(x.unseen ? { xUnseen: x.unseen, ...(x.unseenMassMax !== undefined ? { xUnseenMassMax: round6(x.unseenMassMax) } : {}) } : {}),
     ...(x.agreement !== undefined ? { xAgreement: round6(x.agreement) } : {}),
     ...(x.approx !== undefined ? { xApprox: x.approx } : {}),
   };

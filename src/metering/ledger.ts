@@ -56,7 +56,12 @@ const preparing = new WeakSet<object>();
  */
 export async function prepareStatementsOn(db: Knex): Promise<void> {
   const { rows } = await db.raw<{ rows: Array<{ version: string }> }>("SELECT version() AS version");
-  if (!/PGlite|emscripten/i.test(rows[0]?.version ?? "")) preparing.add(db.client);
+  if (!isPGlite(rows[0]!.version)) preparing.add(db.client);
+}
+
+/** PGlite's version() reads "PostgreSQL 18.6 (PGlite 0.5.14) on wasm32-unknown-emscripten, …". */
+export function isPGlite(version: string): boolean {
+  return /\(PGlite /.test(version);
 }
 
 function prepared<T extends Knex.Raw>(db: Knex | Knex.Transaction, query: T, name: string): T {

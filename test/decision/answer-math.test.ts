@@ -272,12 +272,35 @@ describe("rules that mutation testing showed unpinned", () => {
     { name: "bounded by the list's smallest entry", top: { A: 0.3, Z: 0.2, Y: 0.05 }, sampled: undefined, bound: 0.1 },
     // The sampled token appended below the list's smallest entry does not lower the per-label bound (0.05 each), only what is left.
     { name: "the appended sampled token is not the floor", top: { A: 0.3, Z: 0.2, Y: 0.05 }, sampled: { W: 0.01 }, bound: 0.1 },
-  ])("unseen labels' mass: $name", ({ top, sampled, bound }) => {
+    // No list at all (a server that sent only the sampled token): only what the window leaves bounds them.
+    { name: "no list: what the window leaves", top: {}, sampled: { A: 0.7 }, bound: 0.3 },
+  ] as Array<{ name: string; top: Record<string, number>; sampled?: Record<string, number>; bound: number }>)("unseen labels' mass: $name", ({ top, sampled, bound }) => {
     const list = w(top);
     const window = [...list, ...(sampled ? w(sampled) : [])];
     const read = readLabelDistribution(window, letterLabels(3), list);
     expect(read.unseen).toBe(2);
     expect(read.unseenMassMax).toBeCloseTo(bound, 12);
+  });
+
+  it("every label seen: nothing unseen, whatever the list", () => {
+    expect(readLabelDistribution(w({ A: 0.5, B: 0.5 }), letterLabels(2), [])).toMatchObject({ unseen: 0, unseenMassMax: 0 });
+  });
+
+  it.each([
+    { name: "unseen labels carry their bound, rounded to 6 decimals", unseen: 2, max: 0.12345678, fields: { xUnseen: 2, xUnseenMassMax: 0.123457 } },
+    { name: "no unseen label: neither field", unseen: 0, max: 0.3, fields: {} },
+    { name: "no bound known: the count alone", unseen: 1, max: undefined, fields: { xUnseen: 1 } },
+  ])("answer extras: $name", ({ unseen, max, fields }) => {
+    const answer = noulAnswer([0.75, 0.25], { method: "logprobs", mass: 0.5, unseen, unseenMassMax: max });
+    expect({ xUnseen: answer.xUnseen, xUnseenMassMax: answer.xUnseenMassMax }).toEqual({ xUnseen: undefined, xUnseenMassMax: undefined, ...fields });
+  });
+
+  it("a window without a list is the sampled token alone", () => {
+    expect(firstPositionWindow(undefined, { token: "A", logprob: -0.1 })).toEqual([{ token: "A", logprob: -0.1 }]);
+  });
+
+  it("mostProbable finds the most probable entry wherever it stands", () => {
+    expect(mostProbable(w({ B: 0.2, A: 0.7, C: 0.1 }))?.token).toBe("A");
   });
 
   it("mostProbable keeps the first of equal entries", () => {

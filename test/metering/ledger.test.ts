@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { revokeApiKey } from "../../src/accounts/store.js";
 import { createKnex } from "../../src/db/database.js";
-import { admit, grant, prepareStatementsOn, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
+import { admit, grant, isPGlite, prepareStatementsOn, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
 import { decisionReserveUnits, searchReserveUnits } from "../../src/metering/meter.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -284,6 +284,14 @@ describe("answers of the ledger functions that callers branch on", () => {
 });
 
 describe("named statements", () => {
+  it.each([
+    // Recorded from PGlite 0.5.14 and Debian's PostgreSQL 15.
+    ["PostgreSQL 18.6 (PGlite 0.5.14) on wasm32-unknown-emscripten, compiled by emcc (Emscripten gcc/clang-like replacement + linker emulating GNU ld) 6.0.5, 32-bit", true],
+    ["PostgreSQL 15.20 (Debian 15.20-0+deb12u1) on x86_64-pc-linux-gnu, compiled by gcc (Debian 12.2.0-14+deb12u1) 12.2.0, 64-bit", false],
+  ])("%s is PGlite: %s", (version, pglite) => {
+    expect(isPGlite(version)).toBe(pglite);
+  });
+
   it("on PostgreSQL admit and resolve are prepared once per connection; on the embedded store (one shared session) never", async () => {
     const oneConnection = createKnex(database.url, 1);
     try {
