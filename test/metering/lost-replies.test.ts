@@ -51,10 +51,11 @@ afterAll(async () => {
 /** The log lines of the last meterThroughProxy(), parsed. */
 let logged: ({ level: string; msg: string } & Record<string, unknown>)[] = [];
 
-function meterThroughProxy(retryDelaysMs: readonly number[] | undefined = RETRY_DELAYS_MS): Meter {
+/** `"default"` leaves the meter its own retry delays (an explicit undefined would take this parameter's default). */
+function meterThroughProxy(retryDelaysMs: readonly number[] | "default" = RETRY_DELAYS_MS): Meter {
   logged = [];
   const logger = createLogger("debug", {}, (line) => logged.push(JSON.parse(line)));
-  return createMeter({ db: proxied, config: metering, logger, settleRetryDelaysMs: retryDelaysMs });
+  return createMeter({ db: proxied, config: metering, logger, settleRetryDelaysMs: retryDelaysMs === "default" ? undefined : retryDelaysMs });
 }
 
 const loggedLine = (msg: string) => logged.find((line) => line.msg === msg);
@@ -167,7 +168,7 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
   it("with the default retry delays, one settle lost before the database saw it is retried and answered 200", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
     faultsInOrder([{ sql: "resolve", fault: "lose-request" }]);
-    const meter = meterThroughProxy(undefined);
+    const meter = meterThroughProxy("default");
     const metered = call(apiKey);
     const result = await meter.run(metered, async () => ({ value: "yes", chargeUnits: 800 }));
     expect(result.billing.chargedCredits).toBe(unitsToCredits(800));
