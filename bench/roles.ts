@@ -2,14 +2,15 @@
  * The roles of bench/processes.ts's children, one per process:
  *   --fake-upstream  an OpenAI-compatible upstream answering every question (delay set over IPC)
  *   --bare           a bare `node:http` server answering a fixed body (the baseline)
- *   --load           the load generator: autocannon (closed loop), a fixed-rate open loop, or gRPC calls
+ *   --load           the load generator: autocannon (closed loop), a fixed-rate open loop, or gRPC calls (pre-built or a generated client)
  * Each sends one IPC message when ready and answers each message it gets with one.
  */
 import http from "node:http";
+import http2 from "node:http2";
 import { createRequire } from "node:module";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { fromJsonString } from "@bufbuild/protobuf";
+import { fromJsonString, toBinary } from "@bufbuild/protobuf";
 import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
 import { startBareBaseline } from "./support.js";
@@ -17,9 +18,9 @@ import { startBareBaseline } from "./support.js";
 export interface LoadOptions {
   /**
    * http: autocannon, as many requests as the connections take; rate: `rate` requests/s whatever the answers;
-   * grpc: binary gRPC Decide; invalid: autocannon with bad requests in turn on both paths (every answer must be a 4xx).
+   * grpc: binary gRPC Decide through a generated Connect client; grpc-frames: the same call as pre-built HTTP/2 requests; invalid: autocannon with bad requests in turn on both paths (every answer must be a 4xx).
    */
-  mode: "http" | "rate" | "grpc" | "invalid";
+  mode: "http" | "rate" | "grpc" | "grpc-frames" | "invalid";
   url: string;
   /** The JSON request body (for gRPC, the same request in its JSON form). */
   body: string;
@@ -214,9 +215,60 @@ async function grpcLoop(options: LoadOptions): Promise<LoadResult> {
   return { rps: latencies.length / ((performance.now() - began) / 1000), p50: percentile(sorted, 50), p99: percentile(sorted, 99), requests: latencies.length };
 }
 
+/**
+ * `connections` concurrent streams of binary gRPC Decide over one HTTP/2
+ * connection, each sending the same pre-encoded frame, as autocannon sends a
+ * pre-built HTTP/1.1 request: the generator's own cost stays as small as on
+ * the gateway's side. Every answer must be HTTP 200 with grpc-status 0.
+ */
+async function grpcFramesLoop(options: LoadOptions): Promise<LoadResult> {
+  const message = toBinary(DecideRequestSchema, fromJsonString(DecideRequestSchema, options.body));
+  const frame = Buffer.alloc(5 + message.length);
+  frame.writeUInt32BE(message.length, 1);
+  frame.set(message, 5);
+  const path = `/${DecisionService.typeName}/${DecisionService.method.decide.name}`;
+  const session = http2.connect(options.url);
+  await new Promise<void>((resolve, reject) => session.once("connect", () => resolve()).once("error", reject));
+  const call = (apiKey: string) =>
+    new Promise<void>((resolve, reject) => {
+      const stream = session.request({
+        ":method": "POST",
+        ":path": path,
+        "content-type": "application/grpc",
+        te: "trailers",
+        authorization: `Bearer ${apiKey}`,
+      });
+      let status: unknown;
+      stream.once("response", (headers) => (status = headers[":status"]));
+      stream.once("trailers", (trailers) => {
+        if (status !== 200 || trailers["grpc-status"] !== "0") reject(new Error(`answered ${String(status)}, grpc-status ${String(trailers["grpc-status"])}`));
+      });
+      stream.on("data", () => {});
+      stream.once("end", resolve);
+      stream.once("error", reject);
+      stream.end(frame);
+    });
+  const latencies: number[] = [];
+  let next = 0;
+  const until = performance.now() + options.durationS * 1000;
+  const began = performance.now();
+  await Promise.all(
+    Array.from({ length: options.connections }, async () => {
+      while (performance.now() < until) {
+        const started = performance.now();
+        await call(options.apiKeys[next++ % options.apiKeys.length]!);
+        latencies.push(performance.now() - started);
+      }
+    }),
+  );
+  session.close();
+  const sorted = latencies.sort((a, b) => a - b);
+  return { rps: latencies.length / ((performance.now() - began) / 1000), p50: percentile(sorted, 50), p99: percentile(sorted, 99), requests: latencies.length };
+}
+
 async function load(): Promise<void> {
   process.on("message", (options: LoadOptions) => {
-    const measure = { http: closedLoop, rate: openLoop, grpc: grpcLoop, invalid: invalidLoop }[options.mode];
+    const measure = { http: closedLoop, rate: openLoop, grpc: grpcLoop, "grpc-frames": grpcFramesLoop, invalid: invalidLoop }[options.mode];
     measure(options).then(reply, (err: unknown) => reply({ error: err instanceof Error ? err.message : String(err) }));
   });
   process.once("SIGTERM", () => process.exit(0));

@@ -3,7 +3,8 @@ import http2 from "node:http2";
 import { createConnectRouter, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
 import { compressionBrotli, compressionGzip, universalRequestFromNodeRequest, universalResponseToNodeResponse } from "@connectrpc/connect-node";
 import type { Logger } from "../logger.js";
-import { gateBody, isConnectPayloadTooLarge, RECURSION_LIMIT, type BodyGateOptions } from "./body-gate.js";
+import { gateBody, gatedBody, isConnectPayloadTooLarge, RECURSION_LIMIT, type BodyGateOptions } from "./body-gate.js";
+import { createGrpcUnaryPath } from "./grpc-unary.js";
 
 type NodeRequest = http.IncomingMessage | http2.Http2ServerRequest;
 type NodeResponse = http.ServerResponse | http2.Http2ServerResponse;
@@ -21,10 +22,12 @@ export interface RpcHandlerOptions extends BodyGateOptions {
  * connect-node's adapter with the body gate in front of each unary method
  * (body-gate.ts): Connect parses a request before any interceptor runs and
  * reports a body it cannot decode as INTERNAL, so the gate reads and checks
- * the body first. Otherwise the same as connectNodeAdapter: one universal
+ * the body first. Unary binary gRPC over HTTP/2 then takes a shorter path
+ * (grpc-unary.ts). Otherwise the same as connectNodeAdapter: one universal
  * handler per RPC path, gzip and brotli accepted.
  */
 export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest, res: NodeResponse) => void {
+  const acceptCompression = [compressionGzip, compressionBrotli];
   const router = createConnectRouter({
     interceptors: options.interceptors,
     // The gate enforces the contract's limit with a typed error; this only bounds what Connect decompresses.
@@ -32,10 +35,11 @@ export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest,
     // Connect ignores unknown JSON fields by default; the contract rejects them on every surface.
     jsonOptions: { ignoreUnknownFields: false },
     binaryOptions: { recursionLimit: RECURSION_LIMIT },
-    acceptCompression: [compressionGzip, compressionBrotli],
+    acceptCompression,
     shutdownSignal: options.shutdownSignal,
   });
-  options.routes(router);
+  const grpcUnary = createGrpcUnaryPath({ interceptors: options.interceptors, acceptCompression, shutdownSignal: options.shutdownSignal });
+  options.routes(grpcUnary.recording(router));
   const handlers = new Map(router.handlers.map((handler) => [handler.requestPath, handler]));
 
   return (req, res) => {
@@ -44,6 +48,10 @@ export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest,
     const request = universalRequestFromNodeRequest(req as http.IncomingMessage, res as http.ServerResponse, undefined, undefined);
     gateBody(handler.method, request, options, () => abandonBody(req, res))
       .then(async (gated) => {
+        const body = gatedBody(gated);
+        if (body && grpcUnary.serves(handler.requestPath, gated)) {
+          return grpcUnary.serve(handler.requestPath, gated, body, res as http2.Http2ServerResponse);
+        }
         const response = await handler(gated);
         // The Connect protocol maps RESOURCE_EXHAUSTED to 429; an oversized body is a 413 like on the gateway.
         if (isConnectPayloadTooLarge(gated)) response.status = 413;

@@ -90,7 +90,7 @@ export async function gateBody(
   if (problem) {
     const contextValues = request.contextValues ?? createContextValues();
     contextValues.set(kBodyProblem, problem);
-    return { ...withBody(request, emptyMessage(format)), contextValues };
+    return withBody({ ...request, contextValues }, emptyMessage(format));
   }
   return withBody(request, bytes!);
 }
@@ -214,6 +214,14 @@ function emptyMessage(format: WireFormat): Uint8Array {
   return new Uint8Array(format.binary ? [0, 0, 0, 0, 0] : [0, 0, 0, 0, 2, 0x7b, 0x7d]);
 }
 
+/** The whole body of each request the gate has read, for a handler that takes it as one piece (grpc-unary.ts). */
+const gatedBodies = new WeakMap<UniversalRequest, Uint8Array>();
+
+/** The body the gate read and checked (or put in place of a refused one); undefined if it passed the request through. */
+export function gatedBody(request: UniversalRequest): Uint8Array | undefined {
+  return gatedBodies.get(request);
+}
+
 /** The request with these bytes as its body (Connect checks them against Content-Length, so it follows). */
 function withBody(request: UniversalRequest, bytes: Uint8Array): UniversalRequest {
   let header = request.header;
@@ -221,11 +229,13 @@ function withBody(request: UniversalRequest, bytes: Uint8Array): UniversalReques
     header = new Headers(header);
     header.set("content-length", String(bytes.byteLength));
   }
-  return {
+  const gated = {
     ...request,
     header,
     body: (async function* () {
       yield bytes;
     })(),
   };
+  gatedBodies.set(gated, bytes);
+  return gated;
 }

@@ -1,0 +1,158 @@
+import type http2 from "node:http2";
+import { fromBinary, toBinary, type DescService } from "@bufbuild/protobuf";
+import {
+  Code,
+  ConnectError,
+  createHandlerContext,
+  createServiceImplSpec,
+  type ConnectRouter,
+  type HandlerContext,
+  type Interceptor,
+  type MethodImplSpec,
+} from "@connectrpc/connect";
+import { compressionNegotiate, invokeUnaryImplementation, type Compression } from "@connectrpc/connect/protocol";
+import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
+import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
+import { RECURSION_LIMIT } from "./body-gate.js";
+
+type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
+type UnarySpec = Extract<MethodImplSpec, { kind: "unary" }>;
+
+/** Connect's default: smaller messages are not worth compressing (limit-io.js). */
+const COMPRESS_MIN_BYTES = 1024;
+
+/**
+ * Unary binary gRPC over HTTP/2, the call every generated client makes,
+ * served without Connect's streaming pipeline. Connect's gRPC handler runs a
+ * unary call through the machinery of a bidirectional stream (a chain of
+ * async iterables for one message each way), which cost as much CPU per call
+ * as the rest of a metered decision. This path does what that handler does,
+ * with Connect's own parts: the same handler context (deadline from
+ * grpc-timeout, the caller's and the shutdown's signals), the same
+ * interceptors and implementation (invokeUnaryImplementation), the same
+ * response compression negotiation and trailer status (setTrailerStatus).
+ * Everything else (gRPC-Web, Connect, JSON codecs, compressed requests, an
+ * unparsable grpc-timeout, streaming methods) stays on Connect's handler.
+ * Those parts are exported by @connectrpc/connect but marked internal (no
+ * semver promise): the version is pinned, and test/rpc/grpc-unary.test.ts
+ * sends each call both ways and fails on any difference after an upgrade.
+ */
+export interface GrpcUnaryPath {
+  /** Registers services on the router as usual and remembers their unary implementations. */
+  recording(router: ConnectRouter): ConnectRouter;
+  /** True when this path serves `request`; the body gate has read and checked its body already. */
+  serves(requestPath: string, request: UniversalRequest): boolean;
+  /** Answers the call on `res`. Never throws for the call's own errors: they go out as gRPC trailers. */
+  serve(requestPath: string, request: UniversalRequest, body: Uint8Array, res: http2.Http2ServerResponse): Promise<void>;
+}
+
+export interface GrpcUnaryOptions {
+  interceptors: Interceptor[];
+  acceptCompression: Compression[];
+  shutdownSignal: AbortSignal;
+}
+
+export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
+  const specs = new Map<string, UnarySpec>();
+
+  function remember(service: DescService, implementation: object): void {
+    const serviceSpec = createServiceImplSpec(service, implementation);
+    for (const spec of Object.values(serviceSpec.methods)) {
+      if (spec.kind === "unary") specs.set(`/${service.typeName}/${spec.method.name}`, spec);
+    }
+  }
+
+  return {
+    recording(router) {
+      const recorder: ConnectRouter = {
+        get handlers() {
+          return router.handlers;
+        },
+        service(service, implementation, handlerOptions) {
+          // Per-service handler options would change Connect's behaviour for it; such a service stays on Connect.
+          if (handlerOptions === undefined) remember(service, implementation);
+          router.service(service, implementation, handlerOptions);
+          return recorder;
+        },
+        rpc(method, implementation, handlerOptions) {
+          router.rpc(method, implementation, handlerOptions);
+          return recorder;
+        },
+      };
+      return recorder;
+    },
+
+    serves(requestPath, request) {
+      if (request.method !== "POST" || !request.httpVersion.startsWith("2") || !specs.has(requestPath)) return false;
+      const contentType = request.header.get("content-type");
+      if (contentType !== "application/grpc" && contentType !== "application/grpc+proto") return false;
+      const encoding = request.header.get("grpc-encoding");
+      if (encoding !== null && encoding !== "identity") return false;
+      return parseTimeout(request.header.get("grpc-timeout"), Number.MAX_SAFE_INTEGER).error === undefined;
+    },
+
+    async serve(requestPath, request, body, res) {
+      const spec = specs.get(requestPath)!;
+      const context = createHandlerContext({
+        ...spec,
+        service: spec.method.parent,
+        protocolName: "grpc",
+        requestMethod: request.method,
+        url: request.url,
+        timeoutMs: parseTimeout(request.header.get("grpc-timeout"), Number.MAX_SAFE_INTEGER).timeoutMs,
+        shutdownSignal: options.shutdownSignal,
+        requestSignal: request.signal,
+        requestHeader: request.header,
+        contextValues: request.contextValues,
+        responseHeader: { "content-type": "application/grpc+proto" },
+        responseTrailer: { "grpc-status": "0" },
+      });
+      const compression = compressionNegotiate(options.acceptCompression, null, request.header.get("grpc-accept-encoding"), "grpc-accept-encoding");
+      if (compression.response) context.responseHeader.set("grpc-encoding", compression.response.name);
+      let frame: Uint8Array | undefined;
+      try {
+        const input = fromBinary(spec.method.input, body.subarray(5), { recursionLimit: RECURSION_LIMIT });
+        const output = await invokeUnaryImplementation(spec, context, input, options.interceptors);
+        frame = await envelope(toBinary(spec.method.output, output), compression.response);
+      } catch (err) {
+        setTrailerStatus(context.responseTrailer, err instanceof ConnectError ? err : new ConnectError("internal error", Code.Internal, undefined, undefined, err));
+      } finally {
+        // As Connect's handler does when a call ends: frees the deadline timer and the signal listeners.
+        context.abort();
+      }
+      respond(res, context, frame);
+    },
+  };
+}
+
+/** The gRPC length-prefixed message: a flag byte (1 = compressed), four bytes of length, the message. */
+async function envelope(message: Uint8Array, compression: Compression | null): Promise<Uint8Array> {
+  const compress = compression !== null && message.byteLength >= COMPRESS_MIN_BYTES;
+  const data = compress ? await compression.compress(message) : message;
+  const frame = Buffer.allocUnsafe(5 + data.byteLength);
+  frame.writeUInt8(compress ? 1 : 0, 0);
+  frame.writeUInt32BE(data.byteLength, 1);
+  frame.set(data, 5);
+  return frame;
+}
+
+/**
+ * Headers, the message if there is one, then the trailers with the status:
+ * what Connect's node adapter writes. A caller that has gone is not waited
+ * for (its stream is closed; there is nobody to tell).
+ */
+function respond(res: http2.Http2ServerResponse, context: HandlerContext, frame: Uint8Array | undefined): void {
+  if (res.stream.closed) return;
+  res.writeHead(200, headerRecord(context.responseHeader));
+  if (frame) res.write(frame);
+  res.addTrailers(headerRecord(context.responseTrailer));
+  res.end();
+}
+
+function headerRecord(headers: Headers): Record<string, string> {
+  const record: Record<string, string> = {};
+  headers.forEach((value, name) => {
+    record[name] = value;
+  });
+  return record;
+}
