@@ -45,13 +45,14 @@ export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest,
   return (req, res) => {
     const handler = handlers.get((req.url ?? "").split("?", 1)[0]!);
     if (!handler) return options.fallback(req, res);
-    const request = universalRequestFromNodeRequest(req as http.IncomingMessage, res as http.ServerResponse, undefined, undefined);
+    const short = grpcUnary.serves(handler.requestPath, req);
+    const request = short
+      ? grpcUnary.requestOf(req, res as http2.Http2ServerResponse)
+      : universalRequestFromNodeRequest(req as http.IncomingMessage, res as http.ServerResponse, undefined, undefined);
     gateBody(handler.method, request, options, () => abandonBody(req, res))
       .then(async (gated) => {
-        const body = gatedBody(gated);
-        if (body && grpcUnary.serves(handler.requestPath, gated)) {
-          return grpcUnary.serve(handler.requestPath, gated, body, res as http2.Http2ServerResponse);
-        }
+        const body = short ? gatedBody(gated) : undefined;
+        if (body) return grpcUnary.serve(handler.requestPath, gated, body, res as http2.Http2ServerResponse);
         const response = await handler(gated);
         // The Connect protocol maps RESOURCE_EXHAUSTED to 429; an oversized body is a 413 like on the gateway.
         if (isConnectPayloadTooLarge(gated)) response.status = 413;

@@ -1,4 +1,4 @@
-import { fromBinary, type DescMessage, type DescMethod } from "@bufbuild/protobuf";
+import { fromBinary, type DescMessage, type DescMethod, type Message } from "@bufbuild/protobuf";
 import { createContextKey, createContextValues, type ConnectError } from "@connectrpc/connect";
 import { bearerToken, isWellFormedApiKey } from "../accounts/api-keys.js";
 import { apiError } from "../errors.js";
@@ -85,14 +85,14 @@ export async function gateBody(
   }
   const limit = options.maxBodyBytes + (format.enveloped ? 5 : 0);
   const bytes = await readUpTo(body, limit, dropRest);
-  const problem =
-    bytes === undefined ? payloadTooLarge(options.maxBodyBytes) : findProblem(method.input, bytes, format, options.jsonRules?.[method.input.typeName]);
-  if (problem) {
+  const checked =
+    bytes === undefined ? { problem: payloadTooLarge(options.maxBodyBytes) } : checkBody(method.input, bytes, format, options.jsonRules?.[method.input.typeName]);
+  if ("problem" in checked) {
     const contextValues = request.contextValues ?? createContextValues();
-    contextValues.set(kBodyProblem, problem);
+    contextValues.set(kBodyProblem, checked.problem);
     return withBody({ ...request, contextValues }, emptyMessage(format));
   }
-  return withBody(request, bytes!);
+  return withBody(request, bytes!, checked.decoded);
 }
 
 /** True when the gate answered for an oversized body on the Connect protocol, whose status must say 413. */
@@ -102,42 +102,43 @@ export function isConnectPayloadTooLarge(request: UniversalRequest): boolean {
   return problem !== undefined && format?.enveloped === false && problem.rawMessage.startsWith(TOO_LARGE_PREFIX);
 }
 
-function findProblem(
+/** The body's problem, or the message it decodes to (binary bodies; JSON is left to Connect's decoder). */
+function checkBody(
   desc: DescMessage,
   body: Uint8Array,
   format: WireFormat,
   jsonRule: ((json: Record<string, unknown>) => Violation | undefined) | undefined,
-): ConnectError | undefined {
+): { problem: ConnectError } | { decoded?: Message } {
+  const refuse = (problem: ConnectError) => ({ problem });
   let message = body;
   if (format.enveloped) {
     const view = new DataView(body.buffer, body.byteOffset, body.byteLength);
     const length = body.byteLength >= 5 ? view.getUint32(1) : -1;
     if (length < 0 || body.byteLength !== 5 + length) {
-      return malformed(`the request must be exactly one enveloped message; got ${body.byteLength} bytes for a message of ${Math.max(length, 0)}`);
+      return refuse(malformed(`the request must be exactly one enveloped message; got ${body.byteLength} bytes for a message of ${Math.max(length, 0)}`));
     }
     message = body.subarray(5);
   }
   if (format.binary) {
     try {
-      fromBinary(desc, message, { readUnknownFields: true, recursionLimit: RECURSION_LIMIT });
+      return { decoded: fromBinary(desc, message, { readUnknownFields: true, recursionLimit: RECURSION_LIMIT }) };
     } catch (err) {
-      return malformed(err instanceof Error ? err.message : String(err));
+      return refuse(malformed(err instanceof Error ? err.message : String(err)));
     }
-    return undefined;
   }
   let json: unknown;
   try {
     json = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(message));
   } catch {
-    return apiError("MALFORMED_JSON", "body: must be valid JSON", { field: "body", rule: "valid JSON" });
+    return refuse(apiError("MALFORMED_JSON", "body: must be valid JSON", { field: "body", rule: "valid JSON" }));
   }
   const violation = findShapeViolation(desc, json) ?? jsonRule?.(json as Record<string, unknown>);
   try {
     throwIfInvalid(violation ? [violation] : []);
   } catch (err) {
-    return err as ConnectError;
+    return refuse(err as ConnectError);
   }
-  return undefined;
+  return {};
 }
 
 function malformed(decoderMessage: string): ConnectError {
@@ -214,16 +215,22 @@ function emptyMessage(format: WireFormat): Uint8Array {
   return new Uint8Array(format.binary ? [0, 0, 0, 0, 0] : [0, 0, 0, 0, 2, 0x7b, 0x7d]);
 }
 
+/** A body the gate read whole: its bytes and, when it checked a binary message, what they decode to. */
+export interface GatedBody {
+  bytes: Uint8Array;
+  decoded?: Message;
+}
+
 /** The whole body of each request the gate has read, for a handler that takes it as one piece (grpc-unary.ts). */
-const gatedBodies = new WeakMap<UniversalRequest, Uint8Array>();
+const gatedBodies = new WeakMap<UniversalRequest, GatedBody>();
 
 /** The body the gate read and checked (or put in place of a refused one); undefined if it passed the request through. */
-export function gatedBody(request: UniversalRequest): Uint8Array | undefined {
+export function gatedBody(request: UniversalRequest): GatedBody | undefined {
   return gatedBodies.get(request);
 }
 
 /** The request with these bytes as its body (Connect checks them against Content-Length, so it follows). */
-function withBody(request: UniversalRequest, bytes: Uint8Array): UniversalRequest {
+function withBody(request: UniversalRequest, bytes: Uint8Array, decoded?: Message): UniversalRequest {
   let header = request.header;
   if (header.has("content-length") && header.get("content-length") !== String(bytes.byteLength)) {
     header = new Headers(header);
@@ -236,6 +243,6 @@ function withBody(request: UniversalRequest, bytes: Uint8Array): UniversalReques
       yield bytes;
     })(),
   };
-  gatedBodies.set(gated, bytes);
+  gatedBodies.set(gated, { bytes, decoded });
   return gated;
 }

@@ -1,3 +1,4 @@
+import type http from "node:http";
 import type http2 from "node:http2";
 import { fromBinary, toBinary, type DescService } from "@bufbuild/protobuf";
 import {
@@ -13,10 +14,13 @@ import {
 import { compressionNegotiate, invokeUnaryImplementation, type Compression } from "@connectrpc/connect/protocol";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
-import { RECURSION_LIMIT } from "./body-gate.js";
+import { RECURSION_LIMIT, type GatedBody } from "./body-gate.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
 type UnarySpec = Extract<MethodImplSpec, { kind: "unary" }>;
+
+/** The reason a finished call's signal is aborted with; nothing listens by then. */
+const CALL_ENDED = new ConnectError("the call has ended", Code.Canceled);
 
 /** Connect's default: smaller messages are not worth compressing (limit-io.js). */
 const COMPRESS_MIN_BYTES = 1024;
@@ -40,10 +44,12 @@ const COMPRESS_MIN_BYTES = 1024;
 export interface GrpcUnaryPath {
   /** Registers services on the router as usual and remembers their unary implementations. */
   recording(router: ConnectRouter): ConnectRouter;
-  /** True when this path serves `request`; the body gate has read and checked its body already. */
-  serves(requestPath: string, request: UniversalRequest): boolean;
-  /** Answers the call on `res`. Never throws for the call's own errors: they go out as gRPC trailers. */
-  serve(requestPath: string, request: UniversalRequest, body: Uint8Array, res: http2.Http2ServerResponse): Promise<void>;
+  /** True when this path serves `req` (then its universal request comes from `requestOf`). */
+  serves(requestPath: string, req: http.IncomingMessage | http2.Http2ServerRequest): req is http2.Http2ServerRequest;
+  /** The call as Connect's handlers see it, for the body gate and then `serve`. */
+  requestOf(req: http2.Http2ServerRequest, res: http2.Http2ServerResponse): UniversalRequest;
+  /** Answers the call on `res`, once the body gate has read and checked its body. Never throws for the call's own errors: they go out as gRPC trailers. */
+  serve(requestPath: string, request: UniversalRequest, body: GatedBody, res: http2.Http2ServerResponse): Promise<void>;
 }
 
 export interface GrpcUnaryOptions {
@@ -82,13 +88,33 @@ export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
       return recorder;
     },
 
-    serves(requestPath, request) {
-      if (request.method !== "POST" || !request.httpVersion.startsWith("2") || !specs.has(requestPath)) return false;
-      const contentType = request.header.get("content-type");
+    serves(requestPath, req): req is http2.Http2ServerRequest {
+      if (!("stream" in req) || req.method !== "POST" || !specs.has(requestPath)) return false;
+      const contentType = req.headers["content-type"];
       if (contentType !== "application/grpc" && contentType !== "application/grpc+proto") return false;
-      const encoding = request.header.get("grpc-encoding");
-      if (encoding !== null && encoding !== "identity") return false;
-      return parseTimeout(request.header.get("grpc-timeout"), Number.MAX_SAFE_INTEGER).error === undefined;
+      const encoding = req.headers["grpc-encoding"];
+      if (encoding !== undefined && encoding !== "identity") return false;
+      const timeout = req.headers["grpc-timeout"];
+      return parseTimeout(typeof timeout === "string" ? timeout : null, Number.MAX_SAFE_INTEGER).error === undefined;
+    },
+
+    requestOf(req, res) {
+      // connect-node's universalRequestFromNodeRequest aborts the signal whenever the stream closes, building a
+      // DOMException per call; here it is aborted only when the caller leaves before the answer started (this
+      // path writes its headers only once the call is done; a closed stream counts as finished in Node's compat API).
+      const controller = new AbortController();
+      req.once("close", () => {
+        if (!res.headersSent) controller.abort(new ConnectError(`the caller closed the stream (HTTP/2 code ${req.stream.rstCode})`, Code.Canceled));
+      });
+      return {
+        httpVersion: req.httpVersion,
+        method: req.method,
+        url: `http://${req.authority}${req.url}`,
+        header: webHeaders(req.headers),
+        // The request is a Readable, itself an async iterable of its chunks.
+        body: req,
+        signal: controller.signal,
+      };
     },
 
     async serve(requestPath, request, body, res) {
@@ -111,14 +137,16 @@ export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
       if (compression.response) context.responseHeader.set("grpc-encoding", compression.response.name);
       let frame: Uint8Array | undefined;
       try {
-        const input = fromBinary(spec.method.input, body.subarray(5), { recursionLimit: RECURSION_LIMIT });
+        // The gate decoded the message when it checked it; a refused body was replaced by an empty one.
+        const input = body.decoded ?? fromBinary(spec.method.input, body.bytes.subarray(5), { recursionLimit: RECURSION_LIMIT });
         const output = await invokeUnaryImplementation(spec, context, input, options.interceptors);
         frame = await envelope(toBinary(spec.method.output, output), compression.response);
       } catch (err) {
         setTrailerStatus(context.responseTrailer, err instanceof ConnectError ? err : new ConnectError("internal error", Code.Internal, undefined, undefined, err));
       } finally {
-        // As Connect's handler does when a call ends: frees the deadline timer and the signal listeners.
-        context.abort();
+        // As Connect's handler does when a call ends: frees the deadline timer and the signal listeners
+        // (with a reason of ours: an abort without one builds a DOMException, a stack trace, per call).
+        context.abort(CALL_ENDED);
       }
       respond(res, context, frame);
     },
@@ -147,6 +175,17 @@ function respond(res: http2.Http2ServerResponse, context: HandlerContext, frame:
   if (frame) res.write(frame);
   res.addTrailers(headerRecord(context.responseTrailer));
   res.end();
+}
+
+/** Request headers as fetch Headers, without HTTP/2 pseudo-headers (as connect-node's nodeHeaderToWebHeader). */
+function webHeaders(nodeHeaders: http2.IncomingHttpHeaders): Headers {
+  const headers = new Headers();
+  for (const [name, value] of Object.entries(nodeHeaders)) {
+    if (name.startsWith(":") || value === undefined) continue;
+    if (Array.isArray(value)) for (const each of value) headers.append(name, each);
+    else headers.append(name, String(value));
+  }
+  return headers;
 }
 
 function headerRecord(headers: Headers): Record<string, string> {

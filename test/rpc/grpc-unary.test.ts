@@ -35,6 +35,9 @@ beforeAll(async () => {
     TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`,
     TYPESAFE_LLM_MODEL: "fake-model",
     TYPESAFE_LLM_MAX_RETRIES: "0",
+    // Longer than a test may take: a call still running after its caller left can only end by being cancelled.
+    TYPESAFE_LLM_CALL_TIMEOUT_MS: "120000",
+    TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "120000",
   });
 });
 afterAll(async () => {
