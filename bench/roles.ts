@@ -194,10 +194,8 @@ async function openLoop(options: LoadOptions): Promise<LoadResult> {
   return { rps: total / ((performance.now() - began) / 1000), p50: percentile(sorted, 50), p99: percentile(sorted, 99), requests: total };
 }
 
-/** `connections` concurrent loops of binary gRPC Decide calls over one HTTP/2 connection, as a generated client makes them. */
-async function grpcLoop(options: LoadOptions): Promise<LoadResult> {
-  const client = createClient(DecisionService, createGrpcTransport({ baseUrl: options.url }));
-  const request = fromJsonString(DecideRequestSchema, options.body);
+/** `options.connections` loops, each making `call` with the next key in turn, one call at a time, for `options.durationS`. */
+async function concurrentLoops(options: LoadOptions, call: (apiKey: string) => Promise<unknown>): Promise<LoadResult> {
   const latencies: number[] = [];
   let next = 0;
   const until = performance.now() + options.durationS * 1000;
@@ -206,13 +204,20 @@ async function grpcLoop(options: LoadOptions): Promise<LoadResult> {
     Array.from({ length: options.connections }, async () => {
       while (performance.now() < until) {
         const started = performance.now();
-        await client.decide(request, { headers: { authorization: `Bearer ${options.apiKeys[next++ % options.apiKeys.length]}` } });
+        await call(options.apiKeys[next++ % options.apiKeys.length]!);
         latencies.push(performance.now() - started);
       }
     }),
   );
   const sorted = latencies.sort((a, b) => a - b);
   return { rps: latencies.length / ((performance.now() - began) / 1000), p50: percentile(sorted, 50), p99: percentile(sorted, 99), requests: latencies.length };
+}
+
+/** Concurrent binary gRPC Decide calls over one HTTP/2 connection, as a generated client makes them. */
+async function grpcLoop(options: LoadOptions): Promise<LoadResult> {
+  const client = createClient(DecisionService, createGrpcTransport({ baseUrl: options.url }));
+  const request = fromJsonString(DecideRequestSchema, options.body);
+  return concurrentLoops(options, (apiKey) => client.decide(request, { headers: { authorization: `Bearer ${apiKey}` } }));
 }
 
 /**
@@ -248,22 +253,11 @@ async function grpcFramesLoop(options: LoadOptions): Promise<LoadResult> {
       stream.once("error", reject);
       stream.end(frame);
     });
-  const latencies: number[] = [];
-  let next = 0;
-  const until = performance.now() + options.durationS * 1000;
-  const began = performance.now();
-  await Promise.all(
-    Array.from({ length: options.connections }, async () => {
-      while (performance.now() < until) {
-        const started = performance.now();
-        await call(options.apiKeys[next++ % options.apiKeys.length]!);
-        latencies.push(performance.now() - started);
-      }
-    }),
-  );
-  session.close();
-  const sorted = latencies.sort((a, b) => a - b);
-  return { rps: latencies.length / ((performance.now() - began) / 1000), p50: percentile(sorted, 50), p99: percentile(sorted, 99), requests: latencies.length };
+  try {
+    return await concurrentLoops(options, call);
+  } finally {
+    session.close();
+  }
 }
 
 async function load(): Promise<void> {
