@@ -1,10 +1,14 @@
 import net from "node:net";
+import { fromJson } from "@bufbuild/protobuf";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestAccount, postJson, startTestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
 import { holdQuestions } from "../support/held-upstream.js";
 import { assertInvariants } from "../support/invariants.js";
+import { DecideRequestSchema, DecisionService } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 
 /**
  * Graceful shutdown: calls that finish within the grace period are answered
@@ -47,6 +51,25 @@ describe("graceful shutdown", () => {
     upstream.release();
     expect(response.status).toBe(503);
     expect(response.body).toMatchObject({ code: 50302, data: { reason: "UNAVAILABLE" } });
+    expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("a gRPC call still running when the grace period ends gets UNAVAILABLE and its hold back", async () => {
+    const service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_SHUTDOWN_GRACE_MS: "300" });
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
+    const upstream = holdQuestions(fake);
+    const client = createClient(DecisionService, createGrpcTransport({ baseUrl: service.url }));
+    const call = client
+      .decide(fromJson(DecideRequestSchema, decision), { headers: { authorization: `Bearer ${apiKey}` } })
+      .catch((err: unknown) => ConnectError.from(err));
+    await upstream.reached;
+    await service.stop();
+    const answer = await call;
+    upstream.release();
+    expect(answer).toBeInstanceOf(ConnectError);
+    expect((answer as ConnectError).code).toBe(Code.Unavailable);
+    expect((answer as ConnectError).rawMessage).toContain("shutting down");
     expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
     await assertInvariants(database.db, accountId);
   });
