@@ -10,6 +10,7 @@ import http2 from "node:http2";
 import { createRequire } from "node:module";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { encodeEnvelope } from "@connectrpc/connect/protocol";
 import { fromJsonString, toBinary } from "@bufbuild/protobuf";
 import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
@@ -227,10 +228,7 @@ async function grpcLoop(options: LoadOptions): Promise<LoadResult> {
  * the gateway's side. Every answer must be HTTP 200 with grpc-status 0.
  */
 async function grpcFramesLoop(options: LoadOptions): Promise<LoadResult> {
-  const message = toBinary(DecideRequestSchema, fromJsonString(DecideRequestSchema, options.body));
-  const frame = Buffer.alloc(5 + message.length);
-  frame.writeUInt32BE(message.length, 1);
-  frame.set(message, 5);
+  const frame = encodeEnvelope(0, toBinary(DecideRequestSchema, fromJsonString(DecideRequestSchema, options.body)));
   const path = `/${DecisionService.typeName}/${DecisionService.method.decide.name}`;
   const session = http2.connect(options.url);
   await new Promise<void>((resolve, reject) => session.once("connect", () => resolve()).once("error", reject));

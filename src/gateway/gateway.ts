@@ -9,6 +9,7 @@ import { observeCall, type CallObserver } from "../rpc/observe.js";
 import type { Metrics } from "../metrics.js";
 import { throwIfInvalid, type Violation } from "../validation.js";
 import { requireApiKey } from "../rpc/auth.js";
+import { headerRecord, requestHeaders } from "../rpc/node-headers.js";
 import { discardBody, readBody } from "./body.js";
 import { findShapeViolation } from "./json-shape.js";
 import { sendEnvelope, sendError, sendOk, type NodeRequest, type NodeResponse } from "./envelope.js";
@@ -126,7 +127,7 @@ export function createGateway(options: GatewayOptions) {
       protocolName: "gateway",
       requestMethod: req.method ?? "POST",
       url: req.url ?? "",
-      requestHeader: headersOf(req),
+      requestHeader: requestHeaders(req),
       requestSignal: requestAbort.signal,
       contextValues: createContextValues().set(kRequestId, requestId).set(kCallPhases, phases),
     });
@@ -192,20 +193,6 @@ function methodNotAllowed(path: string, allow: string): Error {
   return apiError("METHOD_NOT_ALLOWED", `${path} accepts ${allow}`, { metadata: { allow } });
 }
 
-/** Request headers without HTTP/2 pseudo-headers, as a fetch Headers object. */
-function headersOf(req: NodeRequest): Headers {
-  const headers = new Headers();
-  for (const [name, value] of Object.entries(req.headers)) {
-    if (name.startsWith(":") || value === undefined) continue;
-    headers.set(name, Array.isArray(value) ? value.join(", ") : value);
-  }
-  return headers;
-}
-
 function responseHeaders(ctx: HandlerContext, requestId: string, phases: CallPhases, started: number): Record<string, string> {
-  const headers: Record<string, string> = { "x-request-id": requestId, "server-timing": serverTimingHeader(phases, performance.now() - started) };
-  ctx.responseHeader.forEach((value, name) => {
-    headers[name] = value;
-  });
-  return headers;
+  return { "x-request-id": requestId, "server-timing": serverTimingHeader(phases, performance.now() - started), ...headerRecord(ctx.responseHeader) };
 }

@@ -11,10 +11,11 @@ import {
   type Interceptor,
   type MethodImplSpec,
 } from "@connectrpc/connect";
-import { compressionNegotiate, invokeUnaryImplementation, type Compression } from "@connectrpc/connect/protocol";
+import { compressedFlag, compressionNegotiate, encodeEnvelope, invokeUnaryImplementation, type Compression } from "@connectrpc/connect/protocol";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
 import { RECURSION_LIMIT, type GatedBody } from "./body-gate.js";
+import { headerRecord, requestHeaders } from "./node-headers.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
 type UnarySpec = Extract<MethodImplSpec, { kind: "unary" }>;
@@ -110,7 +111,7 @@ export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
         httpVersion: req.httpVersion,
         method: req.method,
         url: `http://${req.authority}${req.url}`,
-        header: webHeaders(req.headers),
+        header: requestHeaders(req),
         // The request is a Readable, itself an async iterable of its chunks.
         body: req,
         signal: controller.signal,
@@ -153,15 +154,10 @@ export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
   };
 }
 
-/** The gRPC length-prefixed message: a flag byte (1 = compressed), four bytes of length, the message. */
+/** The gRPC length-prefixed message, compressed as Connect's transformCompressEnvelope does. */
 async function envelope(message: Uint8Array, compression: Compression | null): Promise<Uint8Array> {
-  const compress = compression !== null && message.byteLength >= COMPRESS_MIN_BYTES;
-  const data = compress ? await compression.compress(message) : message;
-  const frame = Buffer.allocUnsafe(5 + data.byteLength);
-  frame.writeUInt8(compress ? 1 : 0, 0);
-  frame.writeUInt32BE(data.byteLength, 1);
-  frame.set(data, 5);
-  return frame;
+  if (compression === null || message.byteLength < COMPRESS_MIN_BYTES) return encodeEnvelope(0, message);
+  return encodeEnvelope(compressedFlag, await compression.compress(message));
 }
 
 /**
@@ -175,23 +171,4 @@ function respond(res: http2.Http2ServerResponse, context: HandlerContext, frame:
   if (frame) res.write(frame);
   res.addTrailers(headerRecord(context.responseTrailer));
   res.end();
-}
-
-/** Request headers as fetch Headers, without HTTP/2 pseudo-headers (as connect-node's nodeHeaderToWebHeader). */
-function webHeaders(nodeHeaders: http2.IncomingHttpHeaders): Headers {
-  const headers = new Headers();
-  for (const [name, value] of Object.entries(nodeHeaders)) {
-    if (name.startsWith(":") || value === undefined) continue;
-    if (Array.isArray(value)) for (const each of value) headers.append(name, each);
-    else headers.append(name, String(value));
-  }
-  return headers;
-}
-
-function headerRecord(headers: Headers): Record<string, string> {
-  const record: Record<string, string> = {};
-  headers.forEach((value, name) => {
-    record[name] = value;
-  });
-  return record;
 }

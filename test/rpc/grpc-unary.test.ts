@@ -1,6 +1,7 @@
 import http2 from "node:http2";
 import zlib from "node:zlib";
 import { create, fromBinary, toBinary, type DescMessage } from "@bufbuild/protobuf";
+import { compressedFlag, encodeEnvelope } from "@connectrpc/connect/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { StatusSchema } from "../../src/gen/google/rpc/status_pb.js";
 import { DecideRequestSchema, DecideResponseSchema } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
@@ -62,11 +63,7 @@ interface RawAnswer {
  * answers in the request's encoding when it can, else in one the caller accepts).
  */
 async function call(path: string, message: Uint8Array, via: Path, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<RawAnswer> {
-  const body = via === "connect" ? zlib.gzipSync(message) : message;
-  const framed = Buffer.alloc(5 + body.byteLength);
-  framed.writeUInt8(via === "connect" ? 1 : 0, 0);
-  framed.writeUInt32BE(body.byteLength, 1);
-  framed.set(body, 5);
+  const framed = via === "connect" ? encodeEnvelope(compressedFlag, zlib.gzipSync(message)) : encodeEnvelope(0, message);
   const session = http2.connect(service.url);
   try {
     const stream = session.request({
