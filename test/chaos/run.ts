@@ -6,8 +6,9 @@
  * upstream that fails and stalls some calls, clients that abort and retry with
  * Idempotency-Keys, a TCP proxy between the replicas and PostgreSQL that loses
  * requests, loses replies after the statement committed and stalls replies,
- * `kill -9` of a replica, a cut of every database connection, and a restart of
- * PostgreSQL (a private throwaway cluster, where initdb is available).
+ * `kill -9` of a replica, a cut of every database connection, and a crash of
+ * PostgreSQL (`pg_ctl stop -m immediate` and a start with WAL recovery, on a
+ * private throwaway cluster, where initdb is available).
  *
  * Afterwards it checks the ledger invariants of every account and that every
  * answer a client saw agrees with the ledger: a 200's billing equals its row,
@@ -15,16 +16,14 @@
  * the violations; the exit code is 1 when there is any violation.
  * Loopback only, bounded in time, seeded.
  */
-import { execFileSync, spawn, type ChildProcess } from "node:child_process";
-import fs from "node:fs";
-import net from "node:net";
-import os from "node:os";
+import { spawn, type ChildProcess } from "node:child_process";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { createAccount, createApiKey } from "../../src/accounts/store.js";
 import { createKnex } from "../../src/db/database.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../support/fake-llm.js";
 import { assertInvariants } from "../support/invariants.js";
+import { startPrivateCluster, type PrivateCluster } from "../support/private-cluster.js";
 import { proxiedUrl, startTcpProxy, type Fault } from "../support/tcp-proxy.js";
 
 const { values } = parseArgs({ options: { seconds: { type: "string", default: "90" }, seed: { type: "string", default: "1" } } });
@@ -43,56 +42,23 @@ function random(): number {
 }
 const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
 
-const counts = { upstream500: 0, kill9: 0, pgRestart: "skipped" as string, cutAll: 0 };
+const counts = { upstream500: 0, kill9: 0, pgCrash: "skipped" as string, cutAll: 0 };
 
-interface Cluster {
-  url: string;
-  restart(): void;
-  stop(): void;
-}
-
-/** A private PostgreSQL on a free port, so restarting it disturbs nobody else; undefined where initdb cannot run. */
-async function startPrivateCluster(): Promise<Cluster | undefined> {
-  const versions = fs.existsSync("/usr/lib/postgresql") ? fs.readdirSync("/usr/lib/postgresql") : [];
-  const bin = versions.map((v) => `/usr/lib/postgresql/${v}/bin`).find((b) => fs.existsSync(`${b}/initdb`));
-  if (!bin) return undefined;
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "typesafe-chaos-pg-"));
-  const asRoot = process.getuid?.() === 0;
-  const run = (cmd: string, args: string[]) =>
-    execFileSync(asRoot ? "runuser" : cmd, asRoot ? ["-u", "postgres", "--", cmd, ...args] : args, { stdio: "pipe" });
+/** A private cluster where initdb is available, so crashing it disturbs nobody else; undefined elsewhere. */
+async function startChaosCluster(): Promise<PrivateCluster | undefined> {
   try {
-    if (asRoot) execFileSync("chown", ["postgres", dir]);
-    run(`${bin}/initdb`, ["-D", dir, "-A", "trust", "-U", "postgres"]);
-    const port = await freePort();
-    const opts = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`;
-    run(`${bin}/pg_ctl`, ["-D", dir, "-o", opts, "-w", "-l", `${dir}/log`, "start"]);
-    return {
-      url: `postgres://postgres@127.0.0.1:${port}/postgres`,
-      restart: () => run(`${bin}/pg_ctl`, ["-D", dir, "-o", opts, "-m", "fast", "-w", "-l", `${dir}/log`, "restart"]),
-      stop: () => {
-        run(`${bin}/pg_ctl`, ["-D", dir, "-m", "immediate", "-w", "stop"]);
-        fs.rmSync(dir, { recursive: true, force: true, maxRetries: 5 });
-      },
-    };
+    return await startPrivateCluster();
   } catch (err) {
-    process.stderr.write(`chaos: no private cluster (${(err as Error).message.split("\n")[0]}); PostgreSQL restart skipped\n`);
-    fs.rmSync(dir, { recursive: true, force: true });
+    process.stderr.write(`chaos: no private cluster (${(err as Error).message.split("\n")[0]}); PostgreSQL crash skipped\n`);
     return undefined;
   }
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const server = net.createServer().listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as net.AddressInfo;
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 interface Replica {
   child: ChildProcess;
   url: string;
+  /** Its last log lines, printed when it does not stop. */
+  lastLines: string[];
 }
 
 /** One replica as its own node process (no wrapper), so kill -9 kills the server itself. */
@@ -104,12 +70,15 @@ function startReplica(env: Record<string, string>): Promise<Replica> {
       stdio: ["ignore", "pipe", "pipe"],
     });
     let buffered = "";
+    const lastLines: string[] = [];
     child.stdout!.on("data", (chunk: Buffer) => {
       buffered += chunk.toString();
       const lines = buffered.split("\n");
       buffered = lines.pop()!;
       for (const line of lines) {
-        if (line.includes('"msg":"listening"')) resolve({ child, url: String(JSON.parse(line).url) });
+        lastLines.push(line);
+        if (lastLines.length > 30) lastLines.shift();
+        if (line.includes('"msg":"listening"')) resolve({ child, url: String(JSON.parse(line).url), lastLines });
       }
     });
     child.stderr!.on("data", (chunk: Buffer) => process.stderr.write(chunk));
@@ -159,7 +128,7 @@ async function post(url: string, apiKey: string, body: string, idempotencyKey: s
 }
 
 async function main(): Promise<void> {
-  const cluster = await startPrivateCluster();
+  const cluster = await startChaosCluster();
   const directUrl = cluster?.url ?? process.env.DATABASE_URL;
   if (!directUrl) throw new Error("chaos needs initdb (a private cluster) or DATABASE_URL");
   const dbName = `typesafe_chaos_${process.pid}`;
@@ -219,10 +188,10 @@ async function main(): Promise<void> {
         counts.kill9++;
         replicas[1] = await startReplica(replicaEnv);
       }
-      if (at(0.55) && !faultsDone.has("restart") && cluster) {
-        faultsDone.add("restart");
-        cluster.restart();
-        counts.pgRestart = "1";
+      if (at(0.55) && !faultsDone.has("crash") && cluster) {
+        faultsDone.add("crash");
+        cluster.crash();
+        counts.pgCrash = "1";
       }
       if (at(0.75) && !faultsDone.has("cut")) {
         faultsDone.add("cut");
@@ -257,6 +226,7 @@ async function main(): Promise<void> {
       // A replica that does not drain within its grace period (3 s) and a margin is a finding too.
       const timer = setTimeout(() => {
         hungReplicas++;
+        process.stderr.write(`chaos: a replica did not stop; its last log lines:\n${replica.lastLines.join("\n")}\n`);
         replica.child.kill("SIGKILL");
       }, 15_000);
       await exited;
@@ -306,7 +276,7 @@ async function main(): Promise<void> {
   process.stdout.write(
     `chaos: ${outcomes.length} calls in ${SECONDS} s (${statuses}; billing unknown=${unknown}) · faults: ` +
       `lose-reply=${proxy.faults["lose-reply"]} lose-request=${proxy.faults["lose-request"]} stall-reply=${proxy.faults["stall-reply"]} ` +
-      `upstream-500=${counts.upstream500} kill-9=${counts.kill9} cut-all=${counts.cutAll} pg-restart=${counts.pgRestart} · violations=${violations.length}\n`,
+      `upstream-500=${counts.upstream500} kill-9=${counts.kill9} cut-all=${counts.cutAll} pg-crash=${counts.pgCrash} · violations=${violations.length}\n`,
   );
   process.exit(violations.length > 0 ? 1 : 0);
 }
