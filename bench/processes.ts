@@ -100,11 +100,12 @@ export async function buildService(): Promise<void> {
  * The service with `env` on top of this process's, ready when /readyz
  * answers: `node dist/main.js` (what `npm start` execs), or `npm start` itself
  * (`via: "npm"`, for the start time a user sees; npm passes a SIGTERM on).
+ * `nodeArgs` go to node before the script (e.g. `--cpu-prof`).
  */
-export async function startService(env: Record<string, string>, options: { via?: "node" | "npm" } = {}): Promise<ServiceProcess> {
+export async function startService(env: Record<string, string>, options: { via?: "node" | "npm"; nodeArgs?: string[] } = {}): Promise<ServiceProcess> {
   const port = await freePort();
   const started = performance.now();
-  const [command, args] = options.via === "npm" ? ["npm", ["start", "--silent"]] : [process.execPath, [path.join(ROOT, "dist/main.js")]];
+  const [command, args] = options.via === "npm" ? ["npm", ["start", "--silent"]] : [process.execPath, [...(options.nodeArgs ?? []), path.join(ROOT, "dist/main.js")]];
   const child = spawn(command, args, {
     cwd: ROOT,
     env: { ...process.env, PORT: String(port), ...env },

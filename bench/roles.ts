@@ -12,16 +12,20 @@ import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { encodeEnvelope } from "@connectrpc/connect/protocol";
 import { fromJsonString, toBinary } from "@bufbuild/protobuf";
+import pg from "pg";
+import { hashApiKey } from "../src/accounts/api-keys.js";
 import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decision/v1/decision_service_pb.js";
+import { decisionReserveUnits } from "../src/metering/meter.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
 import { startBareBaseline } from "./support.js";
 
 export interface LoadOptions {
   /**
    * http: autocannon, as many requests as the connections take; rate: `rate` requests/s whatever the answers;
-   * grpc: binary gRPC Decide through a generated Connect client; grpc-frames: the same call as pre-built HTTP/2 requests; invalid: autocannon with bad requests in turn on both paths (every answer must be a 4xx).
+   * grpc: binary gRPC Decide through a generated Connect client; grpc-frames: the same call as pre-built HTTP/2 requests; invalid: autocannon with bad requests in turn on both paths (every answer must be a 4xx);
+   * sql-pair: no service at all, the two metering statements of a call (admit, then settle) sent bare to the database at `url`, as named statements on a pg pool of `connections`.
    */
-  mode: "http" | "rate" | "grpc" | "grpc-frames" | "invalid";
+  mode: "http" | "rate" | "grpc" | "grpc-frames" | "invalid" | "sql-pair";
   url: string;
   /** The JSON request body (for gRPC, the same request in its JSON form). */
   body: string;
@@ -38,6 +42,8 @@ export interface LoadResult {
   p50: number;
   p99: number;
   requests: number;
+  /** The load generator's own CPU (user + system, every thread) per request: its share of the two cores. */
+  generatorCpuMsPerCall?: number;
 }
 
 const reply = (message: object) => process.send!(message);
@@ -195,8 +201,8 @@ async function openLoop(options: LoadOptions): Promise<LoadResult> {
   return { rps: total / ((performance.now() - began) / 1000), p50: percentile(sorted, 50), p99: percentile(sorted, 99), requests: total };
 }
 
-/** `options.connections` loops, each making `call` with the next key in turn, one call at a time, for `options.durationS`. */
-async function concurrentLoops(options: LoadOptions, call: (apiKey: string) => Promise<unknown>): Promise<LoadResult> {
+/** `options.connections` loops, each making `call` with the next key in turn (and its index), one call at a time, for `options.durationS`. */
+async function concurrentLoops(options: LoadOptions, call: (apiKey: string, index: number) => Promise<unknown>): Promise<LoadResult> {
   const latencies: number[] = [];
   let next = 0;
   const until = performance.now() + options.durationS * 1000;
@@ -205,7 +211,8 @@ async function concurrentLoops(options: LoadOptions, call: (apiKey: string) => P
     Array.from({ length: options.connections }, async () => {
       while (performance.now() < until) {
         const started = performance.now();
-        await call(options.apiKeys[next++ % options.apiKeys.length]!);
+        const index = next++;
+        await call(options.apiKeys[index % options.apiKeys.length]!, index);
         latencies.push(performance.now() - started);
       }
     }),
@@ -258,10 +265,39 @@ async function grpcFramesLoop(options: LoadOptions): Promise<LoadResult> {
   }
 }
 
+/**
+ * What PostgreSQL alone gives a metered call: admit + settle pairs per second
+ * with nothing in front of it, the ceiling of the gateway's figure on the
+ * same cores. Each pair must be admitted and settled.
+ */
+async function sqlPairLoop(options: LoadOptions): Promise<LoadResult> {
+  const pool = new pg.Pool({ connectionString: options.url, max: options.connections });
+  const keyHashes = options.apiKeys.map(hashApiKey);
+  const admit = "SELECT outcome, request_id FROM metering_admit($1::bytea, 'decide', $2::bigint, false, 60000)";
+  const settle = "SELECT outcome FROM metering_resolve($1::uuid, true, 1000)";
+  try {
+    return await concurrentLoops(options, async (_apiKey, i) => {
+      const { rows } = await pool.query({ name: "bench-admit", text: admit, values: [keyHashes[i % keyHashes.length], decisionReserveUnits(1)] });
+      if (rows[0].outcome !== "admitted") throw new Error(`admission ${String(rows[0].outcome)}`);
+      const settled = await pool.query({ name: "bench-settle", text: settle, values: [rows[0].request_id] });
+      if (settled.rows[0].outcome !== "settled") throw new Error(`settle ${String(settled.rows[0].outcome)}`);
+    });
+  } finally {
+    await pool.end();
+  }
+}
+
 async function load(): Promise<void> {
   process.on("message", (options: LoadOptions) => {
-    const measure = { http: closedLoop, rate: openLoop, grpc: grpcLoop, "grpc-frames": grpcFramesLoop, invalid: invalidLoop }[options.mode];
-    measure(options).then(reply, (err: unknown) => reply({ error: err instanceof Error ? err.message : String(err) }));
+    const measure = { http: closedLoop, rate: openLoop, grpc: grpcLoop, "grpc-frames": grpcFramesLoop, invalid: invalidLoop, "sql-pair": sqlPairLoop }[options.mode];
+    const before = process.cpuUsage();
+    measure(options).then(
+      (result) => {
+        const used = process.cpuUsage(before);
+        reply({ ...result, generatorCpuMsPerCall: (used.user + used.system) / 1000 / result.requests });
+      },
+      (err: unknown) => reply({ error: err instanceof Error ? err.message : String(err) }),
+    );
   });
   process.once("SIGTERM", () => process.exit(0));
   reply({ ready: true });
