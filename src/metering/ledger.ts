@@ -280,11 +280,20 @@ export async function resolve(db: Knex | Knex.Transaction, input: ResolveInput):
   return { outcome: row.outcome, capped: requested !== null && requested > common.reservedUnits && common.funding === "paid", ...common };
 }
 
+export interface SweepInput {
+  /** Test clock; the database clock when absent. */
+  now?: Date;
+  /** At most this many accounts per sweep (default 1000). */
+  maxAccounts?: number;
+  /** Client-side limit for the round trip (see withTimeout). */
+  timeoutMs?: number;
+}
+
 /** Expires every hold whose lease has passed (up to maxAccounts accounts); returns how many. */
-export async function sweep(db: Knex | Knex.Transaction, now?: Date, maxAccounts = 1000): Promise<number> {
-  const result = await db.raw<{ rows: { expired: number }[] }>(
-    "SELECT metering_sweep(?::timestamptz, ?::integer) AS expired",
-    [now ?? null, maxAccounts],
+export async function sweep(db: Knex | Knex.Transaction, input: SweepInput = {}): Promise<number> {
+  const result = await withTimeout(
+    db.raw<{ rows: { expired: number }[] }>("SELECT metering_sweep(?::timestamptz, ?::integer) AS expired", [input.now ?? null, input.maxAccounts ?? 1000]),
+    input.timeoutMs,
   );
   return single(result.rows).expired;
 }

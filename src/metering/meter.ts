@@ -396,7 +396,9 @@ export function createMeter(deps: MeterDeps): Meter {
   }
 
   async function sweepNow(): Promise<number> {
-    const expired = await sweep(db, now());
+    // A deadline like every money statement's: a reply lost on a connection that stays open would
+    // otherwise stop this replica's sweeps for good and hang its shutdown, which waits for the sweep.
+    const expired = await sweep(db, { now: now(), timeoutMs });
     if (expired > 0) {
       counters.holdsExpired += expired;
       logger.warn("released expired holds", { expired });

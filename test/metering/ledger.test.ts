@@ -172,8 +172,8 @@ describe("leases (A5)", () => {
     const paid = admitted(await a.call({ now: at(1) }));
     expect([free.funding, paid.funding]).toEqual(["free", "paid"]);
 
-    expect(await sweep(database.db, at(LEASE_MS - 1))).toBe(0);
-    expect(await sweep(database.db, at(LEASE_MS + 1))).toBe(2);
+    expect(await sweep(database.db, { now: at(LEASE_MS - 1) })).toBe(0);
+    expect(await sweep(database.db, { now: at(LEASE_MS + 1) })).toBe(2);
     const late = await resolve(database.db, { requestId: paid.requestId, success: true, actualUnits: 5_000, now: at(LEASE_MS + 2) });
     expect(late).toMatchObject({ outcome: "not_active", status: "expired", chargedUnits: 0 });
     expect(await a.row()).toMatchObject({ balance: 100_000, reserved: 0, free_remaining: 1, free_reserved: 0, in_flight: 0 });

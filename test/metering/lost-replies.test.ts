@@ -4,6 +4,8 @@ import { loadConfig } from "../../src/config.js";
 import { createKnex } from "../../src/db/database.js";
 import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
+import { hashApiKey } from "../../src/accounts/api-keys.js";
+import { admit } from "../../src/metering/ledger.js";
 import { createMeter, searchReserveUnits, type MeteredCall, type Meter } from "../../src/metering/meter.js";
 import { unitsToCredits } from "../../src/units.js";
 import { createTestAccount } from "../support/app.js";
@@ -22,7 +24,8 @@ let database: TestDatabase;
 let proxy: TcpProxy;
 let proxied: Knex;
 /** The fault for the next chunk that calls one of the metering functions; tests set it. */
-let nextFault: (sql: "admit" | "resolve") => Fault = () => "pass";
+type Statement = "admit" | "resolve" | "sweep";
+let nextFault: (sql: Statement) => Fault = () => "pass";
 
 const metering = { ...loadConfig({}).metering, statementTimeoutMs: 400 };
 const RETRY_DELAYS_MS = [5, 10, 20];
@@ -35,6 +38,7 @@ beforeAll(async () => {
     const text = chunk.toString("latin1");
     if (text.includes("metering_admit")) return nextFault("admit");
     if (text.includes("metering_resolve")) return nextFault("resolve");
+    if (text.includes("metering_sweep")) return nextFault("sweep");
     return "pass";
   });
   proxied = createKnex(proxiedUrl(database.url, proxy), database.isExternal ? 10 : 1);
@@ -61,7 +65,7 @@ function meterThroughProxy(retryDelaysMs: readonly number[] | "default" = RETRY_
 const loggedLine = (msg: string) => logged.find((line) => line.msg === msg);
 
 /** Faults for the metering statements in the order they are sent; "pass" once the list is used up. */
-function faultsInOrder(list: { sql: "admit" | "resolve"; fault: Fault }[]) {
+function faultsInOrder(list: { sql: Statement; fault: Fault }[]) {
   nextFault = (sql) => {
     if (list[0]?.sql !== sql) return "pass";
     return list.shift()!.fault;
@@ -213,6 +217,31 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     const sweeper = createMeter({ db: database.db, config: metering, logger: createLogger("silent"), now: () => pastLease });
     expect(await sweeper.sweepNow()).toBeGreaterThanOrEqual(1);
     expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+});
+
+describe("a lost reply never stops the sweeper", () => {
+  it("a sweep whose reply stalls ends at the statement deadline (shutdown waits for a sweep under way), and the next sweep runs", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 64_000 });
+    const holdLapsingIn = async (leaseMs: number) => {
+      const requestId = crypto.randomUUID();
+      await admit(database.db, { keyHash: hashApiKey(apiKey), endpoint: "decide", reserveUnits: 32_000, freeAllowed: false, leaseMs, requestId });
+      return requestId;
+    };
+    const sweeper = createMeter({ db: proxied, config: metering, logger: createLogger("silent"), now: () => new Date(Date.now() + 60_000) });
+
+    const first = await holdLapsingIn(1_000);
+    faultsInOrder([{ sql: "sweep", fault: "stall-reply" }]);
+    const stalled = proxy.faults["stall-reply"];
+    await expect(sweeper.sweepNow()).rejects.toThrow(/timeout/i);
+    expect(proxy.faults["stall-reply"]).toBe(stalled + 1);
+    // The statement ran; only its reply was lost.
+    expect(await requestRow(first)).toMatchObject({ status: "expired" });
+
+    const second = await holdLapsingIn(1_000);
+    expect(await sweeper.sweepNow()).toBeGreaterThanOrEqual(1);
+    expect(await requestRow(second)).toMatchObject({ status: "expired" });
     await assertInvariants(database.db, accountId);
   });
 });
