@@ -7,8 +7,6 @@ import path from "node:path";
 /** A throwaway PostgreSQL cluster of its own, so stopping or crashing it disturbs nobody else. */
 export interface PrivateCluster {
   url: string;
-  /** `pg_ctl restart -m fast`: a clean shutdown (every commit written out), then a start. */
-  restart(): void;
   /**
    * `pg_ctl stop -m immediate`, then a start: the postmaster and its children
    * quit at once without writing out WAL buffers, as after `kill -9`, and the
@@ -49,7 +47,6 @@ export async function startPrivateCluster(settings: Record<string, string> = {})
     start();
     return {
       url: `postgres://postgres@127.0.0.1:${port}/postgres`,
-      restart: () => run(`${bin}/pg_ctl`, ["-D", dir, "-o", options, "-m", "fast", "-w", "-l", `${dir}/log`, "restart"]),
       crash: () => {
         run(`${bin}/pg_ctl`, ["-D", dir, "-m", "immediate", "-w", "stop"]);
         start();
