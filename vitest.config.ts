@@ -7,7 +7,7 @@ export default defineConfig({
     exclude: ["test/polyglot/**", "**/node_modules/**"],
     globalSetup: ["test/support/global-setup.ts"],
     // Every gateway answer a test receives must match the OpenAPI document.
-    setupFiles: ["test/support/openapi-conformance.ts"],
+    setupFiles: ["test/support/openapi-conformance.setup.ts"],
     reporters: ["default", "./test/support/summary-reporter.ts"],
     testTimeout: 30_000,
     hookTimeout: 60_000,

@@ -2,6 +2,7 @@ import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestAccount, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { runToExit } from "../support/process.js";
 import { binaryCase, jsonCase, sendBinary, sendJson } from "./cases.js";
 
 /**
@@ -47,5 +48,16 @@ describe("fuzzing every surface", () => {
       }),
       settings,
     );
+  });
+});
+
+describe("npm run fuzz", () => {
+  it("runs outside vitest (its helpers register no test hooks) and ends on its count line with exit 0", async () => {
+    // On PostgreSQL the script gets this file's database; otherwise it opens an embedded store of its own.
+    const env: Record<string, string> = database.isExternal ? { DATABASE_URL: database.url } : {};
+    const run = await runToExit("test/fuzz/run.ts", ["--seconds", "1", "--seed", "3"], env);
+    expect(run.stderr).toBe("");
+    expect(run.stdout).toMatch(/\nfuzz: [1-9]\d* requests in 1 s · 0 broken rules · 0 disagreements\n$/);
+    expect(run.code).toBe(0);
   });
 });

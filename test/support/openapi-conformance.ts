@@ -1,23 +1,24 @@
 import fs from "node:fs";
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
-import { afterEach, expect } from "vitest";
 import { OPENAPI_DOCUMENT_PATH } from "../../src/openapi/served.js";
 
 /**
  * Every gateway answer the test suite receives is checked against the
  * committed OpenAPI document (src/gen/openapi.json): its status must be a
  * documented response of the operation, its body must validate against that
- * response's schema, and its required headers must be there. Loaded for every
- * test file (vitest setupFiles); a test that received an undocumented answer
- * fails in afterEach. Only answers of registered service origins are checked
- * (the fakes of the providers have paths of their own).
+ * response's schema, and its required headers must be there. The vitest
+ * setup file openapi-conformance.setup.ts passes every answer here and fails a
+ * test that received an undocumented one; this module has no vitest hooks, so
+ * scripts (npm run fuzz) can use the test helpers that register origins. Only
+ * answers of registered service origins are checked (the fakes of the
+ * providers have paths of their own).
  */
 type OpenApiDocument = {
-  paths: Record<string, Record<string, { responses: Record<string, Response | { $ref: string }> }>>;
-  components: { responses: Record<string, Response> };
+  paths: Record<string, Record<string, { responses: Record<string, DocumentedResponse | { $ref: string }> }>>;
+  components: { responses: Record<string, DocumentedResponse> };
 };
-type Response = { headers?: Record<string, { required?: boolean; schema: object }>; content?: Record<string, { schema: object }> };
+type DocumentedResponse = { headers?: Record<string, { required?: boolean; schema: object }>; content?: Record<string, { schema: object }> };
 
 const document = JSON.parse(fs.readFileSync(OPENAPI_DOCUMENT_PATH, "utf8")) as OpenApiDocument;
 const ajv = new Ajv2020({ strict: false, allErrors: true });
@@ -75,20 +76,17 @@ function escape(path: string): string {
   return path.replaceAll("~", "~0").replaceAll("/", "~1");
 }
 
-const originalFetch = globalThis.fetch;
-globalThis.fetch = async (input: string | URL | Request, init?: RequestInit) => {
-  const response = await originalFetch(input, init);
+/** Checks one answer that fetch received, if it came from a registered service origin. */
+export async function recordAnswer(input: string | URL | Request, init: RequestInit | undefined, response: Response): Promise<void> {
   const url = new URL(response.url || (input instanceof Request ? input.url : String(input)));
-  if (serviceOrigins.has(url.origin)) {
-    const method = init?.method ?? (input instanceof Request ? input.method : "GET");
-    const body = await response.clone().text();
-    checked++;
-    violations.push(...violationsOf(method, url.pathname, response.status, response.headers, body));
-  }
-  return response;
-};
+  if (!serviceOrigins.has(url.origin)) return;
+  const method = init?.method ?? (input instanceof Request ? input.method : "GET");
+  const body = await response.clone().text();
+  checked++;
+  violations.push(...violationsOf(method, url.pathname, response.status, response.headers, body));
+}
 
-afterEach(() => {
-  const found = violations.splice(0);
-  expect(found, "gateway answers that the OpenAPI document does not describe").toEqual([]);
-});
+/** The violations found since the last call, and forgets them. */
+export function takeViolations(): string[] {
+  return violations.splice(0);
+}
