@@ -1,6 +1,6 @@
 /**
  * What the metrics cost on the hot path: 1-question decisions through the
- * JSON gateway, the service in its own process (`node dist/main.js`) with
+ * JSON gateway, the service in its own process (`node dist/bundle/main.mjs`) with
  * TYPESAFE_METRICS on and off, alternated (on, off, on, off, …) so drift of a
  * shared machine falls on both; the fake upstream (answering at once) and the
  * load generator in processes of their own. Prints throughput and the

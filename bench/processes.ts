@@ -1,6 +1,6 @@
 /**
  * The processes a bench runs apart, as users run them: the service itself
- * (`node dist/main.js`, what `npm start` execs), the fake upstream, the bare
+ * (`node dist/bundle/main.mjs`, what `npm start` runs), the fake upstream, the bare
  * `node:http` baseline and the load generator, each in a process of its own
  * so none of them takes CPU from another's event loop. The parent only
  * orchestrates; children are driven over IPC. Loopback only.
@@ -98,14 +98,14 @@ export async function buildService(): Promise<void> {
 
 /**
  * The service with `env` on top of this process's, ready when /readyz
- * answers: `node dist/main.js` (what `npm start` execs), or `npm start` itself
+ * answers: `node dist/bundle/main.mjs` (what `npm start` runs), or `npm start` itself
  * (`via: "npm"`, for the start time a user sees; npm passes a SIGTERM on).
  * `nodeArgs` go to node before the script (e.g. `--cpu-prof`).
  */
 export async function startService(env: Record<string, string>, options: { via?: "node" | "npm"; nodeArgs?: string[] } = {}): Promise<ServiceProcess> {
   const port = await freePort();
   const started = performance.now();
-  const [command, args] = options.via === "npm" ? ["npm", ["start", "--silent"]] : [process.execPath, [...(options.nodeArgs ?? []), path.join(ROOT, "dist/main.js")]];
+  const [command, args] = options.via === "npm" ? ["npm", ["start", "--silent"]] : [process.execPath, [...(options.nodeArgs ?? []), path.join(ROOT, "dist/bundle/main.mjs")]];
   const child = spawn(command, args, {
     cwd: ROOT,
     env: { ...process.env, PORT: String(port), ...env },

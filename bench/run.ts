@@ -1,6 +1,6 @@
 /**
- * `npm run bench`: the service as a user runs it (`node dist/main.js`, what
- * `npm start` execs, in its own process), the fake upstream, the bare
+ * `npm run bench`: the service as a user runs it (`node dist/bundle/main.mjs`, what
+ * `npm start` runs, in its own process), the fake upstream, the bare
  * `node:http` baseline and the load generator each in a process of their own,
  * and one table: each figure, its baseline measured in this run, the ratio
  * and the target of issue 13.

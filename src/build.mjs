@@ -1,11 +1,14 @@
-// Compiles src/ to dist/ (`npm run build`). With --if-stale (npm start's and
-// npm run admin's pre-step) it compiles only when a source or the compiler
-// settings changed since the last successful build, so a start costs a start
-// (~0.3 s), not a compilation (~3 s). Plain JavaScript: it runs before
-// anything is compiled.
+// Compiles src/ to dist/ (`npm run build`), then bundles the server into one
+// file, dist/bundle/main.mjs, which `npm start` runs. With --if-stale it
+// builds only when a source or the compiler settings changed since the last
+// successful build, so a start costs a start, not a compilation (~3 s). Plain
+// JavaScript: it runs before anything is compiled. `npm start` imports it
+// (src/start.mjs) instead of running it, which saves a second Node process.
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
+import { pathToFileURL } from "node:url";
+import esbuild from "esbuild";
 
 const root = path.resolve(import.meta.dirname, "..");
 /** Written after a build that succeeded: a failed build never counts as fresh. */
@@ -28,10 +31,44 @@ function newestIn(dir) {
   return newest;
 }
 
-const builtAt = modified(stamp);
-const sourcesAt = Math.max(newestIn(path.join(root, "src")), ...["package.json", "tsconfig.json", "tsconfig.build.json"].map((f) => modified(path.join(root, f)) ?? 0));
-if (process.argv.includes("--if-stale") && builtAt !== undefined && builtAt >= sourcesAt) process.exit(0);
+/**
+ * The server as one ES module. Loading dist/ file by file resolves and reads
+ * some 450 modules (lodash alone is 252 of knex's), which was half of a start
+ * on a machine with slow system calls; one file is a single read and compile.
+ * Packages stay outside when they load files of their own (PGlite's WASM) or
+ * are drivers knex names but this service never loads. dist/bundle/ sits two
+ * levels below the root, like dist/openapi/, so paths relative to a module
+ * (the OpenAPI document) resolve the same from either.
+ */
+function bundleServer() {
+  const knexDriversNotUsed = ["mysql", "mysql2", "mariadb", "mariadb/callback", "oracledb", "tedious", "sqlite3", "better-sqlite3", "pg-query-stream", "pg-native"];
+  esbuild.buildSync({
+    entryPoints: [path.join(root, "dist", "main.js")],
+    outfile: path.join(root, "dist", "bundle", "main.mjs"),
+    bundle: true,
+    platform: "node",
+    format: "esm",
+    target: "node20",
+    external: ["@electric-sql/pglite", ...knexDriversNotUsed],
+    // Bundled CommonJS packages call require(); an ES module has none of its own.
+    banner: { js: "import { createRequire as bundleCreateRequire } from 'node:module'; const require = bundleCreateRequire(import.meta.url);" },
+    sourcemap: true,
+    logLevel: "warning",
+  });
+}
 
-const tsc = spawnSync(process.execPath, [path.join(root, "node_modules/typescript/bin/tsc"), "-p", "tsconfig.build.json"], { cwd: root, stdio: "inherit" });
-if (tsc.status !== 0) process.exit(tsc.status ?? 1);
-fs.writeFileSync(stamp, new Date().toISOString() + "\n");
+/** Compiles src/ to dist/ (only when stale, with `ifStale`). Returns 0 when dist/ is fresh, else tsc's exit status. */
+export function build({ ifStale }) {
+  const builtAt = modified(stamp);
+  const sourcesAt = Math.max(newestIn(path.join(root, "src")), ...["package.json", "tsconfig.json", "tsconfig.build.json"].map((f) => modified(path.join(root, f)) ?? 0));
+  if (ifStale && builtAt !== undefined && builtAt >= sourcesAt) return 0;
+  const tsc = spawnSync(process.execPath, [path.join(root, "node_modules/typescript/bin/tsc"), "-p", "tsconfig.build.json"], { cwd: root, stdio: "inherit" });
+  if (tsc.status !== 0) return tsc.status ?? 1;
+  bundleServer();
+  fs.writeFileSync(stamp, new Date().toISOString() + "\n");
+  return 0;
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
+  process.exitCode = build({ ifStale: process.argv.includes("--if-stale") });
+}

@@ -7,9 +7,11 @@ import { expect, it } from "vitest";
 const root = path.resolve(import.meta.dirname, "../..");
 
 /**
- * `npm start` is the server: it builds, then npm's child is `node dist/main.js`
- * itself (no shell or loader between), so a SIGTERM sent to the pid a process
- * manager started reaches the server, which drains and exits 0.
+ * `npm start` is the server: it builds, then npm's child is `node src/start.mjs`,
+ * which runs the bundled server in its own process (no shell or loader
+ * between), so a SIGTERM sent to the pid a process manager started reaches the
+ * server, which drains and exits 0. The bundle serves what dist/ does,
+ * including files it reads relative to itself (the OpenAPI document).
  */
 it("SIGTERM to the pid of `npm start` drains the server and stops it", async () => {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-start-"));
@@ -31,6 +33,9 @@ it("SIGTERM to the pid of `npm start` drains the server and stops it", async () 
     void exited.then((code) => reject(new Error(`npm start exited with ${code}: ${lines.join("\n")}`)));
   });
   expect((await fetch(`${url}/readyz`)).status).toBe(200);
+  const openApi = await fetch(`${url}/api/v1/openapi.json`);
+  expect(openApi.status).toBe(200);
+  expect(((await openApi.json()) as { paths: Record<string, unknown> }).paths).toHaveProperty("/api/v1/decisions");
   child.kill("SIGTERM");
   expect(await exited).toBe(0);
   const messages = lines.filter((l) => l.startsWith("{")).map((l) => (JSON.parse(l) as { msg: string }).msg);

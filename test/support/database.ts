@@ -26,6 +26,8 @@ export interface TestDatabaseOptions {
    * the holds of files running beside it.
    */
   sweepsEveryAccount?: boolean;
+  /** The file changes the schema's bookkeeping (knex's migration tables): a store of its own, as above. */
+  changesSchema?: boolean;
 }
 
 /**
@@ -35,7 +37,7 @@ export interface TestDatabaseOptions {
  */
 export async function createTestDatabase(poolMax = 10, options: TestDatabaseOptions = {}): Promise<TestDatabase> {
   const serverUrl = process.env.DATABASE_URL;
-  if (!serverUrl && options.sweepsEveryAccount) return createPrivateEmbeddedDatabase();
+  if (!serverUrl && (options.sweepsEveryAccount || options.changesSchema)) return createPrivateEmbeddedDatabase();
   if (!serverUrl) {
     const url = inject("embeddedDatabaseUrl");
     const db = createKnex(url, 1);
