@@ -66,6 +66,9 @@ export async function serveWire(db: PGlite, options: WireOptions = {}): Promise<
       queue = queue
         .then(async () => {
         await session.acquire(client);
+        // PGlite hands back each answer message on its own (ParseComplete, BindComplete, DataRow, …); the client
+        // reads nothing before the exchange's end, so they leave in one write instead of one system call each.
+        socket.cork();
         try {
           for (const message of messages) {
             if (socket.destroyed) break;
@@ -78,6 +81,7 @@ export async function serveWire(db: PGlite, options: WireOptions = {}): Promise<
             );
           }
         } finally {
+          socket.uncork();
           if (!db.isInTransaction()) session.release(client);
           else idleTimer = setTimeout(() => socket.destroy(), idleInTransactionMs);
         }

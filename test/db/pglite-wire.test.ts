@@ -1,6 +1,7 @@
 import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import net from "node:net";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { serveWire, type WireServer } from "../../src/db/pglite-wire.js";
 
 /**
@@ -82,5 +83,26 @@ describe("pglite wire server", () => {
     await Promise.all([other.connect(), idlerGone]);
     expect((await other.query("SELECT count(*)::int AS n FROM t WHERE worker = 777")).rows[0].n).toBe(0);
     await other.end();
+  });
+
+  it("answers an exchange in one write, not one system call per answer message", async () => {
+    const client = new pg.Client({ connectionString: wire.url });
+    await client.connect();
+    const queries = 50;
+    // Counts what the sockets of this process hand to the kernel: the client's and the server's writes.
+    const single = vi.spyOn(net.Socket.prototype as unknown as { _write: () => void }, "_write");
+    const batched = vi.spyOn(net.Socket.prototype as unknown as { _writev: () => void }, "_writev");
+    try {
+      for (let i = 0; i < queries; i++) {
+        // ParseComplete, BindComplete, RowDescription, DataRow, CommandComplete, ReadyForQuery: six answer messages.
+        await client.query({ name: "one-row", text: "SELECT $1::int AS n, 'x'::text AS tag", values: [i] });
+      }
+      // One write by the client and one by the server per query; one per answer message would be about 7.
+      expect(single.mock.calls.length + batched.mock.calls.length).toBeLessThanOrEqual(2 * queries);
+    } finally {
+      single.mockRestore();
+      batched.mockRestore();
+      await client.end();
+    }
   });
 });
