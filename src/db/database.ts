@@ -111,9 +111,10 @@ export async function migrate(db: Knex, useAdvisoryLock: boolean): Promise<void>
  * refuses.
  */
 async function isUpToDate(db: Knex): Promise<boolean> {
-  const { rows: tables } = await db.raw<{ rows: Array<{ table: string | null }> }>("SELECT to_regclass('knex_migrations')::text AS table");
-  if (tables[0]?.table == null) return false;
-  const applied = (await db("knex_migrations").select("name").orderBy("name")).map((row: { name: string }) => row.name);
+  const { rows } = await db.raw<{ rows: Array<{ present: boolean }> }>("SELECT to_regclass('knex_migrations') IS NOT NULL AS present");
+  if (!rows[0]?.present) return false;
+  // Both sorted here: the database's collation need not order names as JavaScript does.
+  const applied = (await db("knex_migrations").pluck<string[]>("name")).sort();
   const known = [...(await migrationSource.getMigrations([]))].sort();
   return applied.length === known.length && applied.every((name, i) => name === known[i]);
 }

@@ -8,7 +8,7 @@ import { createTestDatabase, type TestDatabase } from "../support/database.js";
  * one query and leaves knex out; anything else still goes through knex.
  */
 let store: TestDatabase;
-// The advisory lock that replicas share holds a connection of its own, which an embedded store's pool of one lacks.
+// migrate(db, store.isExternal): the advisory lock replicas share holds a connection of its own, which an embedded store's pool of one lacks.
 beforeAll(async () => {
   store = await createTestDatabase(2, { changesSchema: true });
 });
