@@ -1,11 +1,13 @@
 import type { Knex } from "knex";
+import { runPooled, type PooledStatement } from "../db/pooled-statement.js";
 
 /**
  * Typed wrappers over the metering functions of migration
  * 20261123000100_create_metering_functions: each call is one round trip and
- * one transaction. They take `Knex | Knex.Transaction` so a caller (a test,
- * the operator CLI) decides the transaction; the service passes the root knex.
- * Amounts are integer units.
+ * one transaction. admit, resolve and sweep run on a connection of the root
+ * knex's pool (runPooled: the hot path skips knex's builder); grant takes
+ * `Knex | Knex.Transaction` so a caller (the operator CLI) decides the
+ * transaction. Amounts are integer units.
  */
 
 export type Endpoint = "decide" | "search";
@@ -29,18 +31,8 @@ export interface AdmitInput {
   requestId?: string;
   /** Test clock; the database clock when absent. */
   now?: Date;
-  /** Client-side limit for the round trip (see withTimeout). */
+  /** Client-side limit for the round trip (see runHot). */
   timeoutMs?: number;
-}
-
-/**
- * A money-changing statement gets a client-side deadline, so a reply lost on a
- * connection that stays open ends as a KnexTimeoutError (the connection is then
- * discarded) instead of hanging the call. A timeout says nothing about whether
- * the statement committed: callers find out by asking again by request id.
- */
-function withTimeout<T extends Knex.Raw>(query: T, timeoutMs: number | undefined): T {
-  return timeoutMs === undefined ? query : (query.timeout(timeoutMs) as T);
 }
 
 /** The knex clients whose hot-path statements are named (prepareStatementsOn). */
@@ -64,9 +56,31 @@ export function isPGlite(version: string): boolean {
   return /\(PGlite /.test(version);
 }
 
-function prepared<T extends Knex.Raw>(db: Knex | Knex.Transaction, query: T, name: string): T {
-  return preparing.has(db.client) ? (query.options({ name }) as T) : query;
+/**
+ * A money-changing statement of the hot path, sent through pg on a pooled
+ * connection (runPooled). With `timeoutMs`, a reply lost on a connection that
+ * stays open ends as a StatementTimeoutError (the connection is then
+ * discarded) instead of hanging the call. A timeout says nothing about whether
+ * the statement committed: callers find out by asking again by request id.
+ */
+function runHot<Row extends object>(db: Knex, statement: PooledStatement, values: unknown[], timeoutMs: number | undefined): Promise<Row[]> {
+  return runPooled<Row>(db, statement, values, { named: preparing.has(db.client), timeoutMs });
 }
+
+const ADMIT: PooledStatement = {
+  name: "metering_admit",
+  text:
+    "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, " +
+    "metering_admit($1::bytea, $2::text, $3::bigint, $4::boolean, $5::integer, $6::text, $7::bytea, $8::timestamptz, $9::uuid) AS admission",
+};
+
+/** Runs every few seconds, so it is not worth a prepared statement on each connection. */
+const SWEEP: PooledStatement = { name: "metering_sweep", text: "SELECT metering_sweep($1::timestamptz, $2::integer) AS expired" };
+
+const RESOLVE: PooledStatement = {
+  name: "metering_resolve",
+  text: "SELECT * FROM metering_resolve($1::uuid, $2::boolean, $3::bigint, $4::jsonb, $5::timestamptz)",
+};
 
 /** What the account looks like after the call, for billing fields and rate-limit headers. */
 export interface AccountSnapshot {
@@ -137,10 +151,10 @@ interface DbAdmissionRow {
  * - a lost free-request hold, rate-window entry or lease expiry only gives
  *   back what the crashed calls had reserved.
  */
-export async function admit(db: Knex | Knex.Transaction, input: AdmitInput): Promise<Admission> {
-  const result = await withTimeout(prepared(db, db.raw<{ rows: DbAdmissionRow[] }>(
-    "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, " +
-      "metering_admit(?::bytea, ?::text, ?::bigint, ?::boolean, ?::integer, ?::text, ?::bytea, ?::timestamptz, ?::uuid) AS admission",
+export async function admit(db: Knex, input: AdmitInput): Promise<Admission> {
+  const rows = await runHot<DbAdmissionRow>(
+    db,
+    ADMIT,
     [
       input.keyHash,
       input.endpoint,
@@ -152,8 +166,9 @@ export async function admit(db: Knex | Knex.Transaction, input: AdmitInput): Pro
       input.now ?? null,
       input.requestId ?? null,
     ],
-  ), "metering_admit"), input.timeoutMs);
-  const row = single(result.rows);
+    input.timeoutMs,
+  );
+  const row = single(rows);
   if (row.outcome === "unauthenticated") return { outcome: "unauthenticated" };
   const account: AccountSnapshot = {
     accountId: need(row.account_id),
@@ -199,7 +214,7 @@ export interface ResolveInput {
   /** Stored for idempotent replay when the request carried an Idempotency-Key. */
   response?: unknown;
   now?: Date;
-  /** Client-side limit for the round trip (see withTimeout). */
+  /** Client-side limit for the round trip (see runHot). */
   timeoutMs?: number;
 }
 
@@ -251,9 +266,10 @@ interface DbResolutionRow {
 }
 
 /** Settles (success) or releases (failure) a hold; idempotent by request id. */
-export async function resolve(db: Knex | Knex.Transaction, input: ResolveInput): Promise<Resolution> {
-  const result = await withTimeout(prepared(db, db.raw<{ rows: DbResolutionRow[] }>(
-    "SELECT * FROM metering_resolve(?::uuid, ?::boolean, ?::bigint, ?::jsonb, ?::timestamptz)",
+export async function resolve(db: Knex, input: ResolveInput): Promise<Resolution> {
+  const rows = await runHot<DbResolutionRow>(
+    db,
+    RESOLVE,
     [
       input.requestId,
       input.success,
@@ -261,8 +277,9 @@ export async function resolve(db: Knex | Knex.Transaction, input: ResolveInput):
       input.response === undefined ? null : JSON.stringify(input.response),
       input.now ?? null,
     ],
-  ), "metering_resolve"), input.timeoutMs);
-  const row = single(result.rows);
+    input.timeoutMs,
+  );
+  const row = single(rows);
   if (row.outcome === "not_found") return { outcome: "not_found", requestId: input.requestId };
   const common = {
     requestId: row.request_id,
@@ -285,17 +302,14 @@ export interface SweepInput {
   now?: Date;
   /** At most this many accounts per sweep (default 1000). */
   maxAccounts?: number;
-  /** Client-side limit for the round trip (see withTimeout). */
+  /** Client-side limit for the round trip (see runHot). */
   timeoutMs?: number;
 }
 
 /** Expires every hold whose lease has passed (up to maxAccounts accounts); returns how many. */
-export async function sweep(db: Knex | Knex.Transaction, input: SweepInput = {}): Promise<number> {
-  const result = await withTimeout(
-    db.raw<{ rows: { expired: number }[] }>("SELECT metering_sweep(?::timestamptz, ?::integer) AS expired", [input.now ?? null, input.maxAccounts ?? 1000]),
-    input.timeoutMs,
-  );
-  return single(result.rows).expired;
+export async function sweep(db: Knex, input: SweepInput = {}): Promise<number> {
+  const rows = await runPooled<{ expired: number }>(db, SWEEP, [input.now ?? null, input.maxAccounts ?? 1000], { named: false, timeoutMs: input.timeoutMs });
+  return single(rows).expired;
 }
 
 export interface GrantInput {
