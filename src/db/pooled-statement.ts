@@ -59,7 +59,8 @@ export async function runPooled<Row extends pg.QueryResultRow>(
 ): Promise<Row[]> {
   const client = db.client as KnexPool;
   const connection = await client.acquireConnection();
-  const event = { __knexQueryUid: `pooled-${++queryCount}`, sql: statement.text, method: "raw" };
+  // What knex's own query events carry that a listener may read: the query id (the metrics pair events by it) and the SQL.
+  const event = { __knexQueryUid: `pooled-${++queryCount}`, sql: statement.text };
   client.emit("query", event);
   let timer: NodeJS.Timeout | undefined;
   try {

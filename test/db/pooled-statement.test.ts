@@ -87,7 +87,8 @@ it("a reply that does not come within the deadline rejects as unavailable, and t
   const slow = runPooled(db, { name: "unused", text: "SELECT pg_sleep(0.3)" }, [], { named: false, timeoutMs: 20 });
   const failure = await slow.catch((err: unknown) => err);
   expect(failure).toBeInstanceOf(StatementTimeoutError);
-  expect(failure).toMatchObject({ message: expect.stringMatching(/timeout.*20 ms/) });
+  // Its name and message are what the log line of the failed call shows.
+  expect(failure).toMatchObject({ name: "StatementTimeoutError", message: expect.stringMatching(/timeout.*20 ms/) });
   expect(isDatabaseUnavailable(failure)).toBe(true);
   const after = await pid();
   // PGlite serves every connection from its one backend session, so only a real server shows a new backend.
