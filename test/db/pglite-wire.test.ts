@@ -105,4 +105,25 @@ describe("pglite wire server", () => {
       await client.end();
     }
   });
+
+  it("holds PGlite once per exchange and syncs its files once, at the exchange's end, not after every message", async () => {
+    const client = new pg.Client({ connectionString: wire.url });
+    await client.connect();
+    const queries = 20;
+    const holds = vi.spyOn(db, "runExclusive");
+    const syncs = vi.spyOn(db, "syncToFs");
+    try {
+      for (let i = 0; i < queries; i++) {
+        // Bind, Describe, Execute and Sync after the first Parse: four messages, one exchange.
+        await client.query({ name: "one-int", text: "SELECT $1::int AS n", values: [i] });
+      }
+      // A hold and a sync per message made 80 of each for 20 queries.
+      expect(holds.mock.calls).toHaveLength(queries);
+      expect(syncs.mock.calls).toHaveLength(queries);
+    } finally {
+      holds.mockRestore();
+      syncs.mockRestore();
+      await client.end();
+    }
+  });
 });
