@@ -7,6 +7,7 @@
  *
  *   npm run bench:metering                      # local PostgreSQL (127.0.0.1:5432), a scratch database
  *   DATABASE_URL=postgres://… npm run bench:metering
+ *   BENCH_WORKERS=1 npm run bench:metering      # one pair at a time: what each path adds to a call's latency
  *
  * Bench accounts get rate and concurrency limits far above the product's
  * (60/min, 5 in flight), which would otherwise cap one account at 1 call/s,
@@ -22,7 +23,7 @@ import { createLogger } from "../src/logger.js";
 import { createMeter, decisionReserveUnits } from "../src/metering/meter.js";
 import { createBenchAccounts, createScratchDatabase } from "./support.js";
 
-const WORKERS = 10;
+const WORKERS = Number(process.env.BENCH_WORKERS ?? 10);
 const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 4_000);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 
@@ -57,7 +58,7 @@ const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floo
 
 async function main() {
   const scratch = await createScratchDatabase(process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres");
-  const db = createKnex(scratch.url, WORKERS);
+  const db = createKnex(scratch.url, Math.max(WORKERS, 2)); // migrating takes a second connection for its lock
   const pool = new pg.Pool({ connectionString: scratch.url, max: WORKERS });
   try {
     await migrate(db, true);

@@ -4,9 +4,8 @@ import type pg from "pg";
 /**
  * A statement sent on a connection of knex's pool through `pg` itself, for the
  * metering hot path: its two statements skip knex's builder, binding rewrite
- * and runner. On a slow 2-core VM that took an admission from 1.38 to 1.07 ms
- * (p50, one at a time) and a tenth of the service's CPU per call under load
- * (README, Performance).
+ * and runner, which took a tenth of the service's CPU per call under load on a
+ * slow 2-core VM (README, Performance).
  *
  * It keeps what knex's runner gives every other statement: the one pool and
  * its acquire timeout, knex's query events (the metrics time statements by
