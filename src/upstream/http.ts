@@ -1,6 +1,5 @@
 import http from "node:http";
 import https from "node:https";
-import { linkedSignal } from "../signals.js";
 
 /**
  * The one HTTP wrapper for upstream calls: a per-attempt timeout, cancellation
@@ -120,21 +119,31 @@ const agents = {
 };
 
 async function attempt(call: HttpCall, signal: AbortSignal, timeoutMs: number): Promise<AttemptOutcome> {
-  const link = linkedSignal([signal], timeoutMs);
+  const cut = { timedOut: false };
   try {
-    const { status, text, retryAfter } = await post(call, link.signal);
+    const { status, text, retryAfter } = await post(call, signal, timeoutMs, cut);
     return { kind: "response", status, text, retryAfterMs: parseRetryAfterMs(retryAfter ?? null) };
   } catch {
     if (signal.aborted) return { kind: "aborted" };
-    return { kind: link.timedOut() ? "timeout" : "network" };
-  } finally {
-    link.dispose();
+    return { kind: cut.timedOut ? "timeout" : "network" };
   }
 }
 
-/** One POST and its whole answer; rejects on a network error or when `signal` aborts (the socket is destroyed). */
-function post(call: HttpCall, signal: AbortSignal): Promise<{ status: number; text: string; retryAfter: string | undefined }> {
+/**
+ * One POST and its whole answer; rejects on a network error, or when `signal`
+ * aborts or `timeoutMs` passes (the socket is destroyed, and `cut.timedOut`
+ * tells which). One timer and one listener on the caller's signal, instead of
+ * a linked AbortController handed to node:http (which adds listeners of its
+ * own): a 40-question decision makes forty of these.
+ */
+function post(
+  call: HttpCall,
+  signal: AbortSignal,
+  timeoutMs: number,
+  cut: { timedOut: boolean },
+): Promise<{ status: number; text: string; retryAfter: string | undefined }> {
   return new Promise((resolve, reject) => {
+    if (signal.aborted) return reject(signal.reason);
     const url = new URL(call.url);
     const send = url.protocol === "https:" ? https.request : http.request;
     const req = send(
@@ -142,7 +151,6 @@ function post(call: HttpCall, signal: AbortSignal): Promise<{ status: number; te
       {
         method: "POST",
         agent: agents[url.protocol as keyof typeof agents],
-        signal,
         headers: {
           "content-type": "application/json",
           accept: "application/json",
@@ -154,11 +162,28 @@ function post(call: HttpCall, signal: AbortSignal): Promise<{ status: number; te
         res.setEncoding("utf8");
         let text = "";
         res.on("data", (chunk: string) => (text += chunk));
-        res.on("end", () => resolve({ status: res.statusCode ?? 0, text, retryAfter: headerValue(res.headers["retry-after"]) }));
-        res.on("error", reject);
+        res.on("end", () => {
+          settle();
+          resolve({ status: res.statusCode ?? 0, text, retryAfter: headerValue(res.headers["retry-after"]) });
+        });
+        res.on("error", fail);
       },
     );
-    req.on("error", reject);
+    const onAbort = () => req.destroy(signal.reason instanceof Error ? signal.reason : new Error("aborted"));
+    const timer = setTimeout(() => {
+      cut.timedOut = true;
+      req.destroy(new Error(`timed out after ${timeoutMs} ms`));
+    }, timeoutMs);
+    function settle() {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", onAbort);
+    }
+    function fail(err: unknown) {
+      settle();
+      reject(err);
+    }
+    signal.addEventListener("abort", onAbort, { once: true });
+    req.on("error", fail);
     req.end(call.body);
   });
 }
