@@ -13,6 +13,7 @@ import path from "node:path";
 import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
 import { serveWire } from "../src/db/pglite-wire.js";
+import { alternatedCpuMicros } from "./support.js";
 
 const BATCH = 300;
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 20);
@@ -25,20 +26,14 @@ async function main() {
   const client = new pg.Client({ connectionString: wire.url });
   await client.connect();
   try {
-    const paths = {
-      "PGlite query() (baseline)": (i: number) => db.query(SQL, [i]),
-      "pg through the wire": (i: number) => client.query({ text: SQL, values: [i] }),
+    const queries = (run: (i: number) => Promise<unknown>) => async () => {
+      for (let i = 0; i < BATCH; i++) await run(i);
     };
-    const cpuMicros = new Map<string, number>();
-    for (const run of Object.values(paths)) for (let i = 0; i < BATCH; i++) await run(i); // warm-up
-    for (let round = 0; round < ROUNDS; round++) {
-      for (const [name, run] of Object.entries(paths)) {
-        const before = process.cpuUsage();
-        for (let i = 0; i < BATCH; i++) await run(i);
-        const used = process.cpuUsage(before);
-        cpuMicros.set(name, (cpuMicros.get(name) ?? 0) + used.user + used.system);
-      }
-    }
+    const paths = {
+      "PGlite query() (baseline)": queries((i) => db.query(SQL, [i])),
+      "pg through the wire": queries((i) => client.query({ text: SQL, values: [i] })),
+    };
+    const cpuMicros = await alternatedCpuMicros(paths, ROUNDS);
     const perQuery = (name: string) => cpuMicros.get(name)! / (ROUNDS * BATCH);
     const baseline = perQuery("PGlite query() (baseline)");
     console.log(`embedded wire bench: ${os.cpus().length} cores, Node ${process.version}, ${ROUNDS} alternated batches of ${BATCH} queries`);

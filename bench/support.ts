@@ -180,3 +180,22 @@ export function printTable(nameWidth: number, rateWidth: number): (name: string,
       `${name.padEnd(nameWidth)} | ${r.requests.average.toFixed(0).padStart(rateWidth)} | ${String(r.latency.p50).padStart(6)} | ${String(r.latency.p99).padStart(6)} | ${ratio}`,
     );
 }
+
+/**
+ * This process's CPU time (µs) spent in each path's `batch`, over `rounds`
+ * rounds that run every path's batch in turn (after one warm-up round), so
+ * the machine's drift falls on all paths alike.
+ */
+export async function alternatedCpuMicros(paths: Record<string, () => Promise<unknown>>, rounds: number): Promise<Map<string, number>> {
+  for (const batch of Object.values(paths)) await batch();
+  const cpuMicros = new Map<string, number>();
+  for (let round = 0; round < rounds; round++) {
+    for (const [name, batch] of Object.entries(paths)) {
+      const before = process.cpuUsage();
+      await batch();
+      const used = process.cpuUsage(before);
+      cpuMicros.set(name, (cpuMicros.get(name) ?? 0) + used.user + used.system);
+    }
+  }
+  return cpuMicros;
+}

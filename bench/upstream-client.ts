@@ -8,10 +8,12 @@
  *
  *   npm run bench:upstream-client
  */
+import { setMaxListeners } from "node:events";
 import http from "node:http";
 import os from "node:os";
 import { postWithRetry } from "../src/upstream/http.js";
 import { startFakeUpstream } from "./processes.js";
+import { alternatedCpuMicros } from "./support.js";
 
 const IN_FLIGHT = 40;
 const BATCHES = 10;
@@ -53,6 +55,7 @@ async function main() {
   const fake = await startFakeUpstream();
   const url = `${fake.url}/v1/chat/completions`;
   const signal = new AbortController().signal;
+  setMaxListeners(0, signal); // 40 calls of one decision share its signal, as src/decision/engine.ts allows
   const ours = async () => {
     const response = await postWithRetry(
       { url, headers: { authorization: "Bearer bench" }, body },
@@ -60,19 +63,13 @@ async function main() {
     );
     if (response.status !== 200) throw new Error(`the fake answered ${response.status}`);
   };
-  const paths: Record<string, () => Promise<unknown>> = { "bare node:http (baseline)": () => barePost(url), "postWithRetry (the service)": ours };
-  const burst = (call: () => Promise<unknown>) => Promise.all(Array.from({ length: IN_FLIGHT }, call));
+  /** BATCHES bursts of IN_FLIGHT calls at a time. */
+  const bursts = (call: () => Promise<unknown>) => async () => {
+    for (let i = 0; i < BATCHES; i++) await Promise.all(Array.from({ length: IN_FLIGHT }, call));
+  };
+  const paths = { "bare node:http (baseline)": bursts(() => barePost(url)), "postWithRetry (the service)": bursts(ours) };
   try {
-    for (const call of Object.values(paths)) for (let i = 0; i < BATCHES; i++) await burst(call); // warm-up
-    const cpuMicros = new Map<string, number>();
-    for (let round = 0; round < ROUNDS; round++) {
-      for (const [name, call] of Object.entries(paths)) {
-        const before = process.cpuUsage();
-        for (let i = 0; i < BATCHES; i++) await burst(call);
-        const used = process.cpuUsage(before);
-        cpuMicros.set(name, (cpuMicros.get(name) ?? 0) + used.user + used.system);
-      }
-    }
+    const cpuMicros = await alternatedCpuMicros(paths, ROUNDS);
     const perCall = (name: string) => cpuMicros.get(name)! / (ROUNDS * BATCHES * IN_FLIGHT);
     const baseline = perCall("bare node:http (baseline)");
     console.log(`upstream client bench: ${os.cpus().length} cores, Node ${process.version}, ${IN_FLIGHT} calls in flight, ${ROUNDS} alternated rounds`);
