@@ -14,17 +14,10 @@ import type pg from "pg";
  * reply may still arrive (what knex does on `.timeout()`).
  */
 export interface PooledStatement {
-  /** pg prepares a named statement once per connection and then only binds it. */
-  name: string;
+  /** With a name, pg prepares the statement once per connection and then only binds it; without, it is sent unnamed. */
+  name?: string;
   /** The SQL with $1…$n placeholders. */
   text: string;
-}
-
-export interface PooledOptions {
-  /** Send it as a named (prepared) statement; unnamed otherwise. */
-  named: boolean;
-  /** Client-side limit for the round trip; none when absent. */
-  timeoutMs?: number;
 }
 
 /** A statement whose reply did not arrive in time: whether it committed is unknown. */
@@ -50,11 +43,12 @@ interface KnexPool {
 
 let queryCount = 0;
 
+/** Runs `statement` with `values`; `timeoutMs` is the client-side limit for the round trip (none when absent). */
 export async function runPooled<Row extends pg.QueryResultRow>(
   db: Knex,
   statement: PooledStatement,
   values: unknown[],
-  options: PooledOptions,
+  timeoutMs?: number,
 ): Promise<Row[]> {
   const client = db.client as KnexPool;
   const connection = await client.acquireConnection();
@@ -63,9 +57,7 @@ export async function runPooled<Row extends pg.QueryResultRow>(
   client.emit("query", event);
   let timer: NodeJS.Timeout | undefined;
   try {
-    const config = options.named ? { name: statement.name, text: statement.text, values } : { text: statement.text, values };
-    const query = connection.query(config) as Promise<pg.QueryResult<Row>>;
-    const { timeoutMs } = options;
+    const query = connection.query({ ...statement, values }) as Promise<pg.QueryResult<Row>>;
     const result =
       timeoutMs === undefined
         ? await query

@@ -64,7 +64,7 @@ export function isPGlite(version: string): boolean {
  * the statement committed: callers find out by asking again by request id.
  */
 function runHot<Row extends object>(db: Knex, statement: PooledStatement, values: unknown[], timeoutMs: number | undefined): Promise<Row[]> {
-  return runPooled<Row>(db, statement, values, { named: preparing.has(db.client), timeoutMs });
+  return runPooled<Row>(db, preparing.has(db.client) ? statement : { text: statement.text }, values, timeoutMs);
 }
 
 const ADMIT: PooledStatement = {
@@ -74,8 +74,8 @@ const ADMIT: PooledStatement = {
     "metering_admit($1::bytea, $2::text, $3::bigint, $4::boolean, $5::integer, $6::text, $7::bytea, $8::timestamptz, $9::uuid) AS admission",
 };
 
-/** Runs every few seconds, so it is not worth a prepared statement on each connection. */
-const SWEEP: PooledStatement = { name: "metering_sweep", text: "SELECT metering_sweep($1::timestamptz, $2::integer) AS expired" };
+/** Runs every few seconds, so it is not worth a prepared statement on each connection: unnamed. */
+const SWEEP: PooledStatement = { text: "SELECT metering_sweep($1::timestamptz, $2::integer) AS expired" };
 
 const RESOLVE: PooledStatement = {
   name: "metering_resolve",
@@ -308,7 +308,7 @@ export interface SweepInput {
 
 /** Expires every hold whose lease has passed (up to maxAccounts accounts); returns how many. */
 export async function sweep(db: Knex, input: SweepInput = {}): Promise<number> {
-  const rows = await runPooled<{ expired: number }>(db, SWEEP, [input.now ?? null, input.maxAccounts ?? 1000], { named: false, timeoutMs: input.timeoutMs });
+  const rows = await runPooled<{ expired: number }>(db, SWEEP, [input.now ?? null, input.maxAccounts ?? 1000], input.timeoutMs);
   return single(rows).expired;
 }
 
