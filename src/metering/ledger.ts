@@ -2,11 +2,12 @@ import type { Knex } from "knex";
 import { runPooled, type PooledStatement } from "../db/pooled-statement.js";
 
 /**
- * Typed wrappers over the metering functions of migration
- * 20261123000100_create_metering_functions: each call is one round trip and
- * one transaction. admit, resolve and sweep run on a connection of the root
- * knex's pool (runPooled: the hot path skips knex's builder); grant takes
- * `Knex | Knex.Transaction` so a caller (the operator CLI) decides the
+ * Typed wrappers over the metering functions of migrations
+ * 20261123000100_create_metering_functions and
+ * 20261125000000_refuse_abandoned_admissions: each call is one round trip and
+ * one transaction. admit, resolve, abandon and sweep run on a connection of
+ * the root knex's pool (runPooled: the hot path skips knex's builder); grant
+ * takes `Knex | Knex.Transaction` so a caller (the operator CLI) decides the
  * transaction. Amounts are integer units.
  */
 
@@ -71,8 +72,11 @@ const ADMIT: PooledStatement = {
   name: "metering_admit",
   text:
     "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, " +
-    "metering_admit($1::bytea, $2::text, $3::bigint, $4::boolean, $5::integer, $6::text, $7::bytea, $8::timestamptz, $9::uuid) AS admission",
+    "metering_admit_unless_abandoned($1::bytea, $2::text, $3::bigint, $4::boolean, $5::integer, $6::text, $7::bytea, $8::timestamptz, $9::uuid) AS admission",
 };
+
+/** Only after an admission's reply was lost: unnamed, like the sweep. */
+const ABANDON: PooledStatement = { text: "SELECT * FROM metering_abandon($1::uuid, $2::timestamptz)" };
 
 /** Runs every few seconds, so it is not worth a prepared statement on each connection: unnamed. */
 const SWEEP: PooledStatement = { text: "SELECT metering_sweep($1::timestamptz, $2::integer) AS expired" };
@@ -279,8 +283,30 @@ export async function resolve(db: Knex, input: ResolveInput): Promise<Resolution
     ],
     input.timeoutMs,
   );
-  const row = single(rows);
-  if (row.outcome === "not_found") return { outcome: "not_found", requestId: input.requestId };
+  return resolutionOf(single(rows), input.requestId);
+}
+
+export interface AbandonInput {
+  /** The id the admission was sent with (AdmitInput.requestId). */
+  requestId: string;
+  now?: Date;
+  /** Client-side limit for the round trip (see runHot). */
+  timeoutMs?: number;
+}
+
+/**
+ * Gives up on an admission whose outcome is unknown (its reply was lost or
+ * late): releases its hold if it committed, as resolve with success false
+ * does; otherwise (not_found) the admission, should it still arrive, rolls
+ * itself back instead of holding until its lease. Idempotent by request id.
+ */
+export async function abandon(db: Knex, input: AbandonInput): Promise<Resolution> {
+  const rows = await runPooled<DbResolutionRow>(db, ABANDON, [input.requestId, input.now ?? null], input.timeoutMs);
+  return resolutionOf(single(rows), input.requestId);
+}
+
+function resolutionOf(row: DbResolutionRow, requestId: string): Resolution {
+  if (row.outcome === "not_found") return { outcome: "not_found", requestId };
   const common = {
     requestId: row.request_id,
     accountId: need(row.account_id),

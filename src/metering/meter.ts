@@ -9,7 +9,7 @@ import type { Logger } from "../logger.js";
 import { isDatabaseUnavailable } from "../db/unavailable.js";
 import { linkedSignal } from "../signals.js";
 import { unitsToCredits } from "../units.js";
-import { admit, resolve, sweep, type AccountSnapshot, type Endpoint, type Funding, type Resolution, type ResolveInput } from "./ledger.js";
+import { abandon, admit, resolve, sweep, type AccountSnapshot, type Endpoint, type Funding, type Resolution, type ResolveInput } from "./ledger.js";
 
 /** Spec part 3: a decision reserves 32,000 units per question. */
 export const DECISION_RESERVE_UNITS_PER_QUESTION = 32_000;
@@ -166,10 +166,10 @@ export function createMeter(deps: MeterDeps): Meter {
    * already in the state it asked for is looking at an earlier attempt of its
    * own that committed and lost its reply: that is this call's outcome.
    */
-  async function resolveWithRetry(input: ResolveInput): Promise<Resolution> {
+  async function resolveWithRetry(input: ResolveInput, statement: typeof resolve = resolve): Promise<Resolution> {
     for (let attempt = 0; ; attempt++) {
       try {
-        const resolution = await resolve(db, { ...input, timeoutMs });
+        const resolution = await statement(db, { ...input, timeoutMs });
         return attempt === 0 ? resolution : asOwnOutcome(resolution, input);
       } catch (err) {
         const wait = retryDelaysMs[attempt];
@@ -179,10 +179,11 @@ export function createMeter(deps: MeterDeps): Meter {
     }
   }
 
-  function release(requestId: string, log: Logger): Promise<void> {
+  /** Gives a hold back; `abandon` when the admission's own outcome is unknown (ledger.abandon). */
+  function release(requestId: string, log: Logger, statement: typeof resolve = resolve): Promise<void> {
     const pending = (async () => {
       try {
-        const released = await resolveWithRetry({ requestId, success: false, now: now() });
+        const released = await resolveWithRetry({ requestId, success: false, now: now() }, statement);
         if (released.outcome === "released") counters.releases++;
       } catch (err) {
         counters.releaseFailures++;
@@ -233,8 +234,8 @@ export function createMeter(deps: MeterDeps): Meter {
       });
     } catch (err) {
       if (!isDatabaseUnavailable(err)) throw err;
-      // The hold may have committed with its reply lost: give it back now, not at its lease.
-      await release(rowId, logger.child({ request_id: rowId, endpoint: call.endpoint }));
+      // The hold may have committed with its reply lost, or may still commit: give it back now, not at its lease.
+      await release(rowId, logger.child({ request_id: rowId, endpoint: call.endpoint }), abandon);
       throw apiError("UNAVAILABLE", "the database is unreachable; the call was not billed; retry later", { cause: err });
     }
 

@@ -1,12 +1,15 @@
+import crypto from "node:crypto";
+import type { Knex } from "knex";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { revokeApiKey } from "../../src/accounts/store.js";
 import { createKnex } from "../../src/db/database.js";
-import { admit, grant, isPGlite, prepareStatementsOn, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
+import { abandon, admit, grant, isPGlite, prepareStatementsOn, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
 import { decisionReserveUnits, searchReserveUnits } from "../../src/metering/meter.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { assertInvariants } from "../support/invariants.js";
+import { waitFor } from "../support/wait.js";
 
 /**
  * The metering functions, driven one round trip at a time with an injected
@@ -279,6 +282,94 @@ describe("answers of the ledger functions that callers branch on", () => {
       freeReserved: 0,
     });
     expect(await grant(database.db, { accountId: crypto.randomUUID(), units: 500, freeRequests: 0, now: at(2) })).toBeUndefined();
+    await a.check();
+  });
+});
+
+describe("abandoned admissions (an admission whose reply was lost or late)", () => {
+  const tombstone = (requestId: string) => database.db("abandoned_admissions").where({ request_id: requestId }).first();
+
+  it("abandoning an admission that committed releases its hold, once", async () => {
+    const a = await account({ units: 32_000, freeRequests: 1 });
+    const requestId = crypto.randomUUID();
+    admitted(await a.call({ requestId }));
+    expect(await abandon(database.db, { requestId, now: at(5) })).toMatchObject({ outcome: "released", funding: "free", freeAvailable: 1 });
+    expect(await abandon(database.db, { requestId, now: at(6) })).toMatchObject({ outcome: "not_active", status: "released" });
+    expect(await a.row()).toMatchObject({ in_flight: 0, free_reserved: 0, free_remaining: 1 });
+    expect(await tombstone(requestId)).toBeUndefined();
+    await a.check();
+  });
+
+  it("an admission that arrives after its id was abandoned rolls itself back: nothing held, no slot taken", async () => {
+    const a = await account({ units: 32_000 });
+    const requestId = crypto.randomUUID();
+    expect(await abandon(database.db, { requestId, now: at(-1) })).toEqual({ outcome: "not_found", requestId });
+    expect(await tombstone(requestId)).toMatchObject({ abandoned_at: at(-1) });
+    await expect(a.call({ requestId, freeAllowed: false })).rejects.toThrow(`request ${requestId} was abandoned by its caller`);
+    expect(await database.db("requests").where({ id: requestId }).first()).toBeUndefined();
+    expect(await a.row()).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0, recent: [] });
+    // Another id of the same account is admitted as usual.
+    admitted(await a.call({ freeAllowed: false, requestId: crypto.randomUUID() }));
+    await a.check();
+  });
+
+  it("a record older than a day is dropped when a new one is written", async () => {
+    const old = crypto.randomUUID();
+    const recent = crypto.randomUUID();
+    await abandon(database.db, { requestId: old, now: at(-86_400_001) });
+    await abandon(database.db, { requestId: recent, now: at(-86_399_999) });
+    const fresh = crypto.randomUUID();
+    await abandon(database.db, { requestId: fresh, now: T0 });
+    expect(await tombstone(old)).toBeUndefined();
+    expect(await tombstone(recent)).toBeDefined();
+    expect(await tombstone(fresh)).toBeDefined();
+  });
+});
+
+// Two sessions at once: PostgreSQL only, since the embedded store runs one statement at a time and cannot interleave them.
+describe.runIf(process.env.DATABASE_URL !== undefined)("an abandon and its admission in flight at the same moment", () => {
+  /** The advisory lock the two sides meet on, while another session waits for it. */
+  const someoneWaitsForTheLock = async () =>
+    (await database.db.raw<{ rows: Array<{ n: number }> }>("SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).rows[0]!.n > 0;
+  const admitIn = (db: Knex, keyHash: Buffer, requestId: string) =>
+    db.raw("SELECT (metering_admit_unless_abandoned(?, 'decide', 32000, false, 90000, NULL, NULL, ?, ?::uuid)).outcome", [keyHash, T0, requestId]);
+
+  it("an abandon that meets an admission not yet committed waits for it, then releases its hold", async () => {
+    const a = await account({ units: 32_000 });
+    const requestId = crypto.randomUUID();
+    const admitting = await database.db.transaction();
+    try {
+      await admitIn(admitting, hashApiKey(a.apiKey), requestId);
+      const abandoning = abandon(database.db, { requestId, now: at(1) });
+      await waitFor(someoneWaitsForTheLock, "the abandon to wait for the admission");
+      await admitting.commit();
+      expect(await abandoning).toMatchObject({ outcome: "released", reservedUnits: 32_000 });
+    } finally {
+      if (!admitting.isCompleted()) await admitting.rollback();
+    }
+    expect(await database.db("abandoned_admissions").where({ request_id: requestId }).first()).toBeUndefined();
+    expect(await a.row()).toMatchObject({ reserved: 0, in_flight: 0 });
+    await a.check();
+  });
+
+  it("an admission that meets an abandon not yet committed waits for it, then rolls itself back", async () => {
+    const a = await account({ units: 32_000 });
+    const requestId = crypto.randomUUID();
+    const abandoning = await database.db.transaction();
+    try {
+      await abandoning.raw("SELECT (metering_abandon(?::uuid, ?)).outcome", [requestId, at(-1)]);
+      const admitting = admitIn(database.db, hashApiKey(a.apiKey), requestId).then(
+        () => "admitted",
+        (err: Error) => err.message,
+      );
+      await waitFor(someoneWaitsForTheLock, "the admission to wait for the abandon");
+      await abandoning.commit();
+      expect(await admitting).toMatch(`request ${requestId} was abandoned by its caller`);
+    } finally {
+      if (!abandoning.isCompleted()) await abandoning.rollback();
+    }
+    expect(await database.db("requests").where({ id: requestId }).first()).toBeUndefined();
+    expect(await a.row()).toMatchObject({ reserved: 0, in_flight: 0 });
     await a.check();
   });
 });

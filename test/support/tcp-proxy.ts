@@ -10,8 +10,12 @@ import net from "node:net";
  *   stall-reply   — forwards it, then discards every reply while the
  *                   connection stays open: the client hears nothing until its
  *                   own timeout.
+ *   hold-request  — keeps it back, with the server's side of the connection
+ *                   open even after the client gives up and closes, until
+ *                   deliverHeld(): a statement that reaches the server late,
+ *                   as one slowed by a busy server or a lock does.
  */
-export type Fault = "pass" | "lose-request" | "lose-reply" | "stall-reply";
+export type Fault = "pass" | "lose-request" | "lose-reply" | "stall-reply" | "hold-request";
 
 export interface TcpProxy {
   /** host:port of the proxy's listening side. */
@@ -20,6 +24,12 @@ export interface TcpProxy {
   faults: Record<Exclude<Fault, "pass">, number>;
   /** Cuts every open connection now (a PostgreSQL restart, seen from the client). */
   cutAll(): void;
+  /**
+   * Sends the held requests to the server; resolves once the server has
+   * answered each (the statement ran to its end), then closes those
+   * connections. The answers go nowhere: their clients are gone.
+   */
+  deliverHeld(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -35,15 +45,18 @@ export async function startTcpProxy(
   decide: (clientChunk: Buffer) => Fault = () => "pass",
 ): Promise<TcpProxy> {
   const sockets = new Set<net.Socket>();
-  const faults = { "lose-request": 0, "lose-reply": 0, "stall-reply": 0 };
+  const faults = { "lose-request": 0, "lose-reply": 0, "stall-reply": 0, "hold-request": 0 };
+  /** Held requests, each with a function that sends it and resolves when the server has answered. */
+  const held = new Set<() => Promise<void>>();
   const server = net.createServer((client) => {
     const upstream = net.connect(target.port, target.host);
     sockets.add(client).add(upstream);
     let replyFault: Fault = "pass";
     let stalled = false;
+    let holding = false;
     const closeBoth = () => {
       client.destroy();
-      upstream.destroy();
+      if (!holding) upstream.destroy();
     };
     client.on("data", (chunk: Buffer) => {
       const fault = decide(chunk);
@@ -52,11 +65,27 @@ export async function startTcpProxy(
         closeBoth();
         return;
       }
+      if (fault === "hold-request") {
+        faults[fault]++;
+        holding = true;
+        const deliver = () =>
+          new Promise<void>((resolve) => {
+            held.delete(deliver);
+            upstream.once("data", () => {
+              holding = false;
+              closeBoth();
+              resolve();
+            });
+            upstream.write(chunk);
+          });
+        held.add(deliver);
+        return;
+      }
       if (fault !== "pass") replyFault = fault;
       upstream.write(chunk);
     });
     upstream.on("data", (chunk: Buffer) => {
-      if (stalled) return;
+      if (stalled || holding) return;
       if (replyFault === "lose-reply") {
         faults[replyFault]++;
         closeBoth();
@@ -83,6 +112,9 @@ export async function startTcpProxy(
     faults,
     cutAll() {
       for (const socket of sockets) socket.destroy();
+    },
+    deliverHeld: async () => {
+      await Promise.all([...held].map((deliver) => deliver()));
     },
     close: () =>
       new Promise<void>((resolve) => {
