@@ -79,7 +79,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           apiKey,
           reserveUnits: decisionReserveUnits(questions.length),
           timeoutMs: llm.requestTimeoutMs,
-          fingerprint: toJsonString(DecideRequestSchema, request),
+          fingerprint: () => toJsonString(DecideRequestSchema, request),
         },
         async (signal) => {
           const deadlineMs = Date.now() + Math.max(llm.requestTimeoutMs - DEADLINE_MARGIN_MS, llm.requestTimeoutMs / 2);

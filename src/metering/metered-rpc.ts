@@ -26,8 +26,8 @@ export interface MeteredRpcCall<O extends DescMessage> {
   reserveUnits: number;
   /** Deadline of the work; the hold's lease is this plus the configured margin. */
   timeoutMs: number;
-  /** Canonical form of the request: the same Idempotency-Key with another request is a 422. */
-  fingerprint: string;
+  /** Canonical form of the request: the same Idempotency-Key with another request is a 422. Only computed for a call with a key. */
+  fingerprint: () => string;
 }
 
 export interface MeteredWork<O extends DescMessage> {
@@ -62,7 +62,7 @@ export async function meteredRpc<O extends DescMessage>(
       timeoutMs: call.timeoutMs,
       signal: ctx.signal,
       idempotencyKey,
-      requestFingerprint: idempotencyKey === undefined ? undefined : call.fingerprint,
+      requestFingerprint: idempotencyKey === undefined ? undefined : call.fingerprint(),
     },
     async (signal) => {
       const workStarted = performance.now();

@@ -62,7 +62,7 @@ export function createSearchService(deps: SearchServiceDeps): ServiceImpl<typeof
           apiKey,
           reserveUnits: plan.reserveUnits,
           timeoutMs: deps.config.requestTimeoutMs,
-          fingerprint: toJsonString(SearchRequestSchema, request),
+          fingerprint: () => toJsonString(SearchRequestSchema, request),
         },
         async (signal) => {
           const outcome = await engine.search(plan, request.q, signal);

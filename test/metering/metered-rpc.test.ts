@@ -47,7 +47,7 @@ function context(headers: Record<string, string> = {}): { ctx: HandlerContext; p
 }
 
 function rpcCall(apiKey: string, init: Partial<MeteredRpcCall<typeof ListSourcesResponseSchema>> = {}): MeteredRpcCall<typeof ListSourcesResponseSchema> {
-  return { schema: ListSourcesResponseSchema, endpoint: "decide", apiKey, reserveUnits: 32_000, timeoutMs: 30_000, fingerprint: '{"q":1}', ...init };
+  return { schema: ListSourcesResponseSchema, endpoint: "decide", apiKey, reserveUnits: 32_000, timeoutMs: 30_000, fingerprint: () => '{"q":1}', ...init };
 }
 
 describe("meteredRpc", () => {
@@ -132,7 +132,7 @@ describe("meteredRpc", () => {
     const { apiKey } = await createTestAccount(database.db, { units: 100_000 });
     const headers = { "idempotency-key": "order-2" };
     await meteredRpc(meter, context(headers).ctx, rpcCall(apiKey), async () => ({ response: answer, chargeUnits: 0 }));
-    const failure = await meteredRpc(meter, context(headers).ctx, rpcCall(apiKey, { fingerprint: '{"q":2}' }), async () => ({ response: answer, chargeUnits: 0 })).catch(describeError);
+    const failure = await meteredRpc(meter, context(headers).ctx, rpcCall(apiKey, { fingerprint: () => '{"q":2}' }), async () => ({ response: answer, chargeUnits: 0 })).catch(describeError);
     expect(failure).toMatchObject({ reason: "IDEMPOTENCY_MISMATCH" });
   });
 
