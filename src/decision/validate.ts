@@ -78,8 +78,8 @@ function validateState(state: Value | undefined): Violation[] {
 
 /**
  * The free-form rules the gateway checks on the JSON (json-shape.ts), again on
- * the decoded message for gRPC and Connect callers: a `__proto__` key shows as
- * a changed prototype (the decoder assigned it into a plain object), nesting is
+ * the decoded message for gRPC and Connect callers: a `__proto__` key (the
+ * decoder keeps it as an own entry of the map object), nesting is
  * bounded, numbers are finite, texts and keys are valid Unicode, and every
  * value holds one (binary protobuf can send a Value with no kind set).
  */
@@ -106,9 +106,9 @@ function findNestingViolation(value: Value, at: string, root: string, depth: num
   return undefined;
 }
 
-/** True when a `__proto__` key was assigned into this map object (setting its prototype instead of an entry). */
+/** True when the map holds a `__proto__` key: protobuf-es 2.17 decodes one as an own entry, never as the object's prototype. */
 function hasProtoKey(map: object): boolean {
-  return Object.getPrototypeOf(map) !== Object.prototype;
+  return Object.hasOwn(map, "__proto__");
 }
 
 /** Labels and option names the prompt would show alike (whitespace only differs) are duplicates; case still counts. */

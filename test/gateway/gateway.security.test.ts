@@ -44,7 +44,7 @@ describe("__proto__ keys are refused, never silently dropped", () => {
   });
 });
 
-/** gRPC callers send binary maps; the decoder assigns `__proto__` the same way, so validation sees a changed prototype. */
+/** gRPC callers send binary maps; the decoder keeps a `__proto__` key as an own entry, which validation refuses like the gateway does. */
 describe("validateDecideRequest refuses __proto__ keys of binary (gRPC) requests", () => {
   /** A request whose binary form carries a `__proto__` key at the place `plant` puts it. */
   const decoded = (plant: (request: DecideRequest) => void): DecideRequest => {
