@@ -1,5 +1,4 @@
 import crypto from "node:crypto";
-import type { Knex } from "knex";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { revokeApiKey } from "../../src/accounts/store.js";
@@ -9,7 +8,6 @@ import { decisionReserveUnits, searchReserveUnits } from "../../src/metering/met
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { assertInvariants } from "../support/invariants.js";
-import { waitFor } from "../support/wait.js";
 
 /**
  * The metering functions, driven one round trip at a time with an injected
@@ -323,54 +321,6 @@ describe("abandoned admissions (an admission whose reply was lost or late)", () 
     expect(await tombstone(old)).toBeUndefined();
     expect(await tombstone(recent)).toBeDefined();
     expect(await tombstone(fresh)).toBeDefined();
-  });
-});
-
-// Two sessions at once: PostgreSQL only, since the embedded store runs one statement at a time and cannot interleave them.
-describe.runIf(process.env.DATABASE_URL !== undefined)("an abandon and its admission in flight at the same moment", () => {
-  /** The advisory lock the two sides meet on, while another session waits for it. */
-  const someoneWaitsForTheLock = async () =>
-    (await database.db.raw<{ rows: Array<{ n: number }> }>("SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).rows[0]!.n > 0;
-  const admitIn = (db: Knex, keyHash: Buffer, requestId: string) =>
-    db.raw("SELECT (metering_admit_unless_abandoned(?, 'decide', 32000, false, 90000, NULL, NULL, ?, ?::uuid)).outcome", [keyHash, T0, requestId]);
-
-  it("an abandon that meets an admission not yet committed waits for it, then releases its hold", async () => {
-    const a = await account({ units: 32_000 });
-    const requestId = crypto.randomUUID();
-    const admitting = await database.db.transaction();
-    try {
-      await admitIn(admitting, hashApiKey(a.apiKey), requestId);
-      const abandoning = abandon(database.db, { requestId, now: at(1) });
-      await waitFor(someoneWaitsForTheLock, "the abandon to wait for the admission");
-      await admitting.commit();
-      expect(await abandoning).toMatchObject({ outcome: "released", reservedUnits: 32_000 });
-    } finally {
-      if (!admitting.isCompleted()) await admitting.rollback();
-    }
-    expect(await database.db("abandoned_admissions").where({ request_id: requestId }).first()).toBeUndefined();
-    expect(await a.row()).toMatchObject({ reserved: 0, in_flight: 0 });
-    await a.check();
-  });
-
-  it("an admission that meets an abandon not yet committed waits for it, then rolls itself back", async () => {
-    const a = await account({ units: 32_000 });
-    const requestId = crypto.randomUUID();
-    const abandoning = await database.db.transaction();
-    try {
-      await abandoning.raw("SELECT (metering_abandon(?::uuid, ?)).outcome", [requestId, at(-1)]);
-      const admitting = admitIn(database.db, hashApiKey(a.apiKey), requestId).then(
-        () => "admitted",
-        (err: Error) => err.message,
-      );
-      await waitFor(someoneWaitsForTheLock, "the admission to wait for the abandon");
-      await abandoning.commit();
-      expect(await admitting).toMatch(`request ${requestId} was abandoned by its caller`);
-    } finally {
-      if (!abandoning.isCompleted()) await abandoning.rollback();
-    }
-    expect(await database.db("requests").where({ id: requestId }).first()).toBeUndefined();
-    expect(await a.row()).toMatchObject({ reserved: 0, in_flight: 0 });
-    await a.check();
   });
 });
 
