@@ -98,14 +98,19 @@ export async function buildService(): Promise<void> {
 
 /**
  * The service with `env` on top of this process's, ready when /readyz
- * answers: `node dist/bundle/main.mjs` (what `npm start` runs), or `npm start` itself
- * (`via: "npm"`, for the start time a user sees; npm passes a SIGTERM on).
- * `nodeArgs` go to node before the script (e.g. `--cpu-prof`).
+ * answers: `node dist/bundle/main.mjs` (what `npm start` runs; `bundle` names
+ * another build of it), or `npm start` itself (`via: "npm"`, for the start
+ * time a user sees; npm passes a SIGTERM on). `nodeArgs` go to node before
+ * the script (e.g. `--cpu-prof`).
  */
-export async function startService(env: Record<string, string>, options: { via?: "node" | "npm"; nodeArgs?: string[] } = {}): Promise<ServiceProcess> {
+export async function startService(
+  env: Record<string, string>,
+  options: { via?: "node" | "npm"; nodeArgs?: string[]; bundle?: string } = {},
+): Promise<ServiceProcess> {
   const port = await freePort();
   const started = performance.now();
-  const [command, args] = options.via === "npm" ? ["npm", ["start", "--silent"]] : [process.execPath, [...(options.nodeArgs ?? []), path.join(ROOT, "dist/bundle/main.mjs")]];
+  const bundle = options.bundle ?? path.join(ROOT, "dist/bundle/main.mjs");
+  const [command, args] = options.via === "npm" ? ["npm", ["start", "--silent"]] : [process.execPath, [...(options.nodeArgs ?? []), bundle]];
   const child = spawn(command, args, {
     cwd: ROOT,
     env: { ...process.env, PORT: String(port), ...env },

@@ -1,0 +1,92 @@
+/**
+ * Two builds of the service, measured in turn under the same load: on a
+ * shared, noisy machine a run before a change against a run after it shows
+ * the machine's drift, not the change; alternating the two in one run does
+ * not. Each build serves its own scratch database (a build may have a
+ * migration the other refuses), with the fake upstream and the load
+ * generator in processes of their own, as in `npm run bench`.
+ *
+ *   BENCH_AB="old=/tmp/old/dist/bundle/main.mjs,new=dist/bundle/main.mjs" npm run bench:ab
+ *   BENCH_MODES=http,grpc-frames BENCH_ROUNDS=5 BENCH_DURATION_S=5 BENCH_QUESTIONS=1 npm run bench:ab
+ *
+ * A build of another revision: `git worktree add /tmp/old <rev> && cd /tmp/old && npm ci &&
+ * npm run build` (its bundle carries its own dependencies). Prints every round, then per mode
+ * and build the medians of req/s, p50 and the service's CPU per call.
+ */
+import { createKnex } from "../src/db/database.js";
+import type { LoadOptions } from "./roles.js";
+import { startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
+import { createDefaultAccounts, createScratchDatabase, decideBody, type ScratchDatabase } from "./support.js";
+
+const BUILDS = (process.env.BENCH_AB ?? "").split(",").filter(Boolean).map((entry) => entry.split("=") as [string, string]);
+const MODES = (process.env.BENCH_MODES ?? "http,grpc-frames").split(",") as LoadOptions["mode"][];
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
+const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
+const QUESTIONS = Number(process.env.BENCH_QUESTIONS ?? 1);
+const CONNECTIONS = 50;
+const ACCOUNTS = 1_500;
+
+const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+
+interface Build {
+  name: string;
+  service: ServiceProcess;
+  scratch: ScratchDatabase;
+  apiKeys: string[];
+}
+
+async function main() {
+  if (BUILDS.length < 2) throw new Error('BENCH_AB must name two builds: "a=path/to/main.mjs,b=path/to/main.mjs"');
+  const serverUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
+  const fake = await startFakeUpstream();
+  const load = await startLoadGenerator();
+  const builds: Build[] = [];
+  try {
+    for (const [name, bundle] of BUILDS) {
+      const scratch = await createScratchDatabase(serverUrl);
+      const service = await startService({ DATABASE_URL: scratch.url, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" }, { bundle });
+      const db = createKnex(scratch.url, 4);
+      builds.push({ name, service, scratch, apiKeys: await createDefaultAccounts(db, ACCOUNTS) });
+      await db.destroy();
+    }
+    const body = decideBody(QUESTIONS);
+    const run = (build: Build, mode: LoadOptions["mode"], durationS: number) =>
+      load.run({ mode, url: mode.startsWith("grpc") ? build.service.url : `${build.service.url}/api/v1/decisions`, body, apiKeys: build.apiKeys, connections: CONNECTIONS, durationS });
+    for (const build of builds) for (const mode of MODES) await run(build, mode, 2); // warm-up
+
+    const figures = new Map<string, { rps: number[]; p50: number[]; cpuMs: number[] }>();
+    for (let round = 0; round < ROUNDS; round++) {
+      for (const mode of MODES) {
+        // Every other round in reverse order, so neither build always follows the other.
+        for (const build of round % 2 === 0 ? builds : [...builds].reverse()) {
+          const before = await build.service.cpuSeconds();
+          const result = await run(build, mode, DURATION_S);
+          const cpuMs = ((await build.service.cpuSeconds()) - before) * 1000 / result.requests;
+          const key = `${mode} ${build.name}`;
+          const entry = figures.get(key) ?? { rps: [], p50: [], cpuMs: [] };
+          figures.set(key, entry);
+          entry.rps.push(result.rps);
+          entry.p50.push(result.p50);
+          entry.cpuMs.push(cpuMs);
+          console.log(`round ${round + 1}  ${key.padEnd(20)} ${result.rps.toFixed(0)} req/s  p50 ${result.p50.toFixed(1)} ms  service CPU ${cpuMs.toFixed(3)} ms/call`);
+        }
+      }
+    }
+    console.log(`medians of ${ROUNDS} rounds, ${QUESTIONS}-question decisions, ${CONNECTIONS} connections`);
+    for (const [key, entry] of figures) {
+      console.log(`${key.padEnd(20)} ${median(entry.rps).toFixed(0)} req/s  p50 ${median(entry.p50).toFixed(1)} ms  service CPU ${median(entry.cpuMs).toFixed(3)} ms/call`);
+    }
+  } finally {
+    for (const build of builds) {
+      await build.service.stop();
+      await build.scratch.drop();
+    }
+    await load.close();
+    await fake.close();
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exitCode = 1;
+});
