@@ -5,6 +5,7 @@
  *   --load           the load generator: autocannon (closed loop), a fixed-rate open loop, or gRPC calls (pre-built or a generated client)
  * Each sends one IPC message when ready and answers each message it gets with one.
  */
+import crypto from "node:crypto";
 import http from "node:http";
 import http2 from "node:http2";
 import { createRequire } from "node:module";
@@ -273,11 +274,12 @@ async function grpcFramesLoop(options: LoadOptions): Promise<LoadResult> {
 async function sqlPairLoop(options: LoadOptions): Promise<LoadResult> {
   const pool = new pg.Pool({ connectionString: options.url, max: options.connections });
   const keyHashes = options.apiKeys.map(hashApiKey);
-  const admit = "SELECT outcome, request_id FROM metering_admit($1::bytea, 'decide', $2::bigint, false, 60000)";
+  // As the service sends it: with the call's own request id (which an abandon could name).
+  const admit = "SELECT outcome, request_id FROM metering_admit_unless_abandoned($1::bytea, 'decide', $2::bigint, false, 60000, NULL, NULL, NULL, $3::uuid)";
   const settle = "SELECT outcome FROM metering_resolve($1::uuid, true, 1000)";
   try {
     return await concurrentLoops(options, async (_apiKey, i) => {
-      const { rows } = await pool.query({ name: "bench-admit", text: admit, values: [keyHashes[i % keyHashes.length], decisionReserveUnits(1)] });
+      const { rows } = await pool.query({ name: "bench-admit", text: admit, values: [keyHashes[i % keyHashes.length], decisionReserveUnits(1), crypto.randomUUID()] });
       if (rows[0].outcome !== "admitted") throw new Error(`admission ${String(rows[0].outcome)}`);
       const settled = await pool.query({ name: "bench-settle", text: settle, values: [rows[0].request_id] });
       if (settled.rows[0].outcome !== "settled") throw new Error(`settle ${String(settled.rows[0].outcome)}`);
