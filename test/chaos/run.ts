@@ -5,14 +5,16 @@
  * two replicas of the service (each its own process), a fake OpenAI-compatible
  * upstream that fails and stalls some calls, clients that abort and retry with
  * Idempotency-Keys, a TCP proxy between the replicas and PostgreSQL that loses
- * requests, loses replies after the statement committed and stalls replies,
+ * requests, loses replies after the statement committed, stalls replies and
+ * holds admissions back (up to 1.5 s, past their 1 s deadline or not),
  * `kill -9` of a replica, a cut of every database connection, and a crash of
  * PostgreSQL (`pg_ctl stop -m immediate` and a start with WAL recovery, on a
  * private throwaway cluster, where initdb is available).
  *
  * Afterwards it checks the ledger invariants of every account and that every
  * answer a client saw agrees with the ledger: a 200's billing equals its row,
- * an error was never charged. The last line names the calls, the faults and
+ * an error was never charged, and no admission that arrived after its call
+ * abandoned it holds anything. The last line names the calls, the faults and
  * the violations; the exit code is 1 when there is any violation.
  * Loopback only, bounded in time, seeded.
  */
@@ -144,6 +146,8 @@ async function main(): Promise<void> {
     if (!text.includes("metering_")) return "pass";
     const roll = random();
     const fault: Fault = roll < 0.02 ? "lose-reply" : roll < 0.03 ? "lose-request" : roll < 0.035 ? "stall-reply" : "pass";
+    // Delivered up to 1.5 s later: before or after its 1 s deadline, and before or after its call's abandon.
+    if (fault === "pass" && roll < 0.045 && text.includes("metering_admit")) return "hold-request";
     return fault;
   });
   // OpenAI's 500 body (platform.openai.com/docs/guides/error-codes: "500 - The server had an error while processing your request").
@@ -180,6 +184,7 @@ async function main(): Promise<void> {
   const deadline = Date.now() + SECONDS * 1000;
   const faultsDone = new Set<string>();
   const at = (fraction: number) => Date.now() >= deadline - SECONDS * 1000 * (1 - fraction);
+  let nextDelivery = Date.now() + 1_500;
   async function faultTimeline(): Promise<void> {
     while (Date.now() < deadline) {
       if (at(0.3) && !faultsDone.has("kill")) {
@@ -197,6 +202,10 @@ async function main(): Promise<void> {
         faultsDone.add("cut");
         proxy.cutAll();
         counts.cutAll++;
+      }
+      if (Date.now() >= nextDelivery) {
+        nextDelivery = Date.now() + 1_500;
+        void proxy.deliverHeld();
       }
       await new Promise((r) => setTimeout(r, 200));
     }
@@ -217,6 +226,7 @@ async function main(): Promise<void> {
   }
 
   await Promise.all([faultTimeline(), ...Array.from({ length: WORKERS }, worker)]);
+  await proxy.deliverHeld();
   let hungReplicas = 0;
   await Promise.all(
     replicas.map(async (replica) => {
@@ -244,6 +254,10 @@ async function main(): Promise<void> {
       violations.push(`invariants of ${account.id}: ${(err as Error).message.split("\n")[0]}`);
     }
   }
+  // An admission that arrived after its call abandoned it must have rolled itself back.
+  const heldAfterAbandon = await db("requests").join("abandoned_admissions", "abandoned_admissions.request_id", "requests.id").pluck("requests.id");
+  for (const id of heldAfterAbandon) violations.push(`request ${id} was abandoned by its call, yet its admission holds a row`);
+  const abandoned = Number((await db("abandoned_admissions").count({ n: "*" }))[0]!.n);
   const rows = new Map((await db("requests").select("id", "status", "charged")).map((r) => [r.id as string, r]));
   let unknown = 0;
   for (const outcome of outcomes) {
@@ -276,6 +290,7 @@ async function main(): Promise<void> {
   process.stdout.write(
     `chaos: ${outcomes.length} calls in ${SECONDS} s (${statuses}; billing unknown=${unknown}) · faults: ` +
       `lose-reply=${proxy.faults["lose-reply"]} lose-request=${proxy.faults["lose-request"]} stall-reply=${proxy.faults["stall-reply"]} ` +
+      `hold-request=${proxy.faults["hold-request"]} (abandoned before arriving: ${abandoned}) ` +
       `upstream-500=${counts.upstream500} kill-9=${counts.kill9} cut-all=${counts.cutAll} pg-crash=${counts.pgCrash} · violations=${violations.length}\n`,
   );
   process.exit(violations.length > 0 ? 1 : 0);

@@ -68,16 +68,20 @@ export async function startTcpProxy(
       if (fault === "hold-request") {
         faults[fault]++;
         holding = true;
-        const deliver = () =>
-          new Promise<void>((resolve) => {
-            held.delete(deliver);
-            upstream.once("data", () => {
-              holding = false;
-              closeBoth();
-              resolve();
-            });
-            upstream.write(chunk);
-          });
+        // Resolved by the server's answer, or by the connection's end (a cut, a database restart).
+        const answered = new Promise<void>((resolve) => {
+          upstream.once("data", resolve);
+          upstream.once("close", resolve);
+        }).then(() => {
+          held.delete(deliver);
+          holding = false;
+          closeBoth();
+        });
+        const deliver = () => {
+          held.delete(deliver);
+          if (!upstream.destroyed) upstream.write(chunk);
+          return answered;
+        };
         held.add(deliver);
         return;
       }
