@@ -1,0 +1,47 @@
+import { getEventListeners } from "node:events";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { afterAll, beforeAll, expect, it } from "vitest";
+import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../src/gen/grpc/health/v1/health_pb.js";
+import { createLogger } from "../../src/logger.js";
+import { registerHealth } from "../../src/rpc/health.js";
+import { startServer, type RunningServer } from "../../src/server.js";
+import { waitFor } from "../support/wait.js";
+
+/**
+ * Every unary gRPC call on the short path (src/rpc/grpc-unary.ts) listens to
+ * the server's shutdown signal, so that the end of a shutdown's grace period
+ * cuts it off (test/metering/shutdown.test.ts). The listener must go when the
+ * call ends: the signal lives as long as the server, and a listener left per
+ * call would keep every finished call's objects alive.
+ */
+let server: RunningServer;
+const shutdown = new AbortController();
+
+beforeAll(async () => {
+  server = await startServer(
+    {
+      routes: (router) => registerHealth(router, async () => true),
+      fallback: (_req, res) => res.writeHead(404).end(),
+      interceptors: [],
+      maxBodyBytes: 1_000_000,
+      keyedServices: new Set(),
+      logger: createLogger("silent"),
+      shutdown,
+    },
+    "127.0.0.1",
+    0,
+  );
+});
+afterAll(async () => {
+  await server?.close(100);
+});
+
+it("a finished gRPC call leaves no listener on the shutdown signal", async () => {
+  const before = getEventListeners(shutdown.signal, "abort").length;
+  const client = createClient(Health, createGrpcTransport({ baseUrl: server.url }));
+  const answers = await Promise.all(Array.from({ length: 20 }, () => client.check({ service: "" })));
+  expect(answers.map((a) => a.status)).toEqual(Array(20).fill(ServingStatus.SERVING));
+  // The server sees a stream close just after its answer went out.
+  await waitFor(() => getEventListeners(shutdown.signal, "abort").length === before, "the calls' shutdown listeners to go");
+});
