@@ -8,10 +8,11 @@
  *
  *   BENCH_AB="old=/tmp/old/dist/bundle/main.mjs,new=dist/bundle/main.mjs" npm run bench:ab
  *   BENCH_MODES=http,grpc-frames BENCH_ROUNDS=5 BENCH_DURATION_S=5 BENCH_QUESTIONS=1 npm run bench:ab
+ *   BENCH_MODES=rate BENCH_RATE=500 npm run bench:ab     # latency at a fixed load (an open loop)
  *
  * A build of another revision: `git worktree add /tmp/old <rev> && cd /tmp/old && npm ci &&
  * npm run build` (its bundle carries its own dependencies). Prints every round, then per mode
- * and build the medians of req/s, p50 and the service's CPU per call.
+ * and build the medians of req/s, p50, p99 and the service's CPU per call.
  */
 import { createKnex } from "../src/db/database.js";
 import type { LoadOptions } from "./roles.js";
@@ -23,6 +24,8 @@ const MODES = (process.env.BENCH_MODES ?? "http,grpc-frames").split(",") as Load
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const QUESTIONS = Number(process.env.BENCH_QUESTIONS ?? 1);
+/** Requests per second of the `rate` mode (an open loop: latency at a fixed load rather than throughput). */
+const RATE = Number(process.env.BENCH_RATE ?? 500);
 const CONNECTIONS = 50;
 const ACCOUNTS = 1_500;
 
@@ -51,10 +54,18 @@ async function main() {
     }
     const body = decideBody(QUESTIONS);
     const run = (build: Build, mode: LoadOptions["mode"], durationS: number) =>
-      load.run({ mode, url: mode.startsWith("grpc") ? build.service.url : `${build.service.url}/api/v1/decisions`, body, apiKeys: build.apiKeys, connections: CONNECTIONS, durationS });
+      load.run({
+        mode,
+        url: mode.startsWith("grpc") ? build.service.url : `${build.service.url}/api/v1/decisions`,
+        body,
+        apiKeys: build.apiKeys,
+        connections: CONNECTIONS,
+        durationS,
+        rate: RATE,
+      });
     for (const build of builds) for (const mode of MODES) await run(build, mode, 2); // warm-up
 
-    const figures = new Map<string, { rps: number[]; p50: number[]; cpuMs: number[] }>();
+    const figures = new Map<string, { rps: number[]; p50: number[]; p99: number[]; cpuMs: number[] }>();
     for (let round = 0; round < ROUNDS; round++) {
       for (const mode of MODES) {
         // Every other round in reverse order, so neither build always follows the other.
@@ -63,18 +74,23 @@ async function main() {
           const result = await run(build, mode, DURATION_S);
           const cpuMs = ((await build.service.cpuSeconds()) - before) * 1000 / result.requests;
           const key = `${mode} ${build.name}`;
-          const entry = figures.get(key) ?? { rps: [], p50: [], cpuMs: [] };
+          const entry = figures.get(key) ?? { rps: [], p50: [], p99: [], cpuMs: [] };
           figures.set(key, entry);
           entry.rps.push(result.rps);
           entry.p50.push(result.p50);
+          entry.p99.push(result.p99);
           entry.cpuMs.push(cpuMs);
-          console.log(`round ${round + 1}  ${key.padEnd(20)} ${result.rps.toFixed(0)} req/s  p50 ${result.p50.toFixed(1)} ms  service CPU ${cpuMs.toFixed(3)} ms/call`);
+          console.log(
+            `round ${round + 1}  ${key.padEnd(20)} ${result.rps.toFixed(0)} req/s  p50 ${result.p50.toFixed(2)} ms  p99 ${result.p99.toFixed(2)} ms  service CPU ${cpuMs.toFixed(3)} ms/call`,
+          );
         }
       }
     }
     console.log(`medians of ${ROUNDS} rounds, ${QUESTIONS}-question decisions, ${CONNECTIONS} connections`);
     for (const [key, entry] of figures) {
-      console.log(`${key.padEnd(20)} ${median(entry.rps).toFixed(0)} req/s  p50 ${median(entry.p50).toFixed(1)} ms  service CPU ${median(entry.cpuMs).toFixed(3)} ms/call`);
+      console.log(
+        `${key.padEnd(20)} ${median(entry.rps).toFixed(0)} req/s  p50 ${median(entry.p50).toFixed(2)} ms  p99 ${median(entry.p99).toFixed(2)} ms  service CPU ${median(entry.cpuMs).toFixed(3)} ms/call`,
+      );
     }
   } finally {
     for (const build of builds) {
