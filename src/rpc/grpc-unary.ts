@@ -107,7 +107,8 @@ export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
       // links no long-lived signal and needs no abort to free it (see serve).
       const controller = new AbortController();
       const onShutdown = () => controller.abort(options.shutdownSignal.reason);
-      options.shutdownSignal.addEventListener("abort", onShutdown, { once: true });
+      if (options.shutdownSignal.aborted) onShutdown();
+      else options.shutdownSignal.addEventListener("abort", onShutdown, { once: true });
       req.once("close", () => {
         options.shutdownSignal.removeEventListener("abort", onShutdown);
         if (!res.headersSent) controller.abort(new ConnectError(`the caller closed the stream (HTTP/2 code ${req.stream.rstCode})`, Code.Canceled));

@@ -1,5 +1,5 @@
 import { getEventListeners } from "node:events";
-import { createClient } from "@connectrpc/connect";
+import { createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../src/gen/grpc/health/v1/health_pb.js";
@@ -13,17 +13,22 @@ import { waitFor } from "../support/wait.js";
  * the server's shutdown signal, so that the end of a shutdown's grace period
  * cuts it off (test/metering/shutdown.test.ts). The listener must go when the
  * call ends: the signal lives as long as the server, and a listener left per
- * call would keep every finished call's objects alive.
+ * call would keep every finished call's objects alive. A call that arrives
+ * once the signal has fired starts cut off, as Connect's own context does.
  */
-let server: RunningServer;
-const shutdown = new AbortController();
+/** Whether each call's signal was already aborted when the interceptors saw it. */
+const abortedOnArrival: boolean[] = [];
+const recordSignal: Interceptor = (next) => (req) => {
+  abortedOnArrival.push(req.signal.aborted);
+  return next(req);
+};
 
-beforeAll(async () => {
-  server = await startServer(
+const startHealthServer = (shutdown: AbortController) =>
+  startServer(
     {
       routes: (router) => registerHealth(router, async () => true),
       fallback: (_req, res) => res.writeHead(404).end(),
-      interceptors: [],
+      interceptors: [recordSignal],
       maxBodyBytes: 1_000_000,
       keyedServices: new Set(),
       logger: createLogger("silent"),
@@ -32,6 +37,12 @@ beforeAll(async () => {
     "127.0.0.1",
     0,
   );
+
+let server: RunningServer;
+const shutdown = new AbortController();
+
+beforeAll(async () => {
+  server = await startHealthServer(shutdown);
 });
 afterAll(async () => {
   await server?.close(100);
@@ -42,6 +53,20 @@ it("a finished gRPC call leaves no listener on the shutdown signal", async () =>
   const client = createClient(Health, createGrpcTransport({ baseUrl: server.url }));
   const answers = await Promise.all(Array.from({ length: 20 }, () => client.check({ service: "" })));
   expect(answers.map((a) => a.status)).toEqual(Array(20).fill(ServingStatus.SERVING));
+  expect(abortedOnArrival.splice(0)).toEqual(Array(20).fill(false));
   // The server sees a stream close just after its answer went out.
   await waitFor(() => getEventListeners(shutdown.signal, "abort").length === before, "the calls' shutdown listeners to go");
+});
+
+it("a call that arrives after the shutdown's grace period ended starts with its signal aborted", async () => {
+  const ended = new AbortController();
+  ended.abort(new Error("server shutting down"));
+  const late = await startHealthServer(ended);
+  try {
+    const client = createClient(Health, createGrpcTransport({ baseUrl: late.url }));
+    await client.check({ service: "" });
+    expect(abortedOnArrival.splice(0)).toEqual([true]);
+  } finally {
+    await late.close(100);
+  }
 });
