@@ -33,6 +33,7 @@ const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, strin
   ["lateSettles", "typesafe_meter_late_settles_total", "Work finished after its hold expired: answered as an error, not billed."],
   ["settleFailures", "typesafe_meter_settle_failures_total", "Settles that could not be recorded (answered 503; the lease releases the hold)."],
   ["releaseFailures", "typesafe_meter_release_failures_total", "Releases that could not be recorded (the lease releases the hold)."],
+  ["admissionsAbandoned", "typesafe_meter_admissions_abandoned_total", "Admissions given up before they reached the database (slower than the statement deadline); a late one rolls itself back."],
   ["cappedCharges", "typesafe_meter_capped_charges_total", "Actual costs above the reservation, charged at the reservation."],
 ];
 

@@ -98,6 +98,12 @@ export interface MeterStats {
   settleFailures: number;
   /** Release could not be recorded: the lease releases the hold. */
   releaseFailures: number;
+  /**
+   * Admissions abandoned before they reached the database (their reply was
+   * late or lost and the abandon found nothing): should one still arrive, it
+   * rolls itself back. Non-zero means admissions slower than the statement deadline.
+   */
+  admissionsAbandoned: number;
   /** Actual cost above the reservation, charged at the reservation. */
   cappedCharges: number;
 }
@@ -155,7 +161,16 @@ export function createMeter(deps: MeterDeps): Meter {
   const held = new Set<string>();
   /** Releases under way, so shutdown can wait for them before the pool closes. */
   const releasing = new Set<Promise<void>>();
-  const counters: Omit<MeterStats, "holdsInFlight"> = { settles: 0, releases: 0, holdsExpired: 0, lateSettles: 0, settleFailures: 0, releaseFailures: 0, cappedCharges: 0 };
+  const counters: Omit<MeterStats, "holdsInFlight"> = {
+    settles: 0,
+    releases: 0,
+    holdsExpired: 0,
+    lateSettles: 0,
+    settleFailures: 0,
+    releaseFailures: 0,
+    admissionsAbandoned: 0,
+    cappedCharges: 0,
+  };
   let closing = false;
   let sweeper: NodeJS.Timeout | undefined;
   let sweeping: Promise<void> | undefined;
@@ -185,6 +200,7 @@ export function createMeter(deps: MeterDeps): Meter {
       try {
         const released = await resolveWithRetry({ requestId, success: false, now: now() }, statement);
         if (released.outcome === "released") counters.releases++;
+        if (released.outcome === "not_found" && statement === abandon) counters.admissionsAbandoned++;
       } catch (err) {
         counters.releaseFailures++;
         log.warn("release failed; the lease will release the hold", { err });

@@ -112,7 +112,7 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     expect(reasonOf(failure)).toBe("UNAVAILABLE");
     expect(describeError(failure).message).toBe("the database is unreachable; the call was not billed; retry later");
     expect((failure as Error).cause).toBeInstanceOf(Error);
-    expect(meter.stats()).toMatchObject({ releases: 1, releaseFailures: 0, holdsInFlight: 0 });
+    expect(meter.stats()).toMatchObject({ releases: 1, releaseFailures: 0, admissionsAbandoned: 0, holdsInFlight: 0 });
     expect(ran).toBe(false);
     // The admission did commit (its row exists) and is released already.
     expect(await requestRow(metered.requestId)).toMatchObject({ status: "released", charged: 0 });
@@ -127,8 +127,8 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     const meter = meterThroughProxy();
     expect(reasonOf(await meter.run(metered, async () => ({ value: 1, chargeUnits: 0 })).catch((e: unknown) => e))).toBe("UNAVAILABLE");
     expect(await requestRow(metered.requestId)).toBeUndefined();
-    // The release found nothing to give back: not counted as a release.
-    expect(meter.stats()).toMatchObject({ releases: 0, releaseFailures: 0 });
+    // The abandon found nothing to give back: not counted as a release, but as an abandoned admission.
+    expect(meter.stats()).toMatchObject({ releases: 0, releaseFailures: 0, admissionsAbandoned: 1 });
     expect(await accountRow(accountId)).toMatchObject({ reserved: 0, in_flight: 0 });
   });
 
@@ -148,7 +148,7 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     expect(proxy.faults["hold-request"]).toBe(held + 1);
     expect(reasonOf(failure)).toBe("UNAVAILABLE");
     expect(ran).toBe(false);
-    expect(meter.stats()).toMatchObject({ releases: 0, releaseFailures: 0, holdsInFlight: 0 });
+    expect(meter.stats()).toMatchObject({ releases: 0, releaseFailures: 0, admissionsAbandoned: 1, holdsInFlight: 0 });
     expect(await database.db("abandoned_admissions").where({ request_id: metered.requestId }).first()).toBeDefined();
 
     // The statement reaches the database now, and runs to its end (the database answers it).

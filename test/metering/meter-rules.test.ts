@@ -293,6 +293,7 @@ describe("what operators see", () => {
       lateSettles: 0,
       settleFailures: 0,
       releaseFailures: 0,
+      admissionsAbandoned: 0,
       cappedCharges: 0,
     });
   });

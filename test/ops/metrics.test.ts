@@ -78,6 +78,7 @@ describe("GET /metrics", () => {
 
     expect(sample(text, "typesafe_meter_late_settles_total")).toBe(0);
     expect(sample(text, "typesafe_meter_holds_expired_total")).toBe(0);
+    expect(sample(text, "typesafe_meter_admissions_abandoned_total")).toBe(0);
     expect(sample(text, "typesafe_db_pool_connections", { state: "pending" })).toBe(0);
     expect(sample(text, "typesafe_db_pool_connections", { state: "used" })).toEqual(expect.any(Number));
     expect(sample(text, "process_cpu_seconds_total")).toBeGreaterThan(0);
