@@ -161,16 +161,7 @@ export function createMeter(deps: MeterDeps): Meter {
   const held = new Set<string>();
   /** Releases under way, so shutdown can wait for them before the pool closes. */
   const releasing = new Set<Promise<void>>();
-  const counters: Omit<MeterStats, "holdsInFlight"> = {
-    settles: 0,
-    releases: 0,
-    holdsExpired: 0,
-    lateSettles: 0,
-    settleFailures: 0,
-    releaseFailures: 0,
-    admissionsAbandoned: 0,
-    cappedCharges: 0,
-  };
+  const counters: Omit<MeterStats, "holdsInFlight"> = { settles: 0, releases: 0, holdsExpired: 0, lateSettles: 0, settleFailures: 0, releaseFailures: 0, admissionsAbandoned: 0, cappedCharges: 0 };
   let closing = false;
   let sweeper: NodeJS.Timeout | undefined;
   let sweeping: Promise<void> | undefined;
