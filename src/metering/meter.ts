@@ -160,7 +160,7 @@ export function createMeter(deps: MeterDeps): Meter {
   const timeoutMs = config.statementTimeoutMs;
   const held = new Set<string>();
   /** Releases under way, so shutdown can wait for them before the pool closes. */
-  const releasing = new Set<Promise<void>>();
+  const releasing = new Set<Promise<unknown>>();
   const counters: Omit<MeterStats, "holdsInFlight"> = { settles: 0, releases: 0, holdsExpired: 0, lateSettles: 0, settleFailures: 0, releaseFailures: 0, admissionsAbandoned: 0, cappedCharges: 0 };
   let closing = false;
   let sweeper: NodeJS.Timeout | undefined;
@@ -185,16 +185,21 @@ export function createMeter(deps: MeterDeps): Meter {
     }
   }
 
-  /** Gives a hold back; `abandon` when the admission's own outcome is unknown (ledger.abandon). */
-  function release(requestId: string, log: Logger, statement: typeof resolve = resolve): Promise<void> {
+  /**
+   * Gives a hold back; `abandon` when the admission's own outcome is unknown
+   * (ledger.abandon). Resolves to what the database answered, or undefined
+   * when it could not be reached (the lease releases the hold).
+   */
+  function release(requestId: string, log: Logger, statement: typeof resolve = resolve): Promise<Resolution | undefined> {
     const pending = (async () => {
       try {
         const released = await resolveWithRetry({ requestId, success: false, now: now() }, statement);
         if (released.outcome === "released") counters.releases++;
-        if (released.outcome === "not_found" && statement === abandon) counters.admissionsAbandoned++;
+        return released;
       } catch (err) {
         counters.releaseFailures++;
         log.warn("release failed; the lease will release the hold", { err });
+        return undefined;
       } finally {
         held.delete(requestId);
       }
@@ -242,7 +247,8 @@ export function createMeter(deps: MeterDeps): Meter {
     } catch (err) {
       if (!isDatabaseUnavailable(err)) throw err;
       // The hold may have committed with its reply lost, or may still commit: give it back now, not at its lease.
-      await release(rowId, logger.child({ request_id: rowId, endpoint: call.endpoint }), abandon);
+      const abandoned = await release(rowId, logger.child({ request_id: rowId, endpoint: call.endpoint }), abandon);
+      if (abandoned?.outcome === "not_found") counters.admissionsAbandoned++;
       throw apiError("UNAVAILABLE", "the database is unreachable; the call was not billed; retry later", { cause: err });
     }
 
