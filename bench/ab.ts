@@ -17,7 +17,7 @@
 import { createKnex } from "../src/db/database.js";
 import type { LoadOptions } from "./roles.js";
 import { startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
-import { createDefaultAccounts, createScratchDatabase, decideBody, type ScratchDatabase } from "./support.js";
+import { createDefaultAccounts, createScratchDatabase, decideBody, median, type ScratchDatabase } from "./support.js";
 
 const BUILDS = (process.env.BENCH_AB ?? "").split(",").filter(Boolean).map((entry) => entry.split("=") as [string, string]);
 const MODES = (process.env.BENCH_MODES ?? "http,grpc-frames").split(",") as LoadOptions["mode"][];
@@ -28,8 +28,6 @@ const QUESTIONS = Number(process.env.BENCH_QUESTIONS ?? 1);
 const RATE = Number(process.env.BENCH_RATE ?? 500);
 const CONNECTIONS = 50;
 const ACCOUNTS = 1_500;
-
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 
 interface Build {
   name: string;

@@ -21,7 +21,7 @@ import { loadConfig } from "../src/config.js";
 import { createKnex, migrate } from "../src/db/database.js";
 import { createLogger } from "../src/logger.js";
 import { createMeter, decisionReserveUnits } from "../src/metering/meter.js";
-import { createBenchAccounts, createScratchDatabase } from "./support.js";
+import { createBenchAccounts, createScratchDatabase, median } from "./support.js";
 
 const WORKERS = Number(process.env.BENCH_WORKERS ?? 10);
 const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 4_000);
@@ -53,8 +53,6 @@ async function measure(op: (i: number) => Promise<void>): Promise<Figures> {
   const at = (q: number) => latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))] ?? NaN;
   return { pairsPerSecond: latencies.length / seconds, p50Ms: at(0.5), p99Ms: at(0.99) };
 }
-
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 
 async function main() {
   const scratch = await createScratchDatabase(process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres");

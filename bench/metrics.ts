@@ -12,7 +12,7 @@
  */
 import { createKnex } from "../src/db/database.js";
 import { buildService, startFakeUpstream, startLoadGenerator, startService } from "./processes.js";
-import { createDefaultAccounts, createScratchDatabase } from "./support.js";
+import { createDefaultAccounts, createScratchDatabase, median } from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
@@ -24,8 +24,6 @@ const body = JSON.stringify({
   state: { ticket: "I was charged twice for my pro plan this month" },
   questions: { urgent: { type: "noul", instructions: "Is it urgent?" } },
 });
-
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 
 async function main() {
   await buildService();

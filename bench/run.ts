@@ -19,7 +19,7 @@ import path from "node:path";
 import { createKnex, socketFilePath } from "../src/db/database.js";
 import type { LoadResult } from "./roles.js";
 import { buildService, startBareServer, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
-import { createDefaultAccounts, createScratchDatabase, decideBody } from "./support.js";
+import { createDefaultAccounts, createScratchDatabase, decideBody, median } from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const CONNECTIONS = 50;
@@ -30,7 +30,6 @@ const INVALID_S = Number(process.env.BENCH_INVALID_S ?? 30);
 /** Node options for the service measured on PostgreSQL, e.g. `--cpu-prof --cpu-prof-dir=prof` to see where its time goes. */
 const SERVICE_NODE_ARGS = (process.env.BENCH_SERVICE_NODE_ARGS ?? "").split(" ").filter(Boolean);
 
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 const fixed = (value: number, digits = 0) => value.toFixed(digits);
 
 interface Row {

@@ -199,3 +199,8 @@ export async function alternatedCpuMicros(paths: Record<string, () => Promise<un
   }
   return cpuMicros;
 }
+
+/** The middle value (the upper one of an even count): what the benches report of repeated runs. */
+export function median(values: number[]): number {
+  return [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+}
