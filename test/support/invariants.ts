@@ -44,7 +44,7 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     await db.raw<{ rows: { id: string; status: string; holds: number; terminal: string[]; charged: number; reserved: number }[] }>(
       `SELECT r.id, r.status, r.charged, r.reserved,
               count(l.id) FILTER (WHERE l.kind = 'hold')::int AS holds,
-              coalesce(array_agg(l.kind) FILTER (WHERE l.kind <> 'hold'), '{}') AS terminal
+              coalesce(array_agg(l.kind::text) FILTER (WHERE l.kind <> 'hold'), '{}') AS terminal
          FROM requests r LEFT JOIN ledger l ON l.request_id = r.id
         WHERE r.account_id = ?
         GROUP BY r.id
@@ -52,7 +52,7 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
            OR r.charged > r.reserved
            OR (r.charged > 0 AND NOT (r.status = 'settled' AND r.funding = 'paid'))
            OR (r.status = 'active') <> (r.resolved_at IS NULL)
-           OR coalesce(array_agg(l.kind) FILTER (WHERE l.kind <> 'hold'), '{}') <>
+           OR coalesce(array_agg(l.kind::text) FILTER (WHERE l.kind <> 'hold'), '{}') <>
               CASE r.status WHEN 'active' THEN '{}'::text[]
                             WHEN 'settled' THEN '{settle}'::text[]
                             WHEN 'released' THEN '{release}'::text[]

@@ -2,6 +2,7 @@ import type { Knex } from "knex";
 import * as createAccountsAndLedger from "./20261123000000_create_accounts_and_ledger.js";
 import * as createMeteringFunctions from "./20261123000100_create_metering_functions.js";
 import * as refuseAbandonedAdmissions from "./20261125000000_refuse_abandoned_admissions.js";
+import * as meteringRulesAsDomains from "./20261125100000_metering_rules_as_domains.js";
 
 /**
  * Every migration in order. Listed statically so that they load the same way
@@ -11,6 +12,7 @@ const migrations: Record<string, Knex.Migration> = {
   "20261123000000_create_accounts_and_ledger": createAccountsAndLedger,
   "20261123000100_create_metering_functions": createMeteringFunctions,
   "20261125000000_refuse_abandoned_admissions": refuseAbandonedAdmissions,
+  "20261125100000_metering_rules_as_domains": meteringRulesAsDomains,
 };
 
 export const migrationSource: Knex.MigrationSource<string> = {
