@@ -189,6 +189,23 @@ describe("leases (A5)", () => {
     expect(next).toMatchObject({ inFlight: 1, availableUnits: 4 * 32_000 });
     await a.check();
   });
+
+  it("a lease ends at its expiry instant: an admission or a settle at that instant finds the hold expired", async () => {
+    const reserve = decisionReserveUnits(1);
+    const start = 417; // not on a whole second
+    const a = await account({ units: reserve });
+    const hold = admitted(await a.call({ freeAllowed: false, now: at(start) }));
+    // Every unit is held until the lease's last instant, and free from it on.
+    expect((await a.call({ freeAllowed: false, now: at(start + LEASE_MS - 1) })).outcome).toBe("insufficient_balance");
+    const next = admitted(await a.call({ freeAllowed: false, now: at(start + LEASE_MS) }));
+    expect(next).toMatchObject({ inFlight: 1, availableUnits: 0 });
+
+    const late = await resolve(database.db, { requestId: next.requestId, success: true, actualUnits: 1, now: at(start + 2 * LEASE_MS) });
+    expect(late).toMatchObject({ outcome: "not_active", status: "expired", chargedUnits: 0 });
+    expect((await resolve(database.db, { requestId: hold.requestId, success: true, now: at(start + 2 * LEASE_MS) })).outcome).toBe("not_active");
+    expect(await a.row()).toMatchObject({ balance: reserve, reserved: 0, in_flight: 0 });
+    await a.check();
+  });
 });
 
 describe("idempotency keys (A6)", () => {

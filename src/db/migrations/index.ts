@@ -3,6 +3,7 @@ import * as createAccountsAndLedger from "./20261123000000_create_accounts_and_l
 import * as createMeteringFunctions from "./20261123000100_create_metering_functions.js";
 import * as refuseAbandonedAdmissions from "./20261125000000_refuse_abandoned_admissions.js";
 import * as meteringRulesAsDomains from "./20261125100000_metering_rules_as_domains.js";
+import * as expireHoldsOnlyWhenDue from "./20261125110000_expire_holds_only_when_due.js";
 
 /**
  * Every migration in order. Listed statically so that they load the same way
@@ -13,6 +14,7 @@ const migrations: Record<string, Knex.Migration> = {
   "20261123000100_create_metering_functions": createMeteringFunctions,
   "20261125000000_refuse_abandoned_admissions": refuseAbandonedAdmissions,
   "20261125100000_metering_rules_as_domains": meteringRulesAsDomains,
+  "20261125110000_expire_holds_only_when_due": expireHoldsOnlyWhenDue,
 };
 
 export const migrationSource: Knex.MigrationSource<string> = {
