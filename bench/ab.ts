@@ -12,11 +12,12 @@
  *
  * A build of another revision: `git worktree add /tmp/old <rev> && cd /tmp/old && npm ci &&
  * npm run build` (its bundle carries its own dependencies). Prints every round, then per mode
- * and build the medians of req/s, p50, p99 and the service's CPU per call.
+ * and build the medians of req/s, p50, p99, and the CPU per call of the service and of
+ * PostgreSQL (every postgres process of this machine; NaN for a remote database).
  */
 import { createKnex } from "../src/db/database.js";
 import type { LoadOptions } from "./roles.js";
-import { startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
+import { databaseCpuSeconds, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
 import { createDefaultAccounts, createScratchDatabase, decideBody, median, type ScratchDatabase } from "./support.js";
 
 const BUILDS = (process.env.BENCH_AB ?? "").split(",").filter(Boolean).map((entry) => entry.split("=") as [string, string]);
@@ -63,23 +64,26 @@ async function main() {
       });
     for (const build of builds) for (const mode of MODES) await run(build, mode, 2); // warm-up
 
-    const figures = new Map<string, { rps: number[]; p50: number[]; p99: number[]; cpuMs: number[] }>();
+    const figures = new Map<string, { rps: number[]; p50: number[]; p99: number[]; cpuMs: number[]; dbCpuMs: number[] }>();
     for (let round = 0; round < ROUNDS; round++) {
       for (const mode of MODES) {
         // Every other round in reverse order, so neither build always follows the other.
         for (const build of round % 2 === 0 ? builds : [...builds].reverse()) {
           const before = await build.service.cpuSeconds();
+          const dbBefore = await databaseCpuSeconds();
           const result = await run(build, mode, DURATION_S);
           const cpuMs = ((await build.service.cpuSeconds()) - before) * 1000 / result.requests;
+          const dbCpuMs = (((await databaseCpuSeconds()) ?? NaN) - (dbBefore ?? NaN)) * 1000 / result.requests;
           const key = `${mode} ${build.name}`;
-          const entry = figures.get(key) ?? { rps: [], p50: [], p99: [], cpuMs: [] };
+          const entry = figures.get(key) ?? { rps: [], p50: [], p99: [], cpuMs: [], dbCpuMs: [] };
           figures.set(key, entry);
           entry.rps.push(result.rps);
           entry.p50.push(result.p50);
           entry.p99.push(result.p99);
           entry.cpuMs.push(cpuMs);
+          entry.dbCpuMs.push(dbCpuMs);
           console.log(
-            `round ${round + 1}  ${key.padEnd(20)} ${result.rps.toFixed(0)} req/s  p50 ${result.p50.toFixed(2)} ms  p99 ${result.p99.toFixed(2)} ms  service CPU ${cpuMs.toFixed(3)} ms/call`,
+            `round ${round + 1}  ${key.padEnd(20)} ${result.rps.toFixed(0)} req/s  p50 ${result.p50.toFixed(2)} ms  p99 ${result.p99.toFixed(2)} ms  service CPU ${cpuMs.toFixed(3)} ms/call  PostgreSQL CPU ${dbCpuMs.toFixed(3)} ms/call`,
           );
         }
       }
@@ -87,7 +91,7 @@ async function main() {
     console.log(`medians of ${ROUNDS} rounds, ${QUESTIONS}-question decisions, ${CONNECTIONS} connections`);
     for (const [key, entry] of figures) {
       console.log(
-        `${key.padEnd(20)} ${median(entry.rps).toFixed(0)} req/s  p50 ${median(entry.p50).toFixed(2)} ms  p99 ${median(entry.p99).toFixed(2)} ms  service CPU ${median(entry.cpuMs).toFixed(3)} ms/call`,
+        `${key.padEnd(20)} ${median(entry.rps).toFixed(0)} req/s  p50 ${median(entry.p50).toFixed(2)} ms  p99 ${median(entry.p99).toFixed(2)} ms  service CPU ${median(entry.cpuMs).toFixed(3)} ms/call  PostgreSQL CPU ${median(entry.dbCpuMs).toFixed(3)} ms/call`,
       );
     }
   } finally {

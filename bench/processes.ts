@@ -137,10 +137,7 @@ export async function startService(
       return Number(/VmHWM:\s+(\d+) kB/.exec(status)![1]) / 1024;
     },
     async cpuSeconds() {
-      const stat = await fs.readFile(`/proc/${child.pid}/stat`, "utf8");
-      const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-      // utime and stime, fields 14 and 15 of proc(5), in clock ticks of 1/100 s on Linux.
-      return (Number(fields[11]) + Number(fields[12])) / 100;
+      return (await processCpu(child.pid!)).seconds;
     },
     async stop() {
       if (child.exitCode !== null) return;
@@ -148,6 +145,31 @@ export async function startService(
       await exited;
     },
   };
+}
+
+/** A process's name and the CPU time it has used (user + system), from /proc/<pid>/stat. */
+async function processCpu(pid: number | string): Promise<{ name: string; seconds: number }> {
+  const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  // utime and stime, fields 14 and 15 of proc(5), in clock ticks of 1/100 s on Linux.
+  return { name: stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")")), seconds: (Number(fields[11]) + Number(fields[12])) / 100 };
+}
+
+/**
+ * CPU time used so far by every PostgreSQL process of this machine (backends,
+ * WAL writer, checkpointer, autovacuum), in seconds; undefined when none runs
+ * here (a remote DATABASE_URL). Two readings around a measure give the
+ * database's share of each call. A backend that exits between them takes its
+ * time along: the service's pooled connections stay open.
+ */
+export async function databaseCpuSeconds(): Promise<number | undefined> {
+  let total: number | undefined;
+  for (const pid of await fs.readdir("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    const cpu = await processCpu(pid).catch(() => undefined); // gone since the listing
+    if (cpu?.name === "postgres") total = (total ?? 0) + cpu.seconds;
+  }
+  return total;
 }
 
 function run(command: string, args: string[]): Promise<void> {
