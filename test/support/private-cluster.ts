@@ -7,6 +7,8 @@ import path from "node:path";
 /** A throwaway PostgreSQL cluster of its own, so stopping or crashing it disturbs nobody else. */
 export interface PrivateCluster {
   url: string;
+  /** The data directory, owned by the postgres user when run as root. */
+  dir: string;
   /**
    * `pg_ctl stop -m immediate`, then a start: the postmaster and its children
    * quit at once without writing out WAL buffers, as after `kill -9`, and the
@@ -47,6 +49,7 @@ export async function startPrivateCluster(settings: Record<string, string> = {})
     start();
     return {
       url: `postgres://postgres@127.0.0.1:${port}/postgres`,
+      dir,
       crash: () => {
         run(`${bin}/pg_ctl`, ["-D", dir, "-m", "immediate", "-w", "stop"]);
         start();
