@@ -22,7 +22,7 @@ afterAll(async () => {
   await database?.close();
 });
 
-const T0 = new Date("2031-03-01T12:00:00.000Z");
+const T0 = new Date("2031-03-01T12:00:00.417Z"); // not on a whole second
 const at = (ms: number) => new Date(T0.getTime() + ms);
 const LEASE_MS = 90_000;
 
@@ -192,7 +192,7 @@ describe("leases (A5)", () => {
 
   it("a lease ends at its expiry instant: an admission or a settle at that instant finds the hold expired", async () => {
     const reserve = decisionReserveUnits(1);
-    const start = 417; // not on a whole second
+    const start = 250;
     const a = await account({ units: reserve });
     const hold = admitted(await a.call({ freeAllowed: false, now: at(start) }));
     // Every unit is held until the lease's last instant, and free from it on.

@@ -144,7 +144,7 @@ describe("failures after admission give everything back", () => {
 
   it("work that outlives its lease is not billed and not answered (late settle)", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 32_000 });
-    let clock = new Date("2032-01-01T00:00:00Z");
+    let clock = new Date("2032-01-01T00:00:00.583Z"); // not on a whole second
     const lateMeter = createMeter({ db: database.db, config: metering, logger: createLogger("silent"), now: () => clock });
     const failure = await lateMeter
       .run(call(apiKey, { freeAllowed: false, timeoutMs: 1_000 }), async () => {
