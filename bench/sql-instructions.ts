@@ -17,7 +17,6 @@
  * `UPDATE … RETURNING` on an account row, one statement per pair, as in
  * bench:metering. Prints thousands of instructions per pair and the ratio.
  */
-import { spawnSync } from "node:child_process";
 import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
@@ -25,7 +24,7 @@ import { hashApiKey } from "../src/accounts/api-keys.js";
 import { createKnex } from "../src/db/database.js";
 import { migrationSource } from "../src/db/migrations/index.js";
 import { decisionReserveUnits } from "../src/metering/meter.js";
-import { postgresBinaries, startPrivateCluster } from "../test/support/private-cluster.js";
+import { postgresBinaries, runAsClusterOwner, startPrivateCluster } from "../test/support/private-cluster.js";
 import { createBenchAccounts } from "./support.js";
 
 const BEFORE = process.env.BENCH_SQL_BEFORE;
@@ -37,18 +36,6 @@ interface Schema {
   database: string;
   keyHashes: string[];
   accountIds: string[];
-}
-
-const asRoot = process.getuid?.() === 0;
-/**
- * Runs a server binary as the cluster's owner (initdb refuses root, so as root
- * the cluster belongs to postgres) and returns what it wrote to stderr.
- */
-function asOwner(command: string, args: string[], input = ""): string {
-  const [file, argv] = asRoot ? ["runuser", ["-u", "postgres", "--", command, ...args]] : [command, args];
-  const result = spawnSync(file, argv, { input, encoding: "utf8", stdio: ["pipe", "ignore", "pipe"], maxBuffer: 64 * 1024 * 1024 });
-  if (result.status !== 0) throw new Error(`${command} exited with ${result.status}:\n${result.stderr}`);
-  return result.stderr;
 }
 
 /** The statements of `pairs` pairs, one per line (single-user mode runs each line as its own transaction). */
@@ -98,11 +85,11 @@ async function main() {
         accountIds: accounts.map((a) => a.id),
       });
     }
-    asOwner(path.join(bin, "pg_ctl"), ["-D", cluster.dir, "-m", "fast", "-w", "stop"]);
+    runAsClusterOwner(path.join(bin, "pg_ctl"), ["-D", cluster.dir, "-m", "fast", "-w", "stop"]);
 
     const instructions = (schema: Schema, pairs: number, kind: "bare" | "metered"): number => {
       // valgrind reports on stderr: "==pid== Collected : <instructions>".
-      const report = asOwner(
+      const report = runAsClusterOwner(
         "valgrind",
         ["--tool=callgrind", "--callgrind-out-file=/dev/null", path.join(bin, "postgres"), "--single", "-D", cluster.dir, "-c", "fsync=off", schema.database],
         pairScript(schema, pairs, kind),

@@ -1,4 +1,4 @@
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
@@ -27,35 +27,46 @@ export function postgresBinaries(): string | undefined {
   return versions.map((v) => `${root}/${v}/bin`).find((bin) => fs.existsSync(`${bin}/initdb`));
 }
 
+const asRoot = process.getuid?.() === 0;
+
+/**
+ * Runs a server binary as a private cluster's owner: as root that is the
+ * postgres user, since initdb refuses root. Feeds it `input`, throws with its
+ * stderr when it fails, and returns its stderr (valgrind reports there).
+ */
+export function runAsClusterOwner(command: string, args: string[], input = ""): string {
+  const [file, argv] = asRoot ? ["runuser", ["-u", "postgres", "--", command, ...args]] : [command, args];
+  const result = spawnSync(file, argv, { input, encoding: "utf8", maxBuffer: 64 * 1024 * 1024 });
+  if (result.status !== 0) throw new Error(`${command} ${args.join(" ")} exited with ${result.status}:\n${result.stderr}`);
+  return result.stderr;
+}
+
 /**
  * initdb in a temp folder and a server on a free loopback port. `settings`
- * become `-c name=value` options (e.g. `wal_writer_delay: "10s"`). As root the
- * binaries run as the postgres user, since initdb refuses root.
+ * become `-c name=value` options (e.g. `wal_writer_delay: "10s"`). The
+ * cluster belongs to runAsClusterOwner's user.
  */
 export async function startPrivateCluster(settings: Record<string, string> = {}): Promise<PrivateCluster> {
   const bin = postgresBinaries();
   if (!bin) throw new Error("no PostgreSQL server binaries under /usr/lib/postgresql (Debian's postgresql package)");
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "typesafe-pg-"));
-  const asRoot = process.getuid?.() === 0;
-  const run = (command: string, args: string[]) =>
-    execFileSync(asRoot ? "runuser" : command, asRoot ? ["-u", "postgres", "--", command, ...args] : args, { stdio: "pipe" });
   try {
     if (asRoot) execFileSync("chown", ["postgres", dir]);
-    run(`${bin}/initdb`, ["-D", dir, "-A", "trust", "-U", "postgres"]);
+    runAsClusterOwner(`${bin}/initdb`, ["-D", dir, "-A", "trust", "-U", "postgres"]);
     const port = await freePort();
     const extra = Object.entries(settings).map(([name, value]) => `-c ${name}=${value}`);
     const options = [`-p ${port}`, `-k ${dir}`, "-c listen_addresses=127.0.0.1", "-c fsync=off", ...extra].join(" ");
-    const start = () => run(`${bin}/pg_ctl`, ["-D", dir, "-o", options, "-w", "-l", `${dir}/log`, "start"]);
+    const start = () => runAsClusterOwner(`${bin}/pg_ctl`, ["-D", dir, "-o", options, "-w", "-l", `${dir}/log`, "start"]);
     start();
     return {
       url: `postgres://postgres@127.0.0.1:${port}/postgres`,
       dir,
       crash: () => {
-        run(`${bin}/pg_ctl`, ["-D", dir, "-m", "immediate", "-w", "stop"]);
+        runAsClusterOwner(`${bin}/pg_ctl`, ["-D", dir, "-m", "immediate", "-w", "stop"]);
         start();
       },
       stop: () => {
-        run(`${bin}/pg_ctl`, ["-D", dir, "-m", "immediate", "-w", "stop"]);
+        runAsClusterOwner(`${bin}/pg_ctl`, ["-D", dir, "-m", "immediate", "-w", "stop"]);
         fs.rmSync(dir, { recursive: true, force: true, maxRetries: 5 });
       },
     };
