@@ -4,21 +4,24 @@
  * the machine's drift, not the change; alternating the two in one run does
  * not. Each build serves its own scratch database (a build may have a
  * migration the other refuses), with the fake upstream and the load
- * generator in processes of their own, as in `npm run bench`.
+ * generator in processes of their own, as in `npm run bench`. With
+ * BENCH_STORE=embedded that database is an embedded store in a temp folder.
  *
  *   BENCH_AB="old=/tmp/old/dist/bundle/main.mjs,new=dist/bundle/main.mjs" npm run bench:ab
  *   BENCH_MODES=http,grpc-frames BENCH_ROUNDS=5 BENCH_DURATION_S=5 BENCH_QUESTIONS=1 npm run bench:ab
  *   BENCH_MODES=rate BENCH_RATE=500 npm run bench:ab     # latency at a fixed load (an open loop)
+ *   BENCH_STORE=embedded BENCH_MODES=http npm run bench:ab   # each build on an embedded store of its own
  *
  * A build of another revision: `git worktree add /tmp/old <rev> && cd /tmp/old && npm ci &&
  * npm run build` (its bundle carries its own dependencies). Prints every round, then per mode
  * and build the medians of req/s, p50, p99, and the CPU per call of the service and of
  * PostgreSQL (every postgres process of this machine; NaN for a remote database).
  */
-import { createKnex } from "../src/db/database.js";
+import fs from "node:fs/promises";
+import { createKnex, socketFilePath } from "../src/db/database.js";
 import type { LoadOptions } from "./roles.js";
 import { databaseCpuSeconds, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
-import { createDefaultAccounts, createScratchDatabase, decideBody, median, type ScratchDatabase } from "./support.js";
+import { createDefaultAccounts, decideBody, median, openBenchStore, type BenchStore } from "./support.js";
 
 const BUILDS = (process.env.BENCH_AB ?? "").split(",").filter(Boolean).map((entry) => entry.split("=") as [string, string]);
 const MODES = (process.env.BENCH_MODES ?? "http,grpc-frames").split(",") as LoadOptions["mode"][];
@@ -27,13 +30,14 @@ const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const QUESTIONS = Number(process.env.BENCH_QUESTIONS ?? 1);
 /** Requests per second of the `rate` mode (an open loop: latency at a fixed load rather than throughput). */
 const RATE = Number(process.env.BENCH_RATE ?? 500);
+const EMBEDDED = process.env.BENCH_STORE === "embedded";
 const CONNECTIONS = 50;
 const ACCOUNTS = 1_500;
 
 interface Build {
   name: string;
   service: ServiceProcess;
-  scratch: ScratchDatabase;
+  store: BenchStore;
   apiKeys: string[];
 }
 
@@ -45,10 +49,12 @@ async function main() {
   const builds: Build[] = [];
   try {
     for (const [name, bundle] of BUILDS) {
-      const scratch = await createScratchDatabase(serverUrl);
-      const service = await startService({ DATABASE_URL: scratch.url, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" }, { bundle });
-      const db = createKnex(scratch.url, 4);
-      builds.push({ name, service, scratch, apiKeys: await createDefaultAccounts(db, ACCOUNTS) });
+      const store = await openBenchStore(EMBEDDED ? undefined : serverUrl);
+      const service = await startService({ DATABASE_URL: "", ...store.env, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" }, { bundle });
+      // The embedded store's wire address is published in its folder once the service has opened it.
+      const url = store.env.DATABASE_URL ?? (JSON.parse(await fs.readFile(socketFilePath(store.env.TYPESAFE_DATA_DIR!), "utf8")) as { url: string }).url;
+      const db = createKnex(url, 4);
+      builds.push({ name, service, store, apiKeys: await createDefaultAccounts(db, ACCOUNTS) });
       await db.destroy();
     }
     const body = decideBody(QUESTIONS);
@@ -73,7 +79,8 @@ async function main() {
           const dbBefore = await databaseCpuSeconds();
           const result = await run(build, mode, DURATION_S);
           const cpuMs = ((await build.service.cpuSeconds()) - before) * 1000 / result.requests;
-          const dbCpuMs = (((await databaseCpuSeconds()) ?? NaN) - (dbBefore ?? NaN)) * 1000 / result.requests;
+          // An embedded store's PostgreSQL runs inside the service, so its CPU is in the service's figure.
+          const dbCpuMs = EMBEDDED ? NaN : (((await databaseCpuSeconds()) ?? NaN) - (dbBefore ?? NaN)) * 1000 / result.requests;
           const key = `${mode} ${build.name}`;
           const entry = figures.get(key) ?? { rps: [], p50: [], p99: [], cpuMs: [], dbCpuMs: [] };
           figures.set(key, entry);
@@ -97,7 +104,7 @@ async function main() {
   } finally {
     for (const build of builds) {
       await build.service.stop();
-      await build.scratch.drop();
+      await build.store.cleanup();
     }
     await load.close();
     await fake.close();

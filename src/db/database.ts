@@ -19,7 +19,7 @@ export interface DatabaseOptions {
   databaseUrl: string | undefined;
   dataDir: string;
   logger: Logger;
-  /** Pool size for an external server. */
+  /** Connections of the pool, to the server or to the embedded store's wire. */
   poolMax?: number;
 }
 
@@ -37,7 +37,7 @@ export async function openDatabase(options: DatabaseOptions): Promise<Database> 
   }
   const { openEmbeddedStore } = await import("./embedded.js");
   const store = await openEmbeddedStore(options.dataDir, options.logger);
-  const db = createKnex(store.url, 1, options.logger);
+  const db = createKnex(store.url, options.poolMax ?? 10, options.logger);
   try {
     await migrate(db, false);
   } catch (err) {

@@ -1,8 +1,9 @@
+import { once } from "node:events";
 import fs from "node:fs/promises";
-import { PGlite } from "@electric-sql/pglite";
+import { Worker } from "node:worker_threads";
 import type { Logger } from "../logger.js";
 import { socketFilePath } from "./database.js";
-import { serveWire } from "./pglite-wire.js";
+import type { EmbeddedWorkerData } from "./embedded-worker.js";
 import { lockStore } from "./store-lock.js";
 
 export interface EmbeddedStore {
@@ -11,36 +12,62 @@ export interface EmbeddedStore {
 }
 
 /**
- * Starts PGlite on dataDir and serves it on a loopback port, published in
- * dataDir/socket.json so the operator CLI can reach the running store.
- * PGlite's folder cannot be opened by two processes: the folder's lock is
- * taken before anything is opened, so a second service or CLI is refused
- * (naming the owner) and never touches the owner's files.
+ * Starts PGlite on dataDir in a worker thread (embedded-worker.ts) and serves
+ * it on a loopback port, published in dataDir/socket.json so the operator CLI
+ * can reach the running store. PGlite's folder cannot be opened by two
+ * processes: the folder's lock is taken before anything is opened, so a second
+ * service or CLI is refused (naming the owner) and never touches the owner's
+ * files. If the thread dies while the store is open, the store is gone for
+ * good, so the process logs why and exits with status 1 (for its supervisor
+ * to restart it) rather than answer 503 until someone notices.
  */
 export async function openEmbeddedStore(dataDir: string, logger: Logger): Promise<EmbeddedStore> {
   await fs.mkdir(dataDir, { recursive: true });
   const lock = await lockStore(dataDir, () => publishedUrl(dataDir));
-  let pglite: PGlite | undefined;
+  let worker: Worker | undefined;
+  let closing = false;
   try {
-    pglite = await PGlite.create(dataDir);
-    const wire = await serveWire(pglite);
-    await fs.writeFile(socketFilePath(dataDir), JSON.stringify({ url: wire.url, pid: process.pid }), { mode: 0o600 });
+    worker = startStoreThread({ dataDir });
+    const [{ url }] = (await once(worker, "message")) as [{ url: string }];
+    const opened = worker;
+    opened.on("error", (err) => logger.error("embedded database failed", { data_dir: dataDir, error: err }));
+    opened.once("exit", (code) => {
+      if (closing) return;
+      logger.error("embedded database stopped", { data_dir: dataDir, exit_code: code });
+      process.exit(1);
+    });
+    await fs.writeFile(socketFilePath(dataDir), JSON.stringify({ url, pid: process.pid }), { mode: 0o600 });
     logger.info("embedded database ready", { data_dir: dataDir });
-    const opened = pglite;
     return {
-      url: wire.url,
+      url,
       close: async () => {
+        closing = true;
         await fs.rm(socketFilePath(dataDir), { force: true });
-        await wire.close();
-        await opened.close();
+        const exited = once(opened, "exit");
+        opened.postMessage("close");
+        const [code] = (await exited) as [number];
         await lock.release();
+        if (code !== 0) throw new Error(`the embedded store's thread exited with ${code} while closing`);
       },
     };
   } catch (err) {
-    await pglite?.close().catch(() => undefined);
+    closing = true;
+    await worker?.terminate();
     await lock.release();
     throw err;
   }
+}
+
+/**
+ * The store's thread. Compiled, its module is dist/db/embedded-worker.js,
+ * reached by the same relative path from dist/db/ and from the bundle in
+ * dist/bundle/; run from the TypeScript sources, it is the .ts file beside
+ * this one, loaded through typescript-worker.mjs.
+ */
+function startStoreThread(workerData: EmbeddedWorkerData): Worker {
+  if (!import.meta.url.endsWith(".ts")) return new Worker(new URL("../db/embedded-worker.js", import.meta.url), { workerData });
+  const typescriptModule = new URL("./embedded-worker.ts", import.meta.url).href;
+  return new Worker(new URL("./typescript-worker.mjs", import.meta.url), { workerData: { ...workerData, typescriptModule } });
 }
 
 /** The URL the folder's owner published, without checking that it is alive (for messages). */
