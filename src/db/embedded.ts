@@ -17,31 +17,24 @@ export interface EmbeddedStore {
  * can reach the running store. PGlite's folder cannot be opened by two
  * processes: the folder's lock is taken before anything is opened, so a second
  * service or CLI is refused (naming the owner) and never touches the owner's
- * files. If the thread dies while the store is open, the store is gone for
- * good, so the process logs why and exits with status 1 (for its supervisor
- * to restart it) rather than answer 503 until someone notices.
+ * files.
  */
 export async function openEmbeddedStore(dataDir: string, logger: Logger): Promise<EmbeddedStore> {
   await fs.mkdir(dataDir, { recursive: true });
   const lock = await lockStore(dataDir, () => publishedUrl(dataDir));
   let worker: Worker | undefined;
-  let closing = false;
+  let watch: { closing(): void } | undefined;
   try {
     worker = startStoreThread({ dataDir });
     const [{ url }] = (await once(worker, "message")) as [{ url: string }];
     const opened = worker;
-    opened.on("error", (err) => logger.error("embedded database failed", { data_dir: dataDir, error: err }));
-    opened.once("exit", (code) => {
-      if (closing) return;
-      logger.error("embedded database stopped", { data_dir: dataDir, exit_code: code });
-      process.exit(1);
-    });
+    watch = watchStoreThread(opened, dataDir, logger);
     await fs.writeFile(socketFilePath(dataDir), JSON.stringify({ url, pid: process.pid }), { mode: 0o600 });
     logger.info("embedded database ready", { data_dir: dataDir });
     return {
       url,
       close: async () => {
-        closing = true;
+        watch?.closing();
         await fs.rm(socketFilePath(dataDir), { force: true });
         const exited = once(opened, "exit");
         opened.postMessage("close");
@@ -51,11 +44,27 @@ export async function openEmbeddedStore(dataDir: string, logger: Logger): Promis
       },
     };
   } catch (err) {
-    closing = true;
+    watch?.closing();
     await worker?.terminate();
     await lock.release();
     throw err;
   }
+}
+
+/**
+ * A store whose thread has died is gone for good: unless it is being closed,
+ * the process logs why and exits with status 1, for its supervisor to restart
+ * it, rather than answer 503 until someone notices.
+ */
+export function watchStoreThread(thread: Worker, dataDir: string, logger: Logger): { closing(): void } {
+  let closing = false;
+  thread.on("error", (err) => logger.error("embedded database failed", { data_dir: dataDir, error: err }));
+  thread.once("exit", (code) => {
+    if (closing) return;
+    logger.error("embedded database stopped", { data_dir: dataDir, exit_code: code });
+    process.exit(1);
+  });
+  return { closing: () => void (closing = true) };
 }
 
 /**

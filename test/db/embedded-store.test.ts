@@ -1,3 +1,4 @@
+import { spawn } from "node:child_process";
 import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -54,5 +55,36 @@ describe("the embedded store's thread", () => {
     } finally {
       await reopened.close();
     }
+  });
+});
+
+describe("a store whose thread dies", () => {
+  /** Runs test/support/dying-store-thread.ts; its exit status and its log lines. */
+  function runDyingThread(...args: string[]): Promise<{ status: number | null; lines: Array<Record<string, unknown>> }> {
+    const child = spawn(process.execPath, ["--import", "tsx", "test/support/dying-store-thread.ts", ...args], { stdio: ["ignore", "pipe", "inherit"] });
+    let out = "";
+    child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString()));
+    return new Promise((resolve) =>
+      child.on("exit", (status) => resolve({ status, lines: out.trim().split("\n").filter(Boolean).map((line) => JSON.parse(line) as Record<string, unknown>) })),
+    );
+  }
+
+  it("exits the process with status 1, after logging which store stopped and how", async () => {
+    const { status, lines } = await runDyingThread("exit");
+    expect(status).toBe(1);
+    expect(lines).toEqual([expect.objectContaining({ level: "error", msg: "embedded database stopped", data_dir: "/srv/typesafe-data", exit_code: 7 })]);
+  });
+
+  it("logs the thread's uncaught error before it exits", async () => {
+    const { status, lines } = await runDyingThread("throw");
+    expect(status).toBe(1);
+    expect(lines.map((line) => line.msg)).toEqual(["embedded database failed", "embedded database stopped"]);
+    expect(JSON.stringify(lines[0])).toContain("PGlite aborted");
+  });
+
+  it("lets a store being closed end its thread quietly", async () => {
+    const { status, lines } = await runDyingThread("exit", "closing");
+    expect(status).toBe(0);
+    expect(lines).toEqual([]);
   });
 });
