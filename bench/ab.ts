@@ -17,11 +17,10 @@
  * and build the medians of req/s, p50, p99, and the CPU per call of the service and of
  * PostgreSQL (every postgres process of this machine; NaN for a remote database).
  */
-import fs from "node:fs/promises";
-import { createKnex, socketFilePath } from "../src/db/database.js";
+import { createKnex } from "../src/db/database.js";
 import type { LoadOptions } from "./roles.js";
 import { databaseCpuSeconds, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
-import { createDefaultAccounts, decideBody, median, openBenchStore, type BenchStore } from "./support.js";
+import { createDefaultAccounts, decideBody, embeddedStoreUrl, median, openBenchStore, type BenchStore } from "./support.js";
 
 const BUILDS = (process.env.BENCH_AB ?? "").split(",").filter(Boolean).map((entry) => entry.split("=") as [string, string]);
 const MODES = (process.env.BENCH_MODES ?? "http,grpc-frames").split(",") as LoadOptions["mode"][];
@@ -51,9 +50,7 @@ async function main() {
     for (const [name, bundle] of BUILDS) {
       const store = await openBenchStore(EMBEDDED ? undefined : serverUrl);
       const service = await startService({ DATABASE_URL: "", ...store.env, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" }, { bundle });
-      // The embedded store's wire address is published in its folder once the service has opened it.
-      const url = store.env.DATABASE_URL ?? (JSON.parse(await fs.readFile(socketFilePath(store.env.TYPESAFE_DATA_DIR!), "utf8")) as { url: string }).url;
-      const db = createKnex(url, 4);
+      const db = createKnex(store.env.DATABASE_URL ?? (await embeddedStoreUrl(store.env.TYPESAFE_DATA_DIR!)), 4);
       builds.push({ name, service, store, apiKeys: await createDefaultAccounts(db, ACCOUNTS) });
       await db.destroy();
     }

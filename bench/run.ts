@@ -16,10 +16,10 @@
 import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { createKnex, socketFilePath } from "../src/db/database.js";
+import { createKnex } from "../src/db/database.js";
 import type { LoadResult } from "./roles.js";
 import { buildService, startBareServer, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
-import { createDefaultAccounts, createScratchDatabase, decideBody, median } from "./support.js";
+import { createDefaultAccounts, createScratchDatabase, decideBody, embeddedStoreUrl, median } from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const CONNECTIONS = 50;
@@ -116,8 +116,7 @@ async function main() {
 
     // The embedded store, measured the same way.
     service = await startService({ ...serviceEnv, TYPESAFE_DATA_DIR: dataDir });
-    const embeddedUrl = (JSON.parse(await fs.readFile(socketFilePath(dataDir), "utf8")) as { url: string }).url;
-    const embeddedDb = createKnex(embeddedUrl, 1);
+    const embeddedDb = createKnex(await embeddedStoreUrl(dataDir), 1);
     const embeddedKeys = await createDefaultAccounts(embeddedDb, ACCOUNTS);
     await embeddedDb.destroy();
     await load.run({ mode: "http", url: `${service.url}/api/v1/decisions`, body: one, apiKeys: embeddedKeys, connections: CONNECTIONS, durationS: 2 });

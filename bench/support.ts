@@ -13,6 +13,7 @@ import path from "node:path";
 import type { Knex } from "knex";
 import pg from "pg";
 import { createAccount, createApiKey } from "../src/accounts/store.js";
+import { readPublishedSocket } from "../src/db/database.js";
 
 /** A database of its own on a PostgreSQL server, so a run never touches anything it did not create. */
 export interface ScratchDatabase {
@@ -55,6 +56,13 @@ export async function openBenchStore(serverUrl: string | undefined): Promise<Ben
   }
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-bench-"));
   return { env: { TYPESAFE_DATA_DIR: dataDir }, cleanup: () => fs.rm(dataDir, { recursive: true, force: true }) };
+}
+
+/** The wire address a running service published for its embedded store in `dataDir`. */
+export async function embeddedStoreUrl(dataDir: string): Promise<string> {
+  const published = await readPublishedSocket(dataDir);
+  if (!published) throw new Error(`no running service has published an embedded store in ${dataDir}`);
+  return published.url;
 }
 
 /**
