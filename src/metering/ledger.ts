@@ -68,11 +68,15 @@ function runHot<Row extends object>(db: Knex, statement: PooledStatement, values
   return runPooled<Row>(db, preparing.has(db.client) ? statement : { text: statement.text }, values, timeoutMs);
 }
 
+/**
+ * Admissions of concurrent calls in one statement (migration
+ * 20261125120000_batch_metering_statements); a single call is a batch of one.
+ */
 const ADMIT: PooledStatement = {
   name: "metering_admit",
   text:
     "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, " +
-    "metering_admit_unless_abandoned($1::bytea, $2::text, $3::bigint, $4::boolean, $5::integer, $6::text, $7::bytea, $8::timestamptz, $9::uuid) AS admission",
+    "metering_admit_many($1::bytea[], $2::text[], $3::bigint[], $4::boolean[], $5::integer[], $6::text[], $7::bytea[], $8::timestamptz[], $9::uuid[]) AS admission",
 };
 
 /** Only after an admission's reply was lost: unnamed, like the sweep. */
@@ -81,9 +85,10 @@ const ABANDON: PooledStatement = { text: "SELECT * FROM metering_abandon($1::uui
 /** Runs every few seconds, so it is not worth a prepared statement on each connection: unnamed. */
 const SWEEP: PooledStatement = { text: "SELECT metering_sweep($1::timestamptz, $2::integer) AS expired" };
 
+/** Settles and releases of concurrent calls in one statement, as ADMIT. */
 const RESOLVE: PooledStatement = {
   name: "metering_resolve",
-  text: "SELECT * FROM metering_resolve($1::uuid, $2::boolean, $3::bigint, $4::jsonb, $5::timestamptz)",
+  text: "SELECT * FROM metering_resolve_many($1::uuid[], $2::boolean[], $3::bigint[], $4::jsonb[], $5::timestamptz[])",
 };
 
 /** What the account looks like after the call, for billing fields and rate-limit headers. */
@@ -156,23 +161,37 @@ interface DbAdmissionRow {
  *   back what the crashed calls had reserved.
  */
 export async function admit(db: Knex, input: AdmitInput): Promise<Admission> {
+  return (await admitMany(db, [input], input.timeoutMs))[0]!;
+}
+
+/**
+ * Admits several calls in one round trip and one transaction (createBatcher
+ * groups concurrent calls); answers in the inputs' order. Each is decided as
+ * admit decides it, in the order of their accounts' ids: calls of one account
+ * see each other as consecutive single calls would. All or nothing: should
+ * one raise, none is admitted.
+ */
+export async function admitMany(db: Knex, inputs: readonly AdmitInput[], timeoutMs: number | undefined): Promise<Admission[]> {
   const rows = await runHot<DbAdmissionRow>(
     db,
     ADMIT,
     [
-      input.keyHash,
-      input.endpoint,
-      input.reserveUnits,
-      input.freeAllowed,
-      Math.ceil(input.leaseMs),
-      input.idempotencyKey ?? null,
-      input.requestHash ?? null,
-      input.now ?? null,
-      input.requestId ?? null,
+      inputs.map((input) => input.keyHash),
+      inputs.map((input) => input.endpoint),
+      inputs.map((input) => input.reserveUnits),
+      inputs.map((input) => input.freeAllowed),
+      inputs.map((input) => Math.ceil(input.leaseMs)),
+      inputs.map((input) => input.idempotencyKey ?? null),
+      inputs.map((input) => input.requestHash ?? null),
+      inputs.map((input) => input.now ?? null),
+      inputs.map((input) => input.requestId ?? null),
     ],
-    input.timeoutMs,
+    timeoutMs,
   );
-  const row = single(rows);
+  return oneRowEach(rows, inputs).map(admissionOf);
+}
+
+function admissionOf(row: DbAdmissionRow): Admission {
   if (row.outcome === "unauthenticated") return { outcome: "unauthenticated" };
   const account: AccountSnapshot = {
     accountId: need(row.account_id),
@@ -271,19 +290,24 @@ interface DbResolutionRow {
 
 /** Settles (success) or releases (failure) a hold; idempotent by request id. */
 export async function resolve(db: Knex, input: ResolveInput): Promise<Resolution> {
+  return (await resolveMany(db, [input], input.timeoutMs))[0]!;
+}
+
+/** Settles and releases several holds in one round trip and one transaction, as admitMany admits. */
+export async function resolveMany(db: Knex, inputs: readonly ResolveInput[], timeoutMs: number | undefined): Promise<Resolution[]> {
   const rows = await runHot<DbResolutionRow>(
     db,
     RESOLVE,
     [
-      input.requestId,
-      input.success,
-      input.actualUnits ?? null,
-      input.response === undefined ? null : JSON.stringify(input.response),
-      input.now ?? null,
+      inputs.map((input) => input.requestId),
+      inputs.map((input) => input.success),
+      inputs.map((input) => input.actualUnits ?? null),
+      inputs.map((input) => (input.response === undefined ? null : JSON.stringify(input.response))),
+      inputs.map((input) => input.now ?? null),
     ],
-    input.timeoutMs,
+    timeoutMs,
   );
-  return resolutionOf(single(rows), input.requestId);
+  return oneRowEach(rows, inputs).map((row, i) => resolutionOf(row, inputs[i]!.requestId));
 }
 
 export interface AbandonInput {
@@ -372,6 +396,12 @@ export async function grant(db: Knex | Knex.Transaction, input: GrantInput): Pro
     freeRemaining: row.free_remaining,
     freeReserved: row.free_reserved,
   };
+}
+
+/** The rows of a batch statement: one per input, in the inputs' order. */
+function oneRowEach<T>(rows: T[], inputs: readonly unknown[]): T[] {
+  if (rows.length !== inputs.length) throw new Error(`a metering function returned ${rows.length} rows for ${inputs.length} inputs`);
+  return rows;
 }
 
 /** The one row a metering function returns (SQL functions of a row type always return one). */

@@ -6,10 +6,23 @@ import { hashApiKey, isWellFormedApiKey } from "../accounts/api-keys.js";
 import type { MeteringConfig } from "../config.js";
 import { apiError } from "../errors.js";
 import type { Logger } from "../logger.js";
+import { createBatcher } from "../db/statement-batcher.js";
 import { isDatabaseUnavailable } from "../db/unavailable.js";
 import { linkedSignal } from "../signals.js";
 import { unitsToCredits } from "../units.js";
-import { abandon, admit, resolve, sweep, type AccountSnapshot, type Endpoint, type Funding, type Resolution, type ResolveInput } from "./ledger.js";
+import {
+  abandon,
+  admitMany,
+  resolveMany,
+  sweep,
+  type AccountSnapshot,
+  type Admission,
+  type AdmitInput,
+  type Endpoint,
+  type Funding,
+  type Resolution,
+  type ResolveInput,
+} from "./ledger.js";
 
 /** Spec part 3: a decision reserves 32,000 units per question. */
 export const DECISION_RESERVE_UNITS_PER_QUESTION = 32_000;
@@ -144,6 +157,14 @@ export interface MeterDeps {
   settleRetryDelaysMs?: readonly number[];
 }
 
+/**
+ * How the meter groups the admissions, and the settles and releases, of
+ * concurrent calls (createBatcher): up to two statements of each kind out at
+ * once, so most of the pool stays free for everything else, and at most 32
+ * calls in one, whose account rows stay locked until it commits.
+ */
+export const METER_BATCHING = { maxBatch: 32, maxInFlight: 2 } as const;
+
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const MAX_IDEMPOTENCY_KEY_LENGTH = 255;
 
@@ -158,6 +179,9 @@ export function createMeter(deps: MeterDeps): Meter {
   const now = (): Date | undefined => deps.now?.();
   const retryDelaysMs = deps.settleRetryDelaysMs ?? [50, 200, 500, 1_000, 2_000];
   const timeoutMs = config.statementTimeoutMs;
+  const admit = createBatcher<AdmitInput, Admission>({ run: (inputs) => admitMany(db, inputs, timeoutMs), ...METER_BATCHING });
+  const resolve = createBatcher<ResolveInput, Resolution>({ run: (inputs) => resolveMany(db, inputs, timeoutMs), ...METER_BATCHING });
+  const abandonAlone = (input: ResolveInput) => abandon(db, { ...input, timeoutMs });
   const held = new Set<string>();
   /** Releases under way, so shutdown can wait for them before the pool closes. */
   const releasing = new Set<Promise<unknown>>();
@@ -172,10 +196,10 @@ export function createMeter(deps: MeterDeps): Meter {
    * already in the state it asked for is looking at an earlier attempt of its
    * own that committed and lost its reply: that is this call's outcome.
    */
-  async function resolveWithRetry(input: ResolveInput, statement: typeof resolve = resolve): Promise<Resolution> {
+  async function resolveWithRetry(input: ResolveInput, statement = resolve): Promise<Resolution> {
     for (let attempt = 0; ; attempt++) {
       try {
-        const resolution = await statement(db, { ...input, timeoutMs });
+        const resolution = await statement(input);
         return attempt === 0 ? resolution : asOwnOutcome(resolution, input);
       } catch (err) {
         const wait = retryDelaysMs[attempt];
@@ -190,7 +214,7 @@ export function createMeter(deps: MeterDeps): Meter {
    * (ledger.abandon). Resolves to what the database answered, or undefined
    * when it could not be reached (the lease releases the hold).
    */
-  function release(requestId: string, log: Logger, statement: typeof resolve = resolve): Promise<Resolution | undefined> {
+  function release(requestId: string, log: Logger, statement = resolve): Promise<Resolution | undefined> {
     const pending = (async () => {
       try {
         const released = await resolveWithRetry({ requestId, success: false, now: now() }, statement);
@@ -228,7 +252,7 @@ export function createMeter(deps: MeterDeps): Meter {
     const rowId = UUID.test(call.requestId) ? call.requestId : crypto.randomUUID();
     let admission;
     try {
-      admission = await admit(db, {
+      admission = await admit({
         keyHash: hashApiKey(call.apiKey),
         endpoint: call.endpoint,
         reserveUnits: call.reserveUnits,
@@ -242,12 +266,11 @@ export function createMeter(deps: MeterDeps): Meter {
             : undefined,
         requestId: rowId,
         now: now(),
-        timeoutMs,
       });
     } catch (err) {
       if (!isDatabaseUnavailable(err)) throw err;
       // The hold may have committed with its reply lost, or may still commit: give it back now, not at its lease.
-      const abandoned = await release(rowId, logger.child({ request_id: rowId, endpoint: call.endpoint }), abandon);
+      const abandoned = await release(rowId, logger.child({ request_id: rowId, endpoint: call.endpoint }), abandonAlone);
       if (abandoned?.outcome === "not_found") counters.admissionsAbandoned++;
       throw apiError("UNAVAILABLE", "the database is unreachable; the call was not billed; retry later", { cause: err });
     }

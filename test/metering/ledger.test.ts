@@ -1,9 +1,23 @@
 import crypto from "node:crypto";
+import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { revokeApiKey } from "../../src/accounts/store.js";
 import { createKnex } from "../../src/db/database.js";
-import { abandon, admit, grant, isPGlite, prepareStatementsOn, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
+import { createBatcher } from "../../src/db/statement-batcher.js";
+import {
+  abandon,
+  admit,
+  admitMany,
+  grant,
+  isPGlite,
+  prepareStatementsOn,
+  resolve,
+  resolveMany,
+  sweep,
+  type Admission,
+  type AdmitInput,
+} from "../../src/metering/ledger.js";
 import { decisionReserveUnits, searchReserveUnits } from "../../src/metering/meter.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -365,5 +379,83 @@ describe("named statements", () => {
     } finally {
       await oneConnection.destroy();
     }
+  });
+});
+
+describe("batches (admitMany, resolveMany)", () => {
+  const input = (a: { apiKey: string }, extra: Partial<AdmitInput> = {}): AdmitInput => ({
+    keyHash: hashApiKey(a.apiKey),
+    endpoint: "decide",
+    reserveUnits: 1_000,
+    freeAllowed: false,
+    leaseMs: LEASE_MS,
+    now: T0,
+    requestId: crypto.randomUUID(),
+    ...extra,
+  });
+
+  it("answers each call in the order sent; calls of one account see each other as consecutive calls would", async () => {
+    const busy = await account({ units: 100_000 });
+    const other = await account({ units: 100_000 });
+    await database.db("accounts").where({ id: busy.accountId }).update({ max_in_flight: 1 });
+    const inputs = [input(other), input(busy), input({ apiKey: `ts_live_${"x".repeat(38)}` }), input(busy, { now: at(1) })];
+    const answers = await admitMany(database.db, inputs, undefined);
+    expect(answers.map((a) => a.outcome)).toEqual(["admitted", "admitted", "unauthenticated", "concurrency_limited"]);
+    expect(answers[0]).toMatchObject({ requestId: inputs[0]!.requestId, accountId: other.accountId, inFlight: 1 });
+    expect(answers[1]).toMatchObject({ requestId: inputs[1]!.requestId, accountId: busy.accountId, inFlight: 1 });
+    expect(answers[3]).toMatchObject({ accountId: busy.accountId, inFlight: 1, maxInFlight: 1 });
+    await busy.check();
+    await other.check();
+  });
+
+  it("settles, releases and reports an unknown request, each answer for its own request id", async () => {
+    const a = await account({ units: 100_000 });
+    const [first, second] = (await admitMany(database.db, [input(a), input(a)], undefined)).map(admitted);
+    const unknown = crypto.randomUUID();
+    const answers = await resolveMany(
+      database.db,
+      [
+        { requestId: second!.requestId, success: false, now: at(2) },
+        { requestId: unknown, success: true, actualUnits: 5, now: at(2) },
+        { requestId: first!.requestId, success: true, actualUnits: 300, now: at(2) },
+      ],
+      undefined,
+    );
+    expect(answers).toMatchObject([
+      { outcome: "released", requestId: second!.requestId, chargedUnits: 0 },
+      { outcome: "not_found", requestId: unknown },
+      { outcome: "settled", requestId: first!.requestId, chargedUnits: 300, balanceUnits: 99_700 },
+    ]);
+    expect(await a.row()).toMatchObject({ balance: 99_700, reserved: 0, in_flight: 0 });
+    await a.check();
+  });
+
+  it("is all or nothing: a call the database refuses rolls its whole batch back", async () => {
+    const a = await account({ units: 100_000 });
+    const good = input(a);
+    const refused = await admitMany(database.db, [good, input(a, { leaseMs: -5 })], undefined).catch((err: unknown) => err);
+    expect(refused).toBeInstanceOf(pg.DatabaseError);
+    expect(refused).toMatchObject({ code: "22023" });
+    expect(await database.db("requests").where({ id: good.requestId }).first()).toBeUndefined();
+    expect(await a.row()).toMatchObject({ reserved: 0, in_flight: 0 });
+  });
+
+  it("through createBatcher, the calls of a refused batch are sent again alone: only the refused one fails", async () => {
+    const a = await account({ units: 100_000 });
+    const sizes: number[] = [];
+    const submit = createBatcher<AdmitInput, Admission>({
+      run: (inputs) => {
+        sizes.push(inputs.length);
+        return admitMany(database.db, inputs, undefined);
+      },
+      maxBatch: 10,
+      maxInFlight: 1,
+    });
+    const inputs = [input(a), input(a), input(a, { reserveUnits: -1 }), input(a)];
+    const answers = await Promise.all(inputs.map((i) => submit(i).catch((err: unknown) => err)));
+    expect(sizes).toEqual([1, 3, 1, 1, 1]);
+    expect(answers.map((x) => (x instanceof Error ? (x as pg.DatabaseError).code : (x as Admission).outcome))).toEqual(["admitted", "admitted", "22023", "admitted"]);
+    expect(await a.row()).toMatchObject({ reserved: 3_000, in_flight: 3 });
+    await a.check();
   });
 });

@@ -4,7 +4,7 @@ import { generateApiKey } from "../../src/accounts/api-keys.js";
 import { loadConfig } from "../../src/config.js";
 import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
-import { createMeter, type MeteredCall, type Meter } from "../../src/metering/meter.js";
+import { createMeter, METER_BATCHING, type MeteredCall, type Meter } from "../../src/metering/meter.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { assertInvariants } from "../support/invariants.js";
@@ -77,6 +77,34 @@ async function burst(count: number, makeCall: () => MeteredCall, chargeUnits: nu
   const answered = results.flatMap((r) => ("value" in r ? [r.value] : []));
   return { enteredBeforeRelease, reasons, answered };
 }
+
+describe("calls in flight together", () => {
+  it("share their statements: the admissions that queue behind the first ones go in one, and so do their settles", async () => {
+    const accounts = await Promise.all(Array.from({ length: 6 }, () => createTestAccount(database.db, { units: 1_000_000 })));
+    const statements: string[] = [];
+    const onQuery = (query: { sql: string }) => statements.push(query.sql);
+    database.db.on("query", onQuery);
+    try {
+      const { reasons, answered } = await burst(30, (() => {
+        let i = 0;
+        return () => call(accounts[i++ % accounts.length]!.apiKey, { freeAllowed: false });
+      })(), 1_000);
+      expect(reasons).toEqual([]);
+      expect(answered).toHaveLength(30);
+    } finally {
+      database.db.off("query", onQuery);
+    }
+    // The first calls find a free slot and go alone; the rest queue and go together.
+    const { maxBatch, maxInFlight } = METER_BATCHING;
+    const expected = maxInFlight + Math.ceil((30 - maxInFlight) / maxBatch);
+    expect(statements.filter((sql) => sql.includes("metering_admit_many"))).toHaveLength(expected);
+    expect(statements.filter((sql) => sql.includes("metering_resolve_many"))).toHaveLength(expected);
+    for (const { accountId } of accounts) {
+      expect(await row(accountId)).toMatchObject({ balance: 1_000_000 - 5 * 1_000, reserved: 0, in_flight: 0 });
+      await assertInvariants(database.db, accountId);
+    }
+  });
+});
 
 describe("40 concurrent calls", () => {
   it("balance for exactly 3 reservations: 3 reach the work, 37 get 402, the 3 settle at their actual cost", async () => {

@@ -4,6 +4,7 @@ import * as createMeteringFunctions from "./20261123000100_create_metering_funct
 import * as refuseAbandonedAdmissions from "./20261125000000_refuse_abandoned_admissions.js";
 import * as meteringRulesAsDomains from "./20261125100000_metering_rules_as_domains.js";
 import * as expireHoldsOnlyWhenDue from "./20261125110000_expire_holds_only_when_due.js";
+import * as batchMeteringStatements from "./20261125120000_batch_metering_statements.js";
 
 /**
  * Every migration in order. Listed statically so that they load the same way
@@ -15,6 +16,7 @@ const migrations: Record<string, Knex.Migration> = {
   "20261125000000_refuse_abandoned_admissions": refuseAbandonedAdmissions,
   "20261125100000_metering_rules_as_domains": meteringRulesAsDomains,
   "20261125110000_expire_holds_only_when_due": expireHoldsOnlyWhenDue,
+  "20261125120000_batch_metering_statements": batchMeteringStatements,
 };
 
 export const migrationSource: Knex.MigrationSource<string> = {
