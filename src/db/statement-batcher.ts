@@ -7,7 +7,9 @@ import pg from "pg";
  * with every item that queued meanwhile (up to `maxBatch`). A lone call pays
  * nothing; under load, one statement, one transaction and one WAL flush serve
  * many calls, which is what PostgreSQL's CPU goes to on a busy machine
- * (README, Performance).
+ * (README, Performance). The fewer batches out, the larger each one; but a
+ * batch out for `stallMs` (a lost reply waits for its deadline) gives its
+ * slot up, so that one stuck statement never holds every call behind it.
  *
  * A batch is all or nothing, and its failure is each item's:
  * - an error the database reported for the statement means it rolled back,
@@ -22,6 +24,8 @@ export interface BatcherOptions<Item, Result> {
   maxBatch: number;
   /** Batches out at once at most: what a burst waits behind. */
   maxInFlight: number;
+  /** A batch out this long stops counting against maxInFlight. */
+  stallMs: number;
 }
 
 interface Queued<Item, Result> {
@@ -32,7 +36,7 @@ interface Queued<Item, Result> {
 
 /** A function that runs one item, batched with the items of concurrent calls. */
 export function createBatcher<Item, Result>(options: BatcherOptions<Item, Result>): (item: Item) => Promise<Result> {
-  const { run, maxBatch, maxInFlight } = options;
+  const { run, maxBatch, maxInFlight, stallMs } = options;
   const queue: Queued<Item, Result>[] = [];
   let inFlight = 0;
 
@@ -40,9 +44,17 @@ export function createBatcher<Item, Result>(options: BatcherOptions<Item, Result
     while (inFlight < maxInFlight && queue.length > 0) {
       const batch = queue.splice(0, maxBatch);
       inFlight++;
-      void send(batch).finally(() => {
+      let holdsSlot = true;
+      const giveSlotUp = () => {
+        if (!holdsSlot) return;
+        holdsSlot = false;
         inFlight--;
         sendWhileFree();
+      };
+      const stalled = setTimeout(giveSlotUp, stallMs);
+      void send(batch).finally(() => {
+        clearTimeout(stalled);
+        giveSlotUp();
       });
     }
   }

@@ -1,5 +1,5 @@
 import pg from "pg";
-import { describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it, vi } from "vitest";
 import { StatementTimeoutError } from "../../src/db/pooled-statement.js";
 import { createBatcher } from "../../src/db/statement-batcher.js";
 
@@ -30,7 +30,7 @@ const settledTick = () => new Promise((resolve) => setImmediate(resolve));
 describe("createBatcher", () => {
   it("sends a lone item at once, then groups what queues behind the batches out, in order, up to maxBatch", async () => {
     const { batches, run } = recordingRun();
-    const submit = createBatcher({ run, maxBatch: 3, maxInFlight: 2 });
+    const submit = createBatcher({ run, maxBatch: 3, maxInFlight: 2, stallMs: 60_000 });
     const answers = [1, 2, 3, 4, 5, 6, 7].map((item) => submit(item));
     expect(batches.map((b) => b.items)).toEqual([[1], [2]]);
 
@@ -48,7 +48,7 @@ describe("createBatcher", () => {
 
   it("after a batch the database refused, sends each item again alone: only the item refused alone fails", async () => {
     const { batches, run } = recordingRun();
-    const submit = createBatcher({ run, maxBatch: 10, maxInFlight: 1 });
+    const submit = createBatcher({ run, maxBatch: 10, maxInFlight: 1, stallMs: 60_000 });
     const answers = [1, 2, 3, 4].map((item) => submit(item).catch((err: unknown) => err));
     batches[0]!.answer(["one"]);
     await settledTick();
@@ -64,7 +64,7 @@ describe("createBatcher", () => {
 
   it("holds its slot while the items of a refused batch go alone, so nothing overtakes them", async () => {
     const { batches, run } = recordingRun();
-    const submit = createBatcher({ run, maxBatch: 10, maxInFlight: 1 });
+    const submit = createBatcher({ run, maxBatch: 10, maxInFlight: 1, stallMs: 60_000 });
     void [1, 2, 3].map((item) => submit(item).catch(() => undefined));
     batches[0]!.answer(["one"]);
     await settledTick();
@@ -84,7 +84,7 @@ describe("createBatcher", () => {
     ["a lost connection", Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" })],
   ])("gives every item of a batch whose outcome is unknown (%s) that failure, and sends nothing again", async (_, failure) => {
     const { batches, run } = recordingRun();
-    const submit = createBatcher({ run, maxBatch: 10, maxInFlight: 1 });
+    const submit = createBatcher({ run, maxBatch: 10, maxInFlight: 1, stallMs: 60_000 });
     const answers = [1, 2, 3].map((item) => submit(item).catch((err: unknown) => err));
     batches[0]!.answer(["one"]);
     await settledTick();
@@ -93,9 +93,36 @@ describe("createBatcher", () => {
     expect(batches.map((b) => b.items)).toEqual([[1], [2, 3]]);
   });
 
+  describe("a batch that does not answer", () => {
+    afterEach(() => {
+      vi.useRealTimers();
+    });
+
+    it("gives its slot up after stallMs, so the items behind it go; the slot is not given back twice when it answers", async () => {
+      vi.useFakeTimers();
+      const { batches, run } = recordingRun();
+      const submit = createBatcher({ run, maxBatch: 10, maxInFlight: 1, stallMs: 50 });
+      const answers = [1, 2, 3].map((item) => submit(item));
+      vi.advanceTimersByTime(49.7);
+      expect(batches.map((b) => b.items)).toEqual([[1]]);
+      vi.advanceTimersByTime(0.6);
+      expect(batches.map((b) => b.items)).toEqual([[1], [2, 3]]);
+
+      batches[0]!.answer(["one"]);
+      await vi.advanceTimersByTimeAsync(0);
+      void submit(4);
+      // The second batch holds the only slot again: the stalled one answering late did not free a second.
+      expect(batches.map((b) => b.items)).toEqual([[1], [2, 3]]);
+      batches[1]!.answer(["two", "three"]);
+      await vi.advanceTimersByTimeAsync(0);
+      expect(batches.map((b) => b.items)).toEqual([[1], [2, 3], [4]]);
+      expect(await Promise.all(answers)).toEqual(["one", "two", "three"]);
+    });
+  });
+
   it("does not send a lone item the database refused again", async () => {
     const { batches, run } = recordingRun();
-    const submit = createBatcher({ run, maxBatch: 10, maxInFlight: 2 });
+    const submit = createBatcher({ run, maxBatch: 10, maxInFlight: 2, stallMs: 60_000 });
     const refused = refusedByDatabase();
     const answer = submit(1).catch((err: unknown) => err);
     batches[0]!.fail(refused);

@@ -450,6 +450,7 @@ describe("batches (admitMany, resolveMany)", () => {
       },
       maxBatch: 10,
       maxInFlight: 1,
+      stallMs: 60_000,
     });
     const inputs = [input(a), input(a), input(a, { reserveUnits: -1 }), input(a)];
     const answers = await Promise.all(inputs.map((i) => submit(i).catch((err: unknown) => err)));

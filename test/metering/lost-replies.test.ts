@@ -248,6 +248,38 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
   });
 });
 
+describe("a lost reply holds no other call behind it", () => {
+  it("an admission sent while another's reply stalls goes out beside it and is answered before that one's deadline", async () => {
+    const stuck = await createTestAccount(database.db, { units: 32_000 });
+    const other = await createTestAccount(database.db, { units: 32_000 });
+    // The stuck admission's connection stays open: only its deadline (400 ms here) ends it.
+    faultsInOrder([{ sql: "admit", fault: "stall-reply" }]);
+    // Two connections, so the second call has one to go on (the embedded store's shared proxied pool has one).
+    const twoConnections = createKnex(proxiedUrl(database.url, proxy), 2);
+    try {
+      const meter = createMeter({ db: twoConnections, config: metering, logger: createLogger("silent"), settleRetryDelaysMs: RETRY_DELAYS_MS });
+      const finished: string[] = [];
+      const work = async () => ({ value: "yes", chargeUnits: 1_000 });
+      const stalled = meter.run(call(stuck.apiKey), work).then(
+        () => finished.push("stalled: answered"),
+        (err: unknown) => finished.push(`stalled: ${reasonOf(err)}`),
+      );
+      const behind = meter.run(call(other.apiKey), work).then(
+        () => finished.push("behind: answered"),
+        (err: unknown) => finished.push(`behind: ${reasonOf(err)}`),
+      );
+      await Promise.all([stalled, behind]);
+      expect(finished).toEqual(["behind: answered", "stalled: UNAVAILABLE"]);
+      expect(await accountRow(other.accountId)).toMatchObject({ balance: 31_000, reserved: 0, in_flight: 0 });
+      expect(await accountRow(stuck.accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+      await assertInvariants(database.db, other.accountId);
+      await assertInvariants(database.db, stuck.accountId);
+    } finally {
+      await twoConnections.destroy();
+    }
+  });
+});
+
 describe("a lost reply never stops the sweeper", () => {
   it("a sweep whose reply stalls ends at the statement deadline (shutdown waits for a sweep under way), and the next sweep runs", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 64_000 });
