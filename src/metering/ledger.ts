@@ -69,11 +69,19 @@ function runHot<Row extends object>(db: Knex, statement: PooledStatement, values
 }
 
 /**
- * Admissions of concurrent calls in one statement (migration
- * 20261125120000_batch_metering_statements); a single call is a batch of one.
+ * One call's admission. Calls in flight together go in one ADMIT_MANY
+ * (migration 20261125120000_batch_metering_statements), whose batch costs
+ * PostgreSQL more than this for a single call.
  */
 const ADMIT: PooledStatement = {
   name: "metering_admit",
+  text:
+    "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, " +
+    "metering_admit_unless_abandoned($1::bytea, $2::text, $3::bigint, $4::boolean, $5::integer, $6::text, $7::bytea, $8::timestamptz, $9::uuid) AS admission",
+};
+
+const ADMIT_MANY: PooledStatement = {
+  name: "metering_admit_many",
   text:
     "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, " +
     "metering_admit_many($1::bytea[], $2::text[], $3::bigint[], $4::boolean[], $5::integer[], $6::text[], $7::bytea[], $8::timestamptz[], $9::uuid[]) AS admission",
@@ -85,9 +93,14 @@ const ABANDON: PooledStatement = { text: "SELECT * FROM metering_abandon($1::uui
 /** Runs every few seconds, so it is not worth a prepared statement on each connection: unnamed. */
 const SWEEP: PooledStatement = { text: "SELECT metering_sweep($1::timestamptz, $2::integer) AS expired" };
 
-/** Settles and releases of concurrent calls in one statement, as ADMIT. */
+/** One settle or release; several go in one RESOLVE_MANY, as admissions do. */
 const RESOLVE: PooledStatement = {
   name: "metering_resolve",
+  text: "SELECT * FROM metering_resolve($1::uuid, $2::boolean, $3::bigint, $4::jsonb, $5::timestamptz)",
+};
+
+const RESOLVE_MANY: PooledStatement = {
+  name: "metering_resolve_many",
   text: "SELECT * FROM metering_resolve_many($1::uuid[], $2::boolean[], $3::bigint[], $4::jsonb[], $5::timestamptz[])",
 };
 
@@ -172,22 +185,21 @@ export async function admit(db: Knex, input: AdmitInput): Promise<Admission> {
  * one raise, none is admitted.
  */
 export async function admitMany(db: Knex, inputs: readonly AdmitInput[], timeoutMs: number | undefined): Promise<Admission[]> {
-  const rows = await runHot<DbAdmissionRow>(
-    db,
-    ADMIT,
-    [
-      inputs.map((input) => input.keyHash),
-      inputs.map((input) => input.endpoint),
-      inputs.map((input) => input.reserveUnits),
-      inputs.map((input) => input.freeAllowed),
-      inputs.map((input) => Math.ceil(input.leaseMs)),
-      inputs.map((input) => input.idempotencyKey ?? null),
-      inputs.map((input) => input.requestHash ?? null),
-      inputs.map((input) => input.now ?? null),
-      inputs.map((input) => input.requestId ?? null),
-    ],
-    timeoutMs,
-  );
+  const columns = [
+    inputs.map((input) => input.keyHash),
+    inputs.map((input) => input.endpoint),
+    inputs.map((input) => input.reserveUnits),
+    inputs.map((input) => input.freeAllowed),
+    inputs.map((input) => Math.ceil(input.leaseMs)),
+    inputs.map((input) => input.idempotencyKey ?? null),
+    inputs.map((input) => input.requestHash ?? null),
+    inputs.map((input) => input.now ?? null),
+    inputs.map((input) => input.requestId ?? null),
+  ];
+  const rows =
+    inputs.length === 1
+      ? await runHot<DbAdmissionRow>(db, ADMIT, columns.map((column) => column[0]), timeoutMs)
+      : await runHot<DbAdmissionRow>(db, ADMIT_MANY, columns, timeoutMs);
   return oneRowEach(rows, inputs).map(admissionOf);
 }
 
@@ -295,18 +307,17 @@ export async function resolve(db: Knex, input: ResolveInput): Promise<Resolution
 
 /** Settles and releases several holds in one round trip and one transaction, as admitMany admits. */
 export async function resolveMany(db: Knex, inputs: readonly ResolveInput[], timeoutMs: number | undefined): Promise<Resolution[]> {
-  const rows = await runHot<DbResolutionRow>(
-    db,
-    RESOLVE,
-    [
-      inputs.map((input) => input.requestId),
-      inputs.map((input) => input.success),
-      inputs.map((input) => input.actualUnits ?? null),
-      inputs.map((input) => (input.response === undefined ? null : JSON.stringify(input.response))),
-      inputs.map((input) => input.now ?? null),
-    ],
-    timeoutMs,
-  );
+  const columns = [
+    inputs.map((input) => input.requestId),
+    inputs.map((input) => input.success),
+    inputs.map((input) => input.actualUnits ?? null),
+    inputs.map((input) => (input.response === undefined ? null : JSON.stringify(input.response))),
+    inputs.map((input) => input.now ?? null),
+  ];
+  const rows =
+    inputs.length === 1
+      ? await runHot<DbResolutionRow>(db, RESOLVE, columns.map((column) => column[0]), timeoutMs)
+      : await runHot<DbResolutionRow>(db, RESOLVE_MANY, columns, timeoutMs);
   return oneRowEach(rows, inputs).map((row, i) => resolutionOf(row, inputs[i]!.requestId));
 }
 

@@ -6,7 +6,7 @@ import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { admit } from "../../src/metering/ledger.js";
-import { createMeter, searchReserveUnits, type MeteredCall, type Meter } from "../../src/metering/meter.js";
+import { createMeter, METER_BATCHING, searchReserveUnits, type MeteredCall, type Meter } from "../../src/metering/meter.js";
 import { unitsToCredits } from "../../src/units.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -249,33 +249,35 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
 });
 
 describe("a lost reply holds no other call behind it", () => {
-  it("an admission sent while another's reply stalls goes out beside it and is answered before that one's deadline", async () => {
-    const stuck = await createTestAccount(database.db, { units: 32_000 });
+  it("an admission sent while every slot's reply stalls goes out beside them and is answered before their deadline", async () => {
+    const { maxInFlight } = METER_BATCHING;
+    const stuck = await Promise.all(Array.from({ length: maxInFlight }, () => createTestAccount(database.db, { units: 32_000 })));
     const other = await createTestAccount(database.db, { units: 32_000 });
-    // The stuck admission's connection stays open: only its deadline (400 ms here) ends it.
-    faultsInOrder([{ sql: "admit", fault: "stall-reply" }]);
-    // Two connections, so the second call has one to go on (the embedded store's shared proxied pool has one).
-    const twoConnections = createKnex(proxiedUrl(database.url, proxy), 2);
+    // The stuck admissions' connections stay open: only their deadline (400 ms here) ends them.
+    faultsInOrder(stuck.map(() => ({ sql: "admit", fault: "stall-reply" })));
+    // A connection each, so the last call has one to go on (the embedded store's shared proxied pool has one).
+    const ownPool = createKnex(proxiedUrl(database.url, proxy), maxInFlight + 1);
     try {
-      const meter = createMeter({ db: twoConnections, config: metering, logger: createLogger("silent"), settleRetryDelaysMs: RETRY_DELAYS_MS });
+      const meter = createMeter({ db: ownPool, config: metering, logger: createLogger("silent"), settleRetryDelaysMs: RETRY_DELAYS_MS });
       const finished: string[] = [];
       const work = async () => ({ value: "yes", chargeUnits: 1_000 });
-      const stalled = meter.run(call(stuck.apiKey), work).then(
-        () => finished.push("stalled: answered"),
-        (err: unknown) => finished.push(`stalled: ${reasonOf(err)}`),
-      );
-      const behind = meter.run(call(other.apiKey), work).then(
-        () => finished.push("behind: answered"),
-        (err: unknown) => finished.push(`behind: ${reasonOf(err)}`),
-      );
-      await Promise.all([stalled, behind]);
-      expect(finished).toEqual(["behind: answered", "stalled: UNAVAILABLE"]);
+      const outcome = (name: string, run: Promise<unknown>) =>
+        run.then(
+          () => finished.push(`${name}: answered`),
+          (err: unknown) => finished.push(`${name}: ${reasonOf(err)}`),
+        );
+      const stalled = stuck.map((account) => outcome("stalled", meter.run(call(account.apiKey), work)));
+      const behind = outcome("behind", meter.run(call(other.apiKey), work));
+      await Promise.all([...stalled, behind]);
+      expect(finished).toEqual(["behind: answered", ...stuck.map(() => "stalled: UNAVAILABLE")]);
       expect(await accountRow(other.accountId)).toMatchObject({ balance: 31_000, reserved: 0, in_flight: 0 });
-      expect(await accountRow(stuck.accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
       await assertInvariants(database.db, other.accountId);
-      await assertInvariants(database.db, stuck.accountId);
+      for (const account of stuck) {
+        expect(await accountRow(account.accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+        await assertInvariants(database.db, account.accountId);
+      }
     } finally {
-      await twoConnections.destroy();
+      await ownPool.destroy();
     }
   });
 });

@@ -97,8 +97,8 @@ describe("calls in flight together", () => {
     // The first calls find a free slot and go alone; the rest queue and go together.
     const { maxBatch, maxInFlight } = METER_BATCHING;
     const expected = maxInFlight + Math.ceil((30 - maxInFlight) / maxBatch);
-    expect(statements.filter((sql) => sql.includes("metering_admit_many"))).toHaveLength(expected);
-    expect(statements.filter((sql) => sql.includes("metering_resolve_many"))).toHaveLength(expected);
+    expect(statements.filter((sql) => sql.includes("metering_admit"))).toHaveLength(expected);
+    expect(statements.filter((sql) => sql.includes("metering_resolve"))).toHaveLength(expected);
     for (const { accountId } of accounts) {
       expect(await row(accountId)).toMatchObject({ balance: 1_000_000 - 5 * 1_000, reserved: 0, in_flight: 0 });
       await assertInvariants(database.db, accountId);
