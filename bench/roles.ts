@@ -13,10 +13,12 @@ import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { encodeEnvelope } from "@connectrpc/connect/protocol";
 import { fromJsonString, toBinary } from "@bufbuild/protobuf";
-import pg from "pg";
 import { hashApiKey } from "../src/accounts/api-keys.js";
+import { createKnex } from "../src/db/database.js";
+import { createBatcher } from "../src/db/statement-batcher.js";
 import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decision/v1/decision_service_pb.js";
-import { decisionReserveUnits } from "../src/metering/meter.js";
+import { admitMany, prepareStatementsOn, resolveMany, type AdmitInput, type ResolveInput } from "../src/metering/ledger.js";
+import { decisionReserveUnits, METER_BATCHING } from "../src/metering/meter.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
 import { startBareBaseline } from "./support.js";
 
@@ -24,7 +26,7 @@ export interface LoadOptions {
   /**
    * http: autocannon, as many requests as the connections take; rate: `rate` requests/s whatever the answers;
    * grpc: binary gRPC Decide through a generated Connect client; grpc-frames: the same call as pre-built HTTP/2 requests; invalid: autocannon with bad requests in turn on both paths (every answer must be a 4xx);
-   * sql-pair: no service at all, the two metering statements of a call (admit, then settle) sent bare to the database at `url`, as named statements on a pg pool of `connections`.
+   * sql-pair: no service at all, the two metering statements of a call (admit, then settle) sent to the database at `url` from `connections` callers, batched as the service batches them.
    */
   mode: "http" | "rate" | "grpc" | "grpc-frames" | "invalid" | "sql-pair";
   url: string;
@@ -269,23 +271,32 @@ async function grpcFramesLoop(options: LoadOptions): Promise<LoadResult> {
 /**
  * What PostgreSQL alone gives a metered call: admit + settle pairs per second
  * with nothing in front of it, the ceiling of the gateway's figure on the
- * same cores. Each pair must be admitted and settled.
+ * same cores. The pairs go as the service sends them (the meter's batchers,
+ * the ledger's statements, a pool of 10 connections), from `connections`
+ * callers at once. Each pair must be admitted and settled.
  */
 async function sqlPairLoop(options: LoadOptions): Promise<LoadResult> {
-  const pool = new pg.Pool({ connectionString: options.url, max: options.connections });
+  const db = createKnex(options.url, 10);
   const keyHashes = options.apiKeys.map(hashApiKey);
-  // As the service sends it: with the call's own request id (which an abandon could name).
-  const admit = "SELECT outcome, request_id FROM metering_admit_unless_abandoned($1::bytea, 'decide', $2::bigint, false, 60000, NULL, NULL, NULL, $3::uuid)";
-  const settle = "SELECT outcome FROM metering_resolve($1::uuid, true, 1000)";
+  const admit = createBatcher({ run: (inputs: AdmitInput[]) => admitMany(db, inputs, undefined), ...METER_BATCHING });
+  const settle = createBatcher({ run: (inputs: ResolveInput[]) => resolveMany(db, inputs, undefined), ...METER_BATCHING });
   try {
+    await prepareStatementsOn(db);
     return await concurrentLoops(options, async (_apiKey, i) => {
-      const { rows } = await pool.query({ name: "bench-admit", text: admit, values: [keyHashes[i % keyHashes.length], decisionReserveUnits(1), crypto.randomUUID()] });
-      if (rows[0].outcome !== "admitted") throw new Error(`admission ${String(rows[0].outcome)}`);
-      const settled = await pool.query({ name: "bench-settle", text: settle, values: [rows[0].request_id] });
-      if (settled.rows[0].outcome !== "settled") throw new Error(`settle ${String(settled.rows[0].outcome)}`);
+      const admission = await admit({
+        keyHash: keyHashes[i % keyHashes.length]!,
+        endpoint: "decide",
+        reserveUnits: decisionReserveUnits(1),
+        freeAllowed: false,
+        leaseMs: 60_000,
+        requestId: crypto.randomUUID(),
+      });
+      if (admission.outcome !== "admitted") throw new Error(`admission ${admission.outcome}`);
+      const settled = await settle({ requestId: admission.requestId, success: true, actualUnits: 1_000 });
+      if (settled.outcome !== "settled") throw new Error(`settle ${settled.outcome}`);
     });
   } finally {
-    await pool.end();
+    await db.destroy();
   }
 }
 

@@ -97,7 +97,7 @@ async function main() {
       return { ...result, cpuMs: ((await onPostgres.cpuSeconds()) - before) * 1000 / result.requests };
     };
     const bareLoad = await http(bare.url);
-    const sqlPairs = await load.run({ mode: "sql-pair", url: scratch.url, body: "", apiKeys, connections: 10, durationS: DURATION_S });
+    const sqlPairs = await load.run({ mode: "sql-pair", url: scratch.url, body: "", apiKeys, connections: CONNECTIONS, durationS: DURATION_S });
     const gateway = await withCpu(() => http(decisions));
     // gRPC measured like the gateway: a generator sending pre-built requests (as autocannon does), so the two
     // surfaces get the same share of the cores; a generated client, which costs its process ~3× more per call, beside it.
@@ -135,7 +135,7 @@ async function main() {
       },
       {
         measure: "PostgreSQL alone: admit + settle SQL pairs",
-        figure: `${fixed(sqlPairs.rps)} pairs/s (pg pool of 10, no service)`,
+        figure: `${fixed(sqlPairs.rps)} pairs/s (${CONNECTIONS} callers, batched as the service does, pool of 10; no service)`,
         baseline: `bare node:http ${fixed(bareLoad.rps)} req/s`,
         ratio: `${(sqlPairs.rps / bareLoad.rps).toFixed(3)}×`,
         target: "— (the ceiling of the row above)",
