@@ -1,13 +1,11 @@
 import crypto from "node:crypto";
 import type { Knex } from "knex";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
-import { createKnex, migrate } from "../../src/db/database.js";
 import { abandon } from "../../src/metering/ledger.js";
 import { createTestAccount } from "../support/app.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { sessionsCanRace, useRacingDatabase } from "../support/database.js";
 import { assertInvariants } from "../support/invariants.js";
-import { postgresBinaries, startPrivateCluster, type PrivateCluster } from "../support/private-cluster.js";
 import { waitFor } from "../support/wait.js";
 
 /**
@@ -19,27 +17,11 @@ import { waitFor } from "../support/wait.js";
  * at a time): the one of DATABASE_URL, else a private cluster, as
  * crash.test.ts does.
  */
-const binaries = postgresBinaries();
-
-describe.runIf(process.env.DATABASE_URL !== undefined || binaries !== undefined)("an abandon and its admission in flight at the same moment", () => {
-  let database: TestDatabase | undefined;
-  let cluster: PrivateCluster | undefined;
+describe.runIf(sessionsCanRace)("an abandon and its admission in flight at the same moment", () => {
+  const racing = useRacingDatabase(4);
   let db: Knex;
-
-  beforeAll(async () => {
-    if (process.env.DATABASE_URL !== undefined) {
-      database = await createTestDatabase(4);
-      db = database.db;
-    } else {
-      cluster = await startPrivateCluster();
-      db = createKnex(cluster.url, 4);
-      await migrate(db, true);
-    }
-  });
-  afterAll(async () => {
-    if (database) await database.close();
-    else await db?.destroy();
-    cluster?.stop();
+  beforeAll(() => {
+    db = racing();
   });
 
   const T0 = new Date("2031-03-01T12:00:00.250Z");

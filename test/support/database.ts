@@ -3,11 +3,12 @@ import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import type { Knex } from "knex";
-import { inject } from "vitest";
+import { afterAll, beforeAll, inject } from "vitest";
 import { createKnex, migrate } from "../../src/db/database.js";
 import { openEmbeddedStore } from "../../src/db/embedded.js";
 import { prepareStatementsOn } from "../../src/metering/ledger.js";
 import { createLogger } from "../../src/logger.js";
+import { postgresBinaries, startPrivateCluster, type PrivateCluster } from "./private-cluster.js";
 
 export interface TestDatabase {
   /** Connection string a spawned server process can use. */
@@ -80,5 +81,39 @@ async function createPrivateEmbeddedDatabase(): Promise<TestDatabase> {
       await store.close();
       await fs.rm(dataDir, { recursive: true, force: true });
     },
+  };
+}
+
+/** True where two sessions really race: DATABASE_URL's server, or a private cluster from PostgreSQL's binaries. */
+export const sessionsCanRace = process.env.DATABASE_URL !== undefined || postgresBinaries() !== undefined;
+
+/**
+ * For a file whose tests need two sessions at once (the embedded store runs
+ * one statement at a time): registers its beforeAll and afterAll, which open
+ * a migrated database on DATABASE_URL's server, else on a private cluster, and
+ * returns a getter for it. Guard the file's describe with sessionsCanRace.
+ */
+export function useRacingDatabase(poolMax: number): () => Knex {
+  let database: TestDatabase | undefined;
+  let cluster: PrivateCluster | undefined;
+  let db: Knex | undefined;
+  beforeAll(async () => {
+    if (process.env.DATABASE_URL !== undefined) {
+      database = await createTestDatabase(poolMax);
+      db = database.db;
+    } else {
+      cluster = await startPrivateCluster();
+      db = createKnex(cluster.url, poolMax);
+      await migrate(db, true);
+    }
+  });
+  afterAll(async () => {
+    if (database) await database.close();
+    else await db?.destroy();
+    cluster?.stop();
+  });
+  return () => {
+    if (!db) throw new Error("the racing database is opened in beforeAll");
+    return db;
   };
 }
