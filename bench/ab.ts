@@ -49,7 +49,13 @@ async function main() {
   try {
     for (const [name, bundle] of BUILDS) {
       const store = await openBenchStore(EMBEDDED ? undefined : serverUrl);
-      const service = await startService({ DATABASE_URL: "", ...store.env, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" }, { bundle });
+      // A build that cannot start (say a bundle copied away from src/gen/openapi.json) ends the run; its store goes too.
+      const service = await startService({ DATABASE_URL: "", ...store.env, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" }, { bundle }).catch(
+        async (err: unknown) => {
+          await store.cleanup();
+          throw err;
+        },
+      );
       const db = createKnex(store.env.DATABASE_URL ?? (await embeddedStoreUrl(store.env.TYPESAFE_DATA_DIR!)), 4);
       builds.push({ name, service, store, apiKeys: await createDefaultAccounts(db, ACCOUNTS) });
       await db.destroy();
