@@ -1,22 +1,6 @@
 import pg from "pg";
 
-/**
- * Groups the same statement of concurrent calls into one round trip, as a
- * database's group commit does: an item is sent at once while fewer than
- * `maxInFlight` batches are out, else it waits for one to come back and goes
- * with every item that queued meanwhile (up to `maxBatch`). A lone call pays
- * nothing; under load, one statement, one transaction and one WAL flush serve
- * many calls, which is what PostgreSQL's CPU goes to on a busy machine
- * (README, Performance). The fewer batches out, the larger each one; but a
- * batch out for `stallMs` (a lost reply waits for its deadline) gives its
- * slot up, so that one stuck statement never holds every call behind it.
- *
- * A batch is all or nothing, and its failure is each item's:
- * - an error the database reported for the statement means it rolled back,
- *   so each item is sent again alone and fails or succeeds on its own;
- * - any other failure (a lost connection, a reply past its deadline) leaves
- *   the outcome unknown, and every item's caller gets it, as it would alone.
- */
+/** How createBatcher groups items. */
 export interface BatcherOptions<Item, Result> {
   /** Runs one batch; resolves to one result per item, in the items' order. */
   run(items: Item[]): Promise<Result[]>;
@@ -34,7 +18,25 @@ interface Queued<Item, Result> {
   reject(err: unknown): void;
 }
 
-/** A function that runs one item, batched with the items of concurrent calls. */
+/**
+ * Groups the same statement of concurrent calls into one round trip, as a
+ * database's group commit does: an item is sent at once while fewer than
+ * `maxInFlight` batches are out, else it waits for one to come back and goes
+ * with every item that queued meanwhile (up to `maxBatch`). A lone call pays
+ * nothing; under load, one statement, one transaction and one WAL flush serve
+ * many calls, which is what PostgreSQL's CPU goes to on a busy machine
+ * (README, Performance). The fewer batches out, the larger each one; but a
+ * batch out for `stallMs` (a lost reply waits for its deadline) gives its
+ * slot up, so that one stuck statement never holds every call behind it.
+ *
+ * A batch is all or nothing, and its failure is each item's:
+ * - an error the database reported for the statement means it rolled back,
+ *   so each item is sent again alone and fails or succeeds on its own;
+ * - any other failure (a lost connection, a reply past its deadline) leaves
+ *   the outcome unknown, and every item's caller gets it, as it would alone.
+ *
+ * Returns a function that runs one item, batched with the items of concurrent calls.
+ */
 export function createBatcher<Item, Result>(options: BatcherOptions<Item, Result>): (item: Item) => Promise<Result> {
   const { run, maxBatch, maxInFlight, stallMs } = options;
   const queue: Queued<Item, Result>[] = [];

@@ -3,9 +3,10 @@ import { runPooled, type PooledStatement } from "../db/pooled-statement.js";
 
 /**
  * Typed wrappers over the metering functions of migrations
- * 20261123000100_create_metering_functions and
- * 20261125000000_refuse_abandoned_admissions: each call is one round trip and
- * one transaction. admit, resolve, abandon and sweep run on a connection of
+ * 20261123000100_create_metering_functions,
+ * 20261125000000_refuse_abandoned_admissions and
+ * 20261125120000_batch_metering_statements: each call is one round trip and
+ * one transaction, for one metered call or a batch of them. admit, resolve, abandon and sweep run on a connection of
  * the root knex's pool (runPooled: the hot path skips knex's builder); grant
  * takes `Knex | Knex.Transaction` so a caller (the operator CLI) decides the
  * transaction. Amounts are integer units.
