@@ -15,10 +15,9 @@ import { encodeEnvelope } from "@connectrpc/connect/protocol";
 import { fromJsonString, toBinary } from "@bufbuild/protobuf";
 import { hashApiKey } from "../src/accounts/api-keys.js";
 import { createKnex } from "../src/db/database.js";
-import { createBatcher } from "../src/db/statement-batcher.js";
 import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decision/v1/decision_service_pb.js";
-import { admitMany, prepareStatementsOn, resolveMany, type AdmitInput, type ResolveInput } from "../src/metering/ledger.js";
-import { decisionReserveUnits, METER_BATCHING } from "../src/metering/meter.js";
+import { prepareStatementsOn } from "../src/metering/ledger.js";
+import { createBatchedLedger, decisionReserveUnits } from "../src/metering/meter.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
 import { startBareBaseline } from "./support.js";
 
@@ -278,8 +277,7 @@ async function grpcFramesLoop(options: LoadOptions): Promise<LoadResult> {
 async function sqlPairLoop(options: LoadOptions): Promise<LoadResult> {
   const db = createKnex(options.url, 10);
   const keyHashes = options.apiKeys.map(hashApiKey);
-  const admit = createBatcher({ run: (inputs: AdmitInput[]) => admitMany(db, inputs, undefined), ...METER_BATCHING });
-  const settle = createBatcher({ run: (inputs: ResolveInput[]) => resolveMany(db, inputs, undefined), ...METER_BATCHING });
+  const { admit, resolve: settle } = createBatchedLedger(db, undefined);
   try {
     await prepareStatementsOn(db);
     return await concurrentLoops(options, async (_apiKey, i) => {

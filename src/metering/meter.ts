@@ -171,6 +171,14 @@ export interface MeterDeps {
  */
 export const METER_BATCHING = { maxBatch: 32, maxInFlight: 2, stallMs: 50 } as const;
 
+/** The meter's admit and resolve on `db`, batched as METER_BATCHING says (bench's PostgreSQL-alone row sends its pairs through them too). */
+export function createBatchedLedger(db: Knex, timeoutMs: number | undefined) {
+  return {
+    admit: createBatcher<AdmitInput, Admission>({ run: (inputs) => admitMany(db, inputs, timeoutMs), ...METER_BATCHING }),
+    resolve: createBatcher<ResolveInput, Resolution>({ run: (inputs) => resolveMany(db, inputs, timeoutMs), ...METER_BATCHING }),
+  };
+}
+
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const MAX_IDEMPOTENCY_KEY_LENGTH = 255;
 
@@ -185,8 +193,7 @@ export function createMeter(deps: MeterDeps): Meter {
   const now = (): Date | undefined => deps.now?.();
   const retryDelaysMs = deps.settleRetryDelaysMs ?? [50, 200, 500, 1_000, 2_000];
   const timeoutMs = config.statementTimeoutMs;
-  const admit = createBatcher<AdmitInput, Admission>({ run: (inputs) => admitMany(db, inputs, timeoutMs), ...METER_BATCHING });
-  const resolve = createBatcher<ResolveInput, Resolution>({ run: (inputs) => resolveMany(db, inputs, timeoutMs), ...METER_BATCHING });
+  const { admit, resolve } = createBatchedLedger(db, timeoutMs);
   const abandonAlone = (input: ResolveInput) => abandon(db, { ...input, timeoutMs });
   const held = new Set<string>();
   /** Releases under way, so shutdown can wait for them before the pool closes. */
