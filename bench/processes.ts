@@ -11,6 +11,7 @@ import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import type { LoadOptions, LoadResult } from "./roles.js";
+import type { BareChainOptions } from "./support.js";
 
 const ROLES = fileURLToPath(new URL("./roles.ts", import.meta.url));
 const ROOT = fileURLToPath(new URL("..", import.meta.url));
@@ -46,15 +47,39 @@ export async function startFakeUpstream() {
   return {
     url: (role.first as { url: string }).url,
     setDelay: (delayMs: number) => role.ask({ delayMs }),
+    /** The URL and body of the last question the service sent it. */
+    lastQuestion: async () => {
+      const last = await role.ask<{ url: string; body: string } | { error: string }>({ lastQuestion: true });
+      if ("error" in last) throw new Error(last.error);
+      return last;
+    },
     close: () => stopRole(role.child),
   };
 }
 
 /** A bare `node:http` server answering `body` to every request: the throughput and latency baseline. */
 export async function startBareServer(body: string) {
+  return startBare({ body });
+}
+
+/** A bare `node:http2` server answering every call with `message` as unary gRPC does: the gRPC row's baseline. */
+export async function startBareGrpcServer(message: string) {
+  return startBare({ grpcMessage: message });
+}
+
+/** The hops of a metered call and nothing else (bench/support.ts's startBareChain), in a process of its own. */
+export async function startBareChain(chain: BareChainOptions) {
+  return startBare({ chain });
+}
+
+async function startBare(message: object) {
   const role = await startRole("--bare");
-  const { url } = await role.ask<{ url: string }>({ body });
-  return { url, close: () => stopRole(role.child) };
+  const answer = await role.ask<{ url: string } | { error: string }>(message);
+  if ("error" in answer) {
+    await stopRole(role.child);
+    throw new Error(`the bare server could not start: ${answer.error}`);
+  }
+  return { url: answer.url, close: () => stopRole(role.child) };
 }
 
 /** The load generator: autocannon over HTTP, or concurrent unary calls over binary gRPC. */

@@ -1,7 +1,7 @@
 /**
  * The roles of bench/processes.ts's children, one per process:
  *   --fake-upstream  an OpenAI-compatible upstream answering every question (delay set over IPC)
- *   --bare           a bare `node:http` server answering a fixed body (the baseline)
+ *   --bare           a bare `node:http` server answering a fixed body (the baseline), a bare gRPC server, or the bare chain of a call's hops
  *   --load           the load generator: autocannon (closed loop), a fixed-rate open loop, or gRPC calls (pre-built or a generated client)
  * Each sends one IPC message when ready and answers each message it gets with one.
  */
@@ -19,7 +19,7 @@ import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decisi
 import { prepareStatementsOn } from "../src/metering/ledger.js";
 import { createBatchedLedger, decisionReserveUnits } from "../src/metering/meter.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../test/support/fake-llm.js";
-import { startBareBaseline } from "./support.js";
+import { startBareBaseline, startBareChain, startBareGrpc, type BareChainOptions } from "./support.js";
 
 export interface LoadOptions {
   /**
@@ -57,7 +57,12 @@ async function fakeUpstream(): Promise<void> {
       ? PROBE_OK
       : { ...logprobsReply({ yes: 0.6, no: 0.2, A: 0.1, "1": 0.05, "2": 0.05 }, { prompt: 180, cached: 150 }), delayMs },
   );
-  process.on("message", (message: { delayMs: number }) => {
+  process.on("message", (message: { delayMs: number } | { lastQuestion: true }) => {
+    if ("lastQuestion" in message) {
+      // What the service last asked, for the bare chain to send the same.
+      const last = fake.questionRequests().at(-1);
+      return reply(last ? { url: `${fake.url}${last.path}`, body: last.raw } : { error: "no question has reached the fake upstream" });
+    }
     delayMs = message.delayMs;
     reply({ ok: true });
   });
@@ -65,10 +70,16 @@ async function fakeUpstream(): Promise<void> {
   reply({ url: fake.url });
 }
 
-/** Waits for the body to answer with, then serves it (bench/support.ts's baseline server). */
+/** Waits for what to serve, then serves it (bench/support.ts): a fixed body (the baseline server), a fixed gRPC answer, or the bare chain. */
 async function bare(): Promise<void> {
-  process.once("message", (message: { body: string }) => {
-    startBareBaseline(message.body).then(
+  process.once("message", (message: { body: string } | { grpcMessage: string } | { chain: BareChainOptions }) => {
+    const started =
+      "chain" in message
+        ? startBareChain(message.chain)
+        : "grpcMessage" in message
+          ? startBareGrpc(Buffer.from(message.grpcMessage))
+          : startBareBaseline(message.body);
+    started.then(
       (server) => reply({ url: server.url }),
       (err: unknown) => reply({ error: err instanceof Error ? err.message : String(err) }),
     );

@@ -11,14 +11,18 @@
  *
  * 1,500 accounts at the product's default limits take the load in turn (see
  * createDefaultAccounts). The upstream answers at once unless a row says
- * otherwise.
+ * otherwise. Two more baselines give the floor under two targets on the
+ * machine at hand: the bare chain (a call's hops with none of the service's
+ * code: two row writes around the service's own upstream request) under the
+ * throughput and latency rows, and a bare `node:http2` server answering as
+ * gRPC, under the same generator as the gRPC row.
  */
 import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { createKnex } from "../src/db/database.js";
 import type { LoadResult } from "./roles.js";
-import { buildService, startBareServer, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
+import { buildService, startBareChain, startBareGrpcServer, startBareServer, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
 import { createDefaultAccounts, createScratchDatabase, decideBody, embeddedStoreUrl, median } from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
@@ -31,6 +35,8 @@ const INVALID_S = Number(process.env.BENCH_INVALID_S ?? 30);
 const SERVICE_NODE_ARGS = (process.env.BENCH_SERVICE_NODE_ARGS ?? "").split(" ").filter(Boolean);
 
 const fixed = (value: number, digits = 0) => value.toFixed(digits);
+/** A difference in milliseconds with its sign. */
+const signedMs = (value: number) => `${value < 0 ? "−" : "+"}${Math.abs(value).toFixed(2)}`;
 
 interface Row {
   measure: string;
@@ -62,6 +68,8 @@ async function main() {
   const rows: Row[] = [];
   let service: ServiceProcess | undefined;
   let bare: Awaited<ReturnType<typeof startBareServer>> | undefined;
+  let chain: Awaited<ReturnType<typeof startBareChain>> | undefined;
+  let bareGrpc: Awaited<ReturnType<typeof startBareGrpcServer>> | undefined;
   try {
     // Start-up as a user runs it (`npm start`, its build fresh): the first start migrates the fresh database,
     // the next ones are what a restart costs.
@@ -85,6 +93,10 @@ async function main() {
     const answerText = await answer.text();
     if (answer.status !== 200) throw new Error(`a warm-up decision answered ${answer.status}: ${answerText}`);
     bare = await startBareServer(answerText);
+    // A message the size of the gateway's answer (its content is not read).
+    bareGrpc = await startBareGrpcServer(answerText);
+    const question = await fake.lastQuestion();
+    chain = await startBareChain({ answer: answerText, upstreamUrl: question.url, upstreamBody: question.body, databaseUrl: scratch.url });
     const http = (url: string, body = one, connections = CONNECTIONS): Promise<LoadResult> =>
       load.run({ mode: "http", url, body, apiKeys, connections, durationS: DURATION_S });
     const decisions = `${onPostgres.url}/api/v1/decisions`;
@@ -97,6 +109,9 @@ async function main() {
       return { ...result, cpuMs: ((await onPostgres.cpuSeconds()) - before) * 1000 / result.requests };
     };
     const bareLoad = await http(bare.url);
+    const chainLoad = await http(chain.url);
+    const bareGrpcLoad = await load.run({ mode: "grpc-frames", url: bareGrpc.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S });
+    await bareGrpc.close();
     const sqlPairs = await load.run({ mode: "sql-pair", url: scratch.url, body: "", apiKeys, connections: CONNECTIONS, durationS: DURATION_S });
     const gateway = await withCpu(() => http(decisions));
     // gRPC measured like the gateway: a generator sending pre-built requests (as autocannon does), so the two
@@ -104,6 +119,8 @@ async function main() {
     const grpc = await withCpu(() => load.run({ mode: "grpc-frames", url: onPostgres.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S }));
     const grpcClient = await withCpu(() => load.run({ mode: "grpc", url: onPostgres.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S }));
     const bareSteady = await load.run({ mode: "rate", url: bare.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S, rate: STEADY_RATE });
+    const chainSteady = await load.run({ mode: "rate", url: chain.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S, rate: STEADY_RATE });
+    await chain.close();
     const steady = await load.run({ mode: "rate", url: decisions, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S, rate: STEADY_RATE });
     const rssUnderLoad = await onPostgres.peakRssMb();
     const invalid = await load.run({ mode: "invalid", url: onPostgres.url, body: "", apiKeys, connections: 20, durationS: INVALID_S });
@@ -134,6 +151,14 @@ async function main() {
         met: gateway.rps >= 1_000 && gateway.rps / bareLoad.rps >= 0.055,
       },
       {
+        measure: "the same hops bare: 2 row writes around the upstream call",
+        figure: `${rps(chainLoad)}; at a steady ${STEADY_RATE} req/s p50 ${fixed(chainSteady.p50, 2)} ms, p99 ${fixed(chainSteady.p99, 2)} ms`,
+        baseline: `bare node:http ${fixed(bareLoad.rps)} req/s; p50 ${fixed(bareSteady.p50, 2)} ms, p99 ${fixed(bareSteady.p99, 2)} ms`,
+        ratio: `gateway ${(gateway.rps / chainLoad.rps).toFixed(2)}× of it; ${signedMs(chainSteady.p50 - bareSteady.p50)} / ${signedMs(chainSteady.p99 - bareSteady.p99)} ms`,
+        target: "— (the floor any implementation pays here)",
+        met: true,
+      },
+      {
         measure: "PostgreSQL alone: admit + settle SQL pairs",
         figure: `${fixed(sqlPairs.rps)} pairs/s (${CONNECTIONS} callers, batched as the service does, pool of 10; no service)`,
         baseline: `bare node:http ${fixed(bareLoad.rps)} req/s`,
@@ -150,10 +175,18 @@ async function main() {
         met: grpc.rps >= gateway.rps,
       },
       {
+        measure: "bare gRPC server (node:http2), the gRPC row's generator",
+        figure: `${fixed(bareGrpcLoad.rps)} req/s, generator ${fixed(bareGrpcLoad.generatorCpuMsPerCall ?? NaN, 2)} ms/call`,
+        baseline: `bare node:http ${fixed(bareLoad.rps)} req/s, autocannon ${fixed(bareLoad.generatorCpuMsPerCall ?? NaN, 2)} ms/call`,
+        ratio: `${(bareGrpcLoad.rps / bareLoad.rps).toFixed(2)}×`,
+        target: "— (the transports' own ratio: the floor of the row above)",
+        met: true,
+      },
+      {
         measure: `added latency at a steady ${STEADY_RATE} req/s`,
         figure: `p50 ${fixed(steady.p50, 2)} ms, p99 ${fixed(steady.p99, 2)} ms`,
         baseline: `bare p50 ${fixed(bareSteady.p50, 2)} ms, p99 ${fixed(bareSteady.p99, 2)} ms`,
-        ratio: `+${fixed(steady.p50 - bareSteady.p50, 2)} / +${fixed(steady.p99 - bareSteady.p99, 2)} ms`,
+        ratio: `${signedMs(steady.p50 - bareSteady.p50)} / ${signedMs(steady.p99 - bareSteady.p99)} ms (over the bare chain ${signedMs(steady.p50 - chainSteady.p50)} / ${signedMs(steady.p99 - chainSteady.p99)})`,
         target: "p50 ≤ +2 ms, p99 ≤ +8 ms",
         met: steady.p50 - bareSteady.p50 <= 2 && steady.p99 - bareSteady.p99 <= 8,
       },
@@ -202,6 +235,8 @@ async function main() {
   } finally {
     await service?.stop();
     await bare?.close();
+    await chain?.close();
+    await bareGrpc?.close();
     await load.close();
     await fake.close();
     await scratch.drop();

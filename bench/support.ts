@@ -1,11 +1,13 @@
 /**
  * What the bench scripts share: a scratch store they can throw away, bench
- * accounts, the bare `node:http` baseline, and autocannon with its figures
- * checked and printed the same way. Loopback only.
+ * accounts, the bare baselines (`node:http`, `node:http2` answering as gRPC,
+ * and the bare chain of a metered call's hops), and autocannon with its
+ * figures checked and printed the same way. Loopback only.
  */
 import crypto from "node:crypto";
 import fs from "node:fs/promises";
 import http from "node:http";
+import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { createRequire } from "node:module";
 import os from "node:os";
@@ -132,6 +134,103 @@ export async function startBareBaseline(body: string): Promise<{ url: string; cl
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/`,
     close: () => new Promise((resolve) => server.close(() => resolve())),
+  };
+}
+
+/**
+ * A bare `node:http2` server answering every stream as a unary gRPC call
+ * does: headers, `message` in one length-prefixed frame, trailers with
+ * grpc-status 0. Node's stream API, nothing else: the baseline of the gRPC
+ * row, as startBareBaseline is the gateway's.
+ */
+export async function startBareGrpc(message: Uint8Array): Promise<{ url: string; close(): Promise<void> }> {
+  const frame = Buffer.alloc(5 + message.byteLength);
+  frame.writeUInt32BE(message.byteLength, 1);
+  frame.set(message, 5);
+  const server = http2.createServer();
+  server.on("stream", (stream) => {
+    stream.resume();
+    stream.on("end", () => {
+      stream.respond({ ":status": 200, "content-type": "application/grpc+proto" }, { waitForTrailers: true });
+      stream.once("wantTrailers", () => stream.sendTrailers({ "grpc-status": "0" }));
+      stream.end(frame);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    close: () => new Promise((resolve) => server.close(() => resolve())),
+  };
+}
+
+/** What the bare chain (startBareChain) needs: the answer it sends, the upstream and its request, the database. */
+export interface BareChainOptions {
+  /** The JSON every call answers (the service's own answer). */
+  answer: string;
+  /** The upstream's chat completions URL and the request body the service sends it (taken from the fake). */
+  upstreamUrl: string;
+  upstreamBody: string;
+  databaseUrl: string;
+}
+
+/** The bare statement of bench:metering and bench:sql: one account row written and read back, a commit. */
+const BARE_STATEMENT = { name: "bare_chain_touch", text: "UPDATE accounts SET reserved = reserved WHERE id = $1 AND balance >= 1 RETURNING balance" };
+
+/**
+ * The hops of a metered call and nothing else: a `node:http` server that, per
+ * request, writes an account row (where the service admits), posts the
+ * service's own upstream request and parses the JSON answer, writes the row
+ * again (where it settles), then sends a fixed answer. No validation, prompt,
+ * metering rules, batching or logging. Whatever a call costs above this, on
+ * the same machine and load, is the service's own code; what this costs
+ * above bare `node:http` is what any implementation making those hops pays.
+ * A pool of 10 and a keep-alive agent, as the service has.
+ */
+export async function startBareChain(options: BareChainOptions): Promise<{ url: string; close(): Promise<void> }> {
+  const pool = new pg.Pool({ connectionString: options.databaseUrl, max: 10 });
+  const accountIds = (await pool.query<{ id: string }>("SELECT id FROM accounts ORDER BY id")).rows.map((row) => row.id);
+  if (accountIds.length === 0) throw new Error("the bare chain needs accounts in its database");
+  const agent = new http.Agent({ keepAlive: true });
+  const upstream = new URL(options.upstreamUrl);
+  const touch = (i: number) => pool.query({ ...BARE_STATEMENT, values: [accountIds[i % accountIds.length]] });
+  const callUpstream = () =>
+    new Promise<unknown>((resolve, reject) => {
+      const req = http.request(upstream, { method: "POST", agent, headers: { "content-type": "application/json" } }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (chunk: Buffer) => chunks.push(chunk));
+        res.on("end", () => (res.statusCode === 200 ? resolve(JSON.parse(Buffer.concat(chunks).toString("utf8"))) : reject(new Error(`upstream ${res.statusCode}`))));
+      });
+      req.on("error", reject);
+      req.end(options.upstreamBody);
+    });
+  let next = 0;
+  const server = http.createServer((req, res) => {
+    const i = next++;
+    req.resume();
+    req.on("end", () => {
+      touch(i)
+        .then(callUpstream)
+        .then(() => touch(i))
+        .then(
+          () => {
+            res.writeHead(200, { "content-type": "application/json" });
+            res.end(options.answer);
+          },
+          () => {
+            res.writeHead(502);
+            res.end();
+          },
+        );
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/`,
+    close: async () => {
+      await new Promise((resolve) => server.close(resolve));
+      agent.destroy();
+      await pool.end();
+    },
   };
 }
 
