@@ -15,7 +15,7 @@ import type { Logger } from "../logger.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
 import { authenticate, requireApiKey } from "../rpc/auth.js";
-import { requestIdOf } from "../rpc/context.js";
+import { callPhasesOf } from "../rpc/call-phases.js";
 import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
 import { createDecisionEngine, firstCallMessages, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";
@@ -84,15 +84,14 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
         async (signal) => {
           const deadlineMs = Date.now() + Math.max(llm.requestTimeoutMs - DEADLINE_MARGIN_MS, llm.requestTimeoutMs / 2);
           const outcome = await engine.decide({ stateBlock, questions }, { signal, deadlineMs });
-          logger.info("decided", {
-            request_id: requestIdOf(ctx),
+          callPhasesOf(ctx).details = {
             prompt_version: PROMPT_VERSION,
             questions: questions.length,
             answered: outcome.answered,
             input_tokens: outcome.usage.inputTokens,
             cached_input_tokens: outcome.usage.cachedInputTokens,
             upstream_calls: outcome.usage.upstreamCalls,
-          });
+          };
           metrics?.recordDecision(
             { input: outcome.usage.inputTokens, cachedInput: outcome.usage.cachedInputTokens, output: outcome.usage.outputTokens },
             outcome.answers.map(([, answer]) => answer.xMethod ?? "error"),

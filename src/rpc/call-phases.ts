@@ -10,6 +10,12 @@ export interface CallPhases {
   admitMs?: number;
   upstreamMs?: number;
   settleMs?: number;
+  /**
+   * What the work itself reports for the call's log line (a decision: its
+   * prompt version, questions and tokens), so that a call logs one line,
+   * not one per layer.
+   */
+  details?: Record<string, string | number>;
 }
 
 export const kCallPhases = createContextKey<CallPhases | undefined>(undefined, { description: "call phases" });
@@ -26,13 +32,13 @@ export function callPhasesOf(ctx: HandlerContext): CallPhases {
 
 const round = (ms: number) => Math.round(ms * 10) / 10;
 
-/** The phases as log fields (`admit_ms`, `upstream_ms`, `settle_ms`), only those reached. */
-export function phaseLogFields(phases: CallPhases | undefined): Record<string, number> {
-  const fields: Record<string, number> = {};
+/** The phases as log fields (`admit_ms`, `upstream_ms`, `settle_ms`), only those reached, then the work's details. */
+export function phaseLogFields(phases: CallPhases | undefined): Record<string, string | number> {
+  const fields: Record<string, string | number> = {};
   if (phases?.admitMs !== undefined) fields["admit_ms"] = round(phases.admitMs);
   if (phases?.upstreamMs !== undefined) fields["upstream_ms"] = round(phases.upstreamMs);
   if (phases?.settleMs !== undefined) fields["settle_ms"] = round(phases.settleMs);
-  return fields;
+  return phases?.details ? Object.assign(fields, phases.details) : fields;
 }
 
 /** A Server-Timing value (W3C Server Timing): the phases reached, then `total`. */

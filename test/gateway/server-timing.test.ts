@@ -2,6 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { PROMPT_VERSION } from "../../src/decision/prompt.js";
 import { DecideRequestSchema, DecisionService } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -68,6 +69,40 @@ describe("Server-Timing and the call log line", () => {
     const line = callLine(response.headers.get("x-request-id")!);
     expect(line).toMatchObject({ status: "ok", protocol: "gateway", admit_ms: admit, upstream_ms: upstream, settle_ms: settle });
     expect(line!["duration_ms"]).toBeGreaterThanOrEqual(upstream);
+  });
+
+  it("a decision logs one line, on either surface: the call line carries what it asked and used", async () => {
+    const { apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    const response = await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
+    expect(response.status).toBe(200);
+    const usage = response.body.data["usage"] as Record<string, number>;
+    const client = createClient(DecisionService, createConnectTransport({ baseUrl: service.url, httpVersion: "1.1" }));
+    const headers = new Headers();
+    await client.decide(
+      create(DecideRequestSchema, {
+        model: decision.model,
+        state: { kind: { case: "stringValue", value: decision.state } },
+        questions: { urgent: { type: "noul", instructions: "Is this urgent?" }, later: { type: "noul", instructions: "Can it wait until Monday?" } },
+      }),
+      { headers: { authorization: `Bearer ${apiKey}` }, onHeader: (h) => h.forEach((v, k) => headers.set(k, v)) },
+    );
+
+    const linesOf = (requestId: string) => logLines.filter((line) => line["request_id"] === requestId);
+    const [gatewayLine, ...gatewayRest] = linesOf(response.headers.get("x-request-id")!);
+    expect(gatewayRest).toEqual([]);
+    expect(gatewayLine).toMatchObject({
+      msg: "call",
+      status: "ok",
+      prompt_version: PROMPT_VERSION,
+      questions: 1,
+      answered: 1,
+      input_tokens: usage["input_tokens"],
+      cached_input_tokens: usage["cached_input_tokens"],
+      upstream_calls: usage["upstream_calls"],
+    });
+    const [connectLine, ...connectRest] = linesOf(headers.get("x-request-id")!);
+    expect(connectRest).toEqual([]);
+    expect(connectLine).toMatchObject({ msg: "call", status: "ok", prompt_version: PROMPT_VERSION, questions: 2, answered: 2 });
   });
 
   it("a call refused before admission reports only its total", async () => {
