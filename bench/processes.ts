@@ -173,26 +173,33 @@ export async function startService(
 }
 
 /** A process's name and the CPU time it has used (user + system), from /proc/<pid>/stat. */
-async function processCpu(pid: number | string): Promise<{ name: string; seconds: number }> {
+async function processCpu(pid: number | string): Promise<{ name: string; seconds: number; reapedChildrenSeconds: number }> {
   const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8");
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  // utime and stime, fields 14 and 15 of proc(5), in clock ticks of 1/100 s on Linux.
-  return { name: stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")")), seconds: (Number(fields[11]) + Number(fields[12])) / 100 };
+  // utime, stime, cutime and cstime, fields 14 to 17 of proc(5), in clock ticks of 1/100 s on Linux.
+  const ticks = (field: number) => Number(fields[field - 3]);
+  return {
+    name: stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")")),
+    seconds: (ticks(14) + ticks(15)) / 100,
+    reapedChildrenSeconds: (ticks(16) + ticks(17)) / 100,
+  };
 }
 
 /**
  * CPU time used so far by every PostgreSQL process of this machine (backends,
  * WAL writer, checkpointer, autovacuum), in seconds; undefined when none runs
  * here (a remote DATABASE_URL). Two readings around a measure give the
- * database's share of each call. A backend that exits between them takes its
- * time along: the service's pooled connections stay open.
+ * database's share of each call. A backend that exits between them still
+ * counts: once the postmaster reaps it, its time is in the postmaster's
+ * reaped-children figures (a pool closing an idle connection mid-measure
+ * once made the share negative).
  */
 export async function databaseCpuSeconds(): Promise<number | undefined> {
   let total: number | undefined;
   for (const pid of await fs.readdir("/proc")) {
     if (!/^\d+$/.test(pid)) continue;
     const cpu = await processCpu(pid).catch(() => undefined); // gone since the listing
-    if (cpu?.name === "postgres") total = (total ?? 0) + cpu.seconds;
+    if (cpu?.name === "postgres") total = (total ?? 0) + cpu.seconds + cpu.reapedChildrenSeconds;
   }
   return total;
 }
