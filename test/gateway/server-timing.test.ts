@@ -1,4 +1,4 @@
-import { create } from "@bufbuild/protobuf";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -50,6 +50,17 @@ function parseServerTiming(header: string | null): [string, number][] {
   });
 }
 
+/** A decision of `decision`'s state over the Connect protocol; returns the answer's request id. */
+async function decideOverConnect(apiKey: string, questions: MessageInitShape<typeof DecideRequestSchema>["questions"]): Promise<string> {
+  const client = createClient(DecisionService, createConnectTransport({ baseUrl: service.url, httpVersion: "1.1" }));
+  let requestId = "";
+  await client.decide(create(DecideRequestSchema, { model: decision.model, state: { kind: { case: "stringValue", value: decision.state } }, questions }), {
+    headers: { authorization: `Bearer ${apiKey}` },
+    onHeader: (headers) => (requestId = headers.get("x-request-id") ?? ""),
+  });
+  return requestId;
+}
+
 const callLine = (requestId: string) => logLines.find((line) => line["msg"] === "call" && line["request_id"] === requestId);
 
 describe("Server-Timing and the call log line", () => {
@@ -76,16 +87,10 @@ describe("Server-Timing and the call log line", () => {
     const response = await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
     expect(response.status).toBe(200);
     const usage = response.body.data["usage"] as Record<string, number>;
-    const client = createClient(DecisionService, createConnectTransport({ baseUrl: service.url, httpVersion: "1.1" }));
-    const headers = new Headers();
-    await client.decide(
-      create(DecideRequestSchema, {
-        model: decision.model,
-        state: { kind: { case: "stringValue", value: decision.state } },
-        questions: { urgent: { type: "noul", instructions: "Is this urgent?" }, later: { type: "noul", instructions: "Can it wait until Monday?" } },
-      }),
-      { headers: { authorization: `Bearer ${apiKey}` }, onHeader: (h) => h.forEach((v, k) => headers.set(k, v)) },
-    );
+    const connectRequestId = await decideOverConnect(apiKey, {
+      urgent: { type: "noul", instructions: "Is this urgent?" },
+      later: { type: "noul", instructions: "Can it wait until Monday?" },
+    });
 
     const linesOf = (requestId: string) => logLines.filter((line) => line["request_id"] === requestId);
     const [gatewayLine, ...gatewayRest] = linesOf(response.headers.get("x-request-id")!);
@@ -100,7 +105,7 @@ describe("Server-Timing and the call log line", () => {
       cached_input_tokens: usage["cached_input_tokens"],
       upstream_calls: usage["upstream_calls"],
     });
-    const [connectLine, ...connectRest] = linesOf(headers.get("x-request-id")!);
+    const [connectLine, ...connectRest] = linesOf(connectRequestId);
     expect(connectRest).toEqual([]);
     expect(connectLine).toMatchObject({ msg: "call", status: "ok", prompt_version: PROMPT_VERSION, questions: 2, answered: 2 });
   });
@@ -116,17 +121,7 @@ describe("Server-Timing and the call log line", () => {
 
   it("a Connect call logs the same phases", async () => {
     const { apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
-    const client = createClient(DecisionService, createConnectTransport({ baseUrl: service.url, httpVersion: "1.1" }));
-    const headers = new Headers();
-    await client.decide(
-      create(DecideRequestSchema, {
-        model: decision.model,
-        state: { kind: { case: "stringValue", value: decision.state } },
-        questions: { urgent: { type: "noul", instructions: "Is this urgent?" } },
-      }),
-      { headers: { authorization: `Bearer ${apiKey}` }, onHeader: (h) => h.forEach((v, k) => headers.set(k, v)) },
-    );
-    const line = callLine(headers.get("x-request-id")!);
+    const line = callLine(await decideOverConnect(apiKey, { urgent: { type: "noul", instructions: "Is this urgent?" } }));
     expect(line).toMatchObject({ status: "ok", procedure: "/typesafe.decision.v1.DecisionService/Decide" });
     expect(line!["upstream_ms"]).toBeGreaterThanOrEqual(UPSTREAM_DELAY_MS);
     expect(line!["admit_ms"]).toEqual(expect.any(Number));
