@@ -172,7 +172,7 @@ export async function startService(
   };
 }
 
-/** A process's name and the CPU time it has used (user + system), from /proc/<pid>/stat. */
+/** A process's name, the CPU time it has used (user + system), and that of the children it has reaped, from /proc/<pid>/stat. */
 async function processCpu(pid: number | string): Promise<{ name: string; seconds: number; reapedChildrenSeconds: number }> {
   const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8");
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
