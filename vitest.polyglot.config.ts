@@ -1,9 +1,9 @@
 import { defineConfig } from "vitest/config";
 
 /**
- * `npm run test:polyglot`: clients in other languages calling the real service.
- * They need Debian's protoc and gRPC packages, which `.ci/run` installs, so
- * they stay out of `npm test`.
+ * `npm run test:polyglot`: the Python and Go examples (examples/python,
+ * examples/go) calling the real service. They need Debian's protoc and gRPC
+ * packages, which `.ci/run` installs, so they stay out of `npm test`.
  */
 export default defineConfig({
   test: {

@@ -11,12 +11,13 @@ import { startFakeSearch, type FakeSearch } from "../support/fake-search/provide
 import { assertInvariants } from "../support/invariants.js";
 
 /**
- * The polyglot proof: Python and Go clients generated from proto/ with Debian's
- * protoc and plugins, by the README's commands, call the real service over
- * binary gRPC. `.ci/run` installs the packages; `npm run test:polyglot` runs
- * this file. Debian's python3-grpcio lives beside /usr/bin/python3, not in
- * other interpreters on PATH (TYPESAFE_PYTHON overrides); Debian's Go modules
- * live in /usr/share/gocode, built in GOPATH mode because nothing can be
+ * The polyglot proof: the Python and Go examples (examples/python,
+ * examples/go), their code generated from proto/ by each example's one
+ * script with Debian's protoc and plugins, call the real service over binary
+ * gRPC. `.ci/run` installs the packages; `npm run test:polyglot` runs this
+ * file. Debian's python3-grpcio lives beside /usr/bin/python3, not in other
+ * interpreters on PATH (TYPESAFE_PYTHON overrides); Debian's Go modules live
+ * in /usr/share/gocode, built in GOPATH mode because nothing can be
  * downloaded here.
  */
 const execFileAsync = promisify(execFile);
@@ -28,53 +29,6 @@ let fakeLlm: FakeLlm;
 let fakeSearch: FakeSearch;
 let service: TestApp;
 let scratch: string;
-
-/** Every .proto under proto/ below `folder`, as protoc names them (relative to proto/). */
-async function protosUnder(...folders: string[]): Promise<string[]> {
-  const files = await fs.readdir(path.join(root, "proto"), { recursive: true });
-  return files.filter((file) => file.endsWith(".proto") && folders.some((folder) => file.startsWith(`${folder}/`))).sort();
-}
-
-/** The shell script of the README's "Python" commands, run from the repository root. */
-async function generatePython(out: string): Promise<void> {
-  await fs.mkdir(out);
-  await execFileAsync("protoc", [
-    "-I", "proto",
-    `--python_out=${out}`,
-    `--grpc_python_out=${out}`,
-    "--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin",
-    ...(await protosUnder("typesafe", "google")),
-  ], { cwd: root });
-}
-
-/** The README's "Go" commands: generate into a GOPATH package and build the client in test/polyglot/go. */
-async function buildGoClient(gopath: string): Promise<string> {
-  const module = "typesafeclient";
-  const protos = await protosUnder("typesafe");
-  const mappings = protos.flatMap((file) => {
-    const goPackage = `${module}/gen/${path.dirname(file)}`;
-    return [`--go_opt=M${file}=${goPackage}`, `--go-grpc_opt=M${file}=${goPackage}`];
-  });
-  const source = path.join(gopath, "src", module);
-  await fs.mkdir(source, { recursive: true });
-  await execFileAsync("protoc", [
-    "-I", "proto",
-    `--go_out=${source}`,
-    `--go-grpc_out=${source}`,
-    `--go_opt=module=${module}`,
-    `--go-grpc_opt=module=${module}`,
-    ...mappings,
-    ...protos,
-  ], { cwd: root });
-  await fs.copyFile(path.join(root, "test/polyglot/go/main.go"), path.join(source, "main.go"));
-  const binary = path.join(gopath, "client");
-  await execFileAsync("go", ["build", "-o", binary, "."], {
-    cwd: source,
-    env: { PATH: process.env.PATH, HOME: gopath, GO111MODULE: "off", GOPATH: `${gopath}:/usr/share/gocode`, GOCACHE: path.join(gopath, "cache") },
-    timeout: 120_000,
-  });
-  return binary;
-}
 
 beforeAll(async () => {
   scratch = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-polyglot-"));
@@ -107,15 +61,17 @@ describe("a Python service with a client generated from proto/", () => {
     const limited = await createTestAccount(database.db, { units: 1_000_000 });
 
     const generated = path.join(scratch, "python");
-    await generatePython(generated);
-    const { stdout } = await execFileAsync(
-      python,
-      [path.join(root, "test/polyglot/python/client.py"), new URL(service.url).host, generated],
-      {
-        env: { PATH: process.env.PATH, TYPESAFE_KEY: paying.apiKey, TYPESAFE_BROKE_KEY: broke.apiKey, TYPESAFE_LIMITED_KEY: limited.apiKey },
-        timeout: 60_000,
+    await execFileAsync("bash", [path.join(root, "examples/python/generate.sh"), generated], { timeout: 60_000 });
+    const { stdout } = await execFileAsync(python, [path.join(root, "examples/python/client.py"), generated], {
+      env: {
+        PATH: process.env.PATH,
+        TYPESAFE_URL: service.url,
+        TYPESAFE_KEY: paying.apiKey,
+        TYPESAFE_BROKE_KEY: broke.apiKey,
+        TYPESAFE_LIMITED_KEY: limited.apiKey,
       },
-    );
+      timeout: 60_000,
+    });
     const seen = JSON.parse(stdout);
 
     // Two questions at 1,000 input tokens each: 2,000 units, 0.002 credits.
@@ -146,10 +102,11 @@ describe("a Python service with a client generated from proto/", () => {
 
 describe("a Go service with a client generated from proto/", () => {
   it("calls ListSources and Decide over gRPC and reads a 400 from status.Details()", async () => {
-    const client = await buildGoClient(path.join(scratch, "go"));
+    const built = await execFileAsync("bash", [path.join(root, "examples/go/build.sh"), path.join(scratch, "go")], { timeout: 180_000 });
+    const client = built.stdout.trim();
     const paying = await createTestAccount(database.db, { units: 1_000_000 });
-    const { stdout } = await execFileAsync(client, [new URL(service.url).host], {
-      env: { TYPESAFE_KEY: paying.apiKey },
+    const { stdout } = await execFileAsync(client, [], {
+      env: { TYPESAFE_URL: service.url, TYPESAFE_KEY: paying.apiKey },
       timeout: 60_000,
     });
     expect(JSON.parse(stdout)).toEqual({

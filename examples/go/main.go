@@ -1,14 +1,16 @@
 // A Go service calling typesafe over binary gRPC with code generated from proto/
 // by protoc-gen-go and protoc-gen-go-grpc. It calls ListSources and Decide, then
 // reads a 400 from the status details alone (our ErrorDetail and google.rpc
-// BadRequest), and prints one JSON document that test/polyglot/go.test.ts checks.
+// BadRequest), and prints one JSON object of what it saw.
 //
-// Usage: go run . HOST:PORT   (key in TYPESAFE_KEY)
+// Usage: bash examples/go/build.sh, then
+// TYPESAFE_URL=http://127.0.0.1:8080 TYPESAFE_KEY=ts_live_... examples/go/.build/client
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"net/url"
 	"os"
 	"time"
 
@@ -24,7 +26,14 @@ import (
 )
 
 func main() {
-	conn, err := grpc.Dial(os.Args[1], grpc.WithInsecure())
+	address := "http://127.0.0.1:8080"
+	if value := os.Getenv("TYPESAFE_URL"); value != "" {
+		address = value
+	}
+	service, err := url.Parse(address)
+	must(err)
+	// gRPC over HTTP/2 without TLS (prior knowledge), as the service listens.
+	conn, err := grpc.Dial(service.Host, grpc.WithInsecure())
 	must(err)
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -1,20 +1,23 @@
 """A Python service calling typesafe over binary gRPC with code generated from proto/.
 
 It knows nothing of the service but the generated stubs: it calls Decide, Search
-and ListSources, then provokes a 400, 401, 402 and 429 and reads each error from
-the google.rpc.Status in `grpc-status-details-bin` (our ErrorDetail, RetryInfo,
-BadRequest), never from the message text. It prints one JSON document of what
-it saw; test/polyglot/python.test.ts checks it.
+and ListSources, then provokes a 400 and a 401 and reads each error from the
+google.rpc.Status in `grpc-status-details-bin` (our ErrorDetail, RetryInfo,
+BadRequest), never from the message text. With TYPESAFE_BROKE_KEY (an account
+without credits) it provokes a 402; with TYPESAFE_LIMITED_KEY it makes 61 calls
+to meet the rate limit (429). It prints one JSON object of what it saw.
 
-Usage: python3 client.py HOST:PORT GENERATED_DIR   (keys in TYPESAFE_KEY,
-TYPESAFE_BROKE_KEY and TYPESAFE_LIMITED_KEY)
+Usage: bash examples/python/generate.sh
+       TYPESAFE_URL=http://127.0.0.1:8080 TYPESAFE_KEY=ts_live_... python3 examples/python/client.py [GENERATED_DIR]
 """
 
 import json
 import os
 import sys
+from urllib.parse import urlparse
 
-target, generated = sys.argv[1], sys.argv[2]
+target = urlparse(os.environ.get("TYPESAFE_URL", "http://127.0.0.1:8080")).netloc
+generated = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "gen")
 sys.path.insert(0, generated)
 
 import grpc  # noqa: E402
@@ -103,14 +106,15 @@ with grpc.insecure_channel(target) as channel:
 
     report["invalid"] = expect_error(lambda: decisions.Decide(decide_request(model="other"), metadata=bearer(key), timeout=20))
     report["unauthenticated"] = expect_error(lambda: decisions.Decide(decide_request(), metadata=bearer("ts_not_a_key"), timeout=20))
-    report["insufficient"] = expect_error(
-        lambda: decisions.Decide(decide_request(), metadata=bearer(os.environ["TYPESAFE_BROKE_KEY"]), timeout=20)
-    )
+    broke_key = os.environ.get("TYPESAFE_BROKE_KEY")
+    if broke_key:
+        report["insufficient"] = expect_error(lambda: decisions.Decide(decide_request(), metadata=bearer(broke_key), timeout=20))
 
     # 60 calls a minute per account: the 61st is refused with a retry delay.
-    limited_key = os.environ["TYPESAFE_LIMITED_KEY"]
-    for _ in range(60):
-        decisions.Decide(decide_request(), metadata=bearer(limited_key), timeout=20)
-    report["rate_limited"] = expect_error(lambda: decisions.Decide(decide_request(), metadata=bearer(limited_key), timeout=20))
+    limited_key = os.environ.get("TYPESAFE_LIMITED_KEY")
+    if limited_key:
+        for _ in range(60):
+            decisions.Decide(decide_request(), metadata=bearer(limited_key), timeout=20)
+        report["rate_limited"] = expect_error(lambda: decisions.Decide(decide_request(), metadata=bearer(limited_key), timeout=20))
 
 print(json.dumps(report))

@@ -1,0 +1,70 @@
+import fs from "node:fs";
+import path from "node:path";
+import { describe, expect, it } from "vitest";
+import { renderErrorTable } from "./error-table.js";
+
+/**
+ * The README and docs/ stay true to the code: the README is short, prints the
+ * error table of src/errors.ts, and every relative link (file and heading)
+ * reaches something that exists.
+ */
+const root = path.resolve(import.meta.dirname, "../..");
+const read = (file: string) => fs.readFileSync(path.join(root, file), "utf8");
+
+/** Pages written on another branch, linked before they land. */
+const LINKED_BEFORE_WRITTEN = new Set(["docs/account-area.md"]);
+
+/** The Markdown pages a reader opens: the README, docs/ and the examples' READMEs. */
+function pages(): string[] {
+  const docs = fs.readdirSync(path.join(root, "docs")).filter((f) => f.endsWith(".md")).map((f) => `docs/${f}`);
+  const examples = fs
+    .readdirSync(path.join(root, "examples"), { recursive: true, encoding: "utf8" })
+    .filter((f) => path.basename(f) === "README.md")
+    .map((f) => `examples/${f}`);
+  return ["README.md", ...docs, ...examples];
+}
+
+/** GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens. */
+function anchorOf(heading: string): string {
+  return heading.trim().toLowerCase().replace(/[^\p{L}\p{M}\p{N}\p{Pc} -]/gu, "").replace(/ /g, "-");
+}
+
+function anchorsOf(markdown: string): Set<string> {
+  const withoutCode = markdown.replace(/```[\s\S]*?```/g, "");
+  return new Set([...withoutCode.matchAll(/^#{1,6} (.+)$/gm)].map((m) => anchorOf(m[1]!)));
+}
+
+/** Relative links `[text](target)` outside code blocks; web links are left to their owners. */
+function relativeLinks(markdown: string): string[] {
+  const withoutCode = markdown.replace(/```[\s\S]*?```/g, "").replace(/`[^`\n]*`/g, "");
+  return [...withoutCode.matchAll(/\]\(([^)\s]+)\)/g)].map((m) => m[1]!).filter((target) => !/^[a-z]+:/.test(target));
+}
+
+describe("README.md", () => {
+  it("stays short", () => {
+    expect(read("README.md").split("\n").length).toBeLessThanOrEqual(200);
+  });
+
+  it("prints the error table of src/errors.ts, one row per reason (npm run --silent docs:errors)", () => {
+    expect(read("README.md")).toContain(renderErrorTable());
+  });
+});
+
+describe("links between the pages", () => {
+  it.each(pages())("%s: every relative link reaches a file, and its heading when it names one", (page) => {
+    const broken: string[] = [];
+    for (const link of relativeLinks(read(page))) {
+      const [target, anchor] = link.split("#") as [string, string | undefined];
+      const file = target === "" ? page : path.posix.normalize(path.posix.join(path.posix.dirname(page), target));
+      if (LINKED_BEFORE_WRITTEN.has(file)) continue;
+      if (!fs.existsSync(path.join(root, file))) {
+        broken.push(`${link}: no ${file}`);
+        continue;
+      }
+      if (anchor !== undefined && file.endsWith(".md") && !anchorsOf(read(file)).has(anchor)) {
+        broken.push(`${link}: no heading #${anchor} in ${file}`);
+      }
+    }
+    expect(broken).toEqual([]);
+  });
+});
