@@ -15,7 +15,7 @@ import path from "node:path";
 import type { Knex } from "knex";
 import pg from "pg";
 import { createAccount, createApiKey } from "../src/accounts/store.js";
-import { readPublishedSocket } from "../src/db/database.js";
+import { readPublishedSocket } from "../src/db/published-socket.js";
 
 /** A database of its own on a PostgreSQL server, so a run never touches anything it did not create. */
 export interface ScratchDatabase {

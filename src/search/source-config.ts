@@ -1,4 +1,4 @@
-import { ConfigError } from "../config.js";
+import { ConfigError } from "../config-error.js";
 import { SOURCE_IDS, type SourceId } from "./validate.js";
 
 /**
