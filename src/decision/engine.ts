@@ -11,6 +11,7 @@ import {
   type LlmCapabilities,
   type LlmClient,
 } from "../upstream/llm-client.js";
+import { isReasoningOpener, mostProbable } from "../upstream/token-window.js";
 import {
   averageDistributions,
   choiceAnswer,
@@ -18,8 +19,6 @@ import {
   errorAnswer,
   groupsToExpand,
   firstPositionWindow,
-  isReasoningOpener,
-  mostProbable,
   noulAnswer,
   readLabelDistribution,
   scoreAnswer,

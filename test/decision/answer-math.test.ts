@@ -6,15 +6,14 @@ import {
   combineTwoStage,
   errorAnswer,
   groupsToExpand,
-  isReasoningOpener,
   noulAnswer,
   firstPositionWindow,
-  mostProbable,
   readLabelDistribution,
   round6,
   scoreAnswer,
   scoreConfidence,
 } from "../../src/decision/answer-math.js";
+import { isReasoningOpener, mostProbable } from "../../src/upstream/token-window.js";
 import { parseVerbalized } from "../../src/decision/engine.js";
 import { letterLabels, NOUL_LABELS, optionOrder, scoreLabels, splitIntoGroups } from "../../src/decision/labels.js";
 import { choiceBlock, estimateTokens, renderState } from "../../src/decision/prompt.js";
