@@ -1,7 +1,8 @@
-import {
-  asRecord, asString, callUpstream, endpoint, failForStatus, optionalArray, readText, requireRecord, SourceFailure,
-  type SearchSource, type SourceSettings,
-} from "./types.js";
+import { callUpstream, endpoint, failForStatus } from "./call-upstream.js";
+import { asRecord, asString, optionalArray, requireRecord } from "./json-fields.js";
+import { readText } from "./read-answer.js";
+import { SourceFailure } from "./source-failure.js";
+import type { SearchSource, SourceSettings } from "./types.js";
 import type { SearchWindow } from "../validate.js";
 
 export const GDELT_TIMESPAN: Record<SearchWindow, string | undefined> = { any: undefined, "24h": "24h", "7d": "7d", "30d": "30d" };
