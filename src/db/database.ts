@@ -104,7 +104,7 @@ export async function migrate(db: Knex, useAdvisoryLock: boolean): Promise<void>
 /**
  * True when the applied migrations are exactly this build's: a restart's
  * common case, told by one query instead of knex's table checks, lock and
- * listing (a tenth of a start-up). Anything else, including a database that
+ * listing. Anything else, including a database that
  * knows a migration this build does not, goes through knex, which migrates or
  * refuses.
  */

@@ -60,7 +60,7 @@ describe("readLabelDistribution", () => {
     expect(readLabelDistribution(window, letterLabels(2)).probabilities.map((p) => Math.round(p * 1e6) / 1e6)).toEqual([0.833333, 0.166667]);
   });
 
-  // The window shapes of issue 11, as vLLM and SGLang return them (vllm#44319, sglang#32290: `▁A` and
+  // Window shapes as vLLM and SGLang return them (vllm#44319, sglang#32290: `▁A` and
   // `A` both decoded to "A"; vllm#16838: raw `Ġ`/`▁` pieces in top_logprobs).
   it.each([
     ["leading-space variants", [["A", 0.3], [" A", 0.3], ["B", 0.4]], [0.6, 0.4]],
