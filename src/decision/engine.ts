@@ -47,7 +47,7 @@ import {
  * invents a number for a question it could not answer.
  */
 
-/** Spec: a question may use up to 32K input tokens; this is also what is reserved. */
+/** The contract lets a question use this many input tokens; it is also what is reserved for one. */
 export const QUESTION_BUDGET_TOKENS = 32_000;
 /** Option-order permutations averaged on the verbalized path. */
 const VERBALIZED_SAMPLES = 3;
