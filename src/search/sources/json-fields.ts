@@ -1,15 +1,23 @@
 import { SourceFailure } from "./source-failure.js";
 
-/** Narrowing helpers: provider JSON is untrusted, so every field is read defensively. */
+/**
+ * Reading provider JSON, which is untrusted: every field is read defensively,
+ * and a wrong top-level shape is an error rather than an empty answer.
+ */
+
+/** The value as an object, or undefined when it is not one (arrays and null are not). */
 export function asRecord(value: unknown): Record<string, unknown> | undefined {
   return typeof value === "object" && value !== null && !Array.isArray(value) ? (value as Record<string, unknown>) : undefined;
 }
+/** The value as an array, or an empty one. */
 export function asArray(value: unknown): unknown[] {
   return Array.isArray(value) ? value : [];
 }
+/** The value as a string, or an empty one. */
 export function asString(value: unknown): string {
   return typeof value === "string" ? value : "";
 }
+/** The value as a finite number, or undefined. */
 export function asNumber(value: unknown): number | undefined {
   return typeof value === "number" && Number.isFinite(value) ? value : undefined;
 }
@@ -38,6 +46,7 @@ export function requireRecord(value: unknown): Record<string, unknown> {
   if (!record) throw new SourceFailure("error", UNEXPECTED_SHAPE);
   return record;
 }
+/** The value as an array; anything else fails the answer as an unexpected shape. */
 export function requireArray(value: unknown): unknown[] {
   if (!Array.isArray(value)) throw new SourceFailure("error", UNEXPECTED_SHAPE);
   return value;

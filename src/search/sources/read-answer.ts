@@ -1,5 +1,7 @@
 import { SourceFailure } from "./source-failure.js";
 
+/** Reading a provider's answer body, bounded in size whatever the provider sends. */
+
 /** Largest answer read from a provider; ten results never come near it. */
 export const MAX_ANSWER_BYTES = 4 * 1024 * 1024;
 

@@ -1,3 +1,5 @@
+/** How long a provider asks us to stay away, read from its answer and kept within bounds. */
+
 /** Retry-After as delta seconds or an HTTP date, at most MAX_PAUSE_MS; undefined when absent or unreadable. */
 export function retryAfterMs(headers: Headers, nowMs: number): number | undefined {
   const raw = headers.get("retry-after")?.trim();

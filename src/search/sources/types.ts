@@ -20,6 +20,7 @@ export interface SearchSource {
   search(call: SourceCall): Promise<SourceAnswer>;
 }
 
+/** One search as the engine hands it to an adapter. */
 export interface SourceCall {
   /** Trimmed, NFC, whitespace collapsed. */
   query: string;
@@ -49,6 +50,7 @@ export interface RawItem {
   arxivId?: string | undefined;
 }
 
+/** What an adapter returns from one successful upstream call. */
 export interface SourceAnswer {
   items: RawItem[];
   /** Fixed text shown as the report's reason on an ok answer (e.g. incomplete upstream results). */
