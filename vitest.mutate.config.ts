@@ -11,6 +11,7 @@ export default defineConfig({
       "test/metering/{ledger,meter,meter-rules,metered-rpc,lost-replies,abandon-race,batch-lock-order,crash}.test.ts",
       "test/db/{pooled-statement,statement-batcher}.test.ts",
       "test/decision/answer-math*.test.ts",
+      "test/upstream/token-window.test.ts",
     ],
     globalSetup: ["test/support/global-setup.ts"],
     testTimeout: 30_000,

@@ -4,8 +4,8 @@
  * TYPESAFE_METRICS on and off, alternated (on, off, on, off, …) so drift of a
  * shared machine falls on both; the fake upstream (answering at once) and the
  * load generator in processes of their own. Prints throughput and the
- * service's CPU time per call, medians of the rounds. The issue asks for
- * ≤ 5 % difference in throughput.
+ * service's CPU time per call, medians of the rounds (target:
+ * docs/performance.md).
  *
  *   npm run bench:metrics
  *   DATABASE_URL=postgres://… BENCH_ROUNDS=5 BENCH_DURATION_S=5 npm run bench:metrics

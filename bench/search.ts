@@ -9,7 +9,7 @@
  *
  * Prints req/s, p50/p99 and ratios:
  *   - fan-out latency, one request at a time, every request a cache miss:
- *     eight sources answering after 50–300 ms; the issue asks for the slowest
+ *     eight sources answering after 50–300 ms; it should be the slowest
  *     source's latency plus a few milliseconds;
  *   - the same with one source hung: it is cut at its timeout (1 s here);
  *   - throughput against the bare server: cache misses with providers that

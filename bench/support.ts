@@ -14,8 +14,9 @@ import os from "node:os";
 import path from "node:path";
 import type { Knex } from "knex";
 import pg from "pg";
-import { createAccount, createApiKey } from "../src/accounts/store.js";
-import { readPublishedSocket } from "../src/db/database.js";
+import { createApiKey } from "../src/accounts/store.js";
+import { createAccount } from "../src/admin/account-funding.js";
+import { readPublishedSocket } from "../src/db/published-socket.js";
 
 /** A database of its own on a PostgreSQL server, so a run never touches anything it did not create. */
 export interface ScratchDatabase {

@@ -1,7 +1,7 @@
 // Compiles src/ to dist/ (`npm run build`), then bundles the server into one
 // file, dist/bundle/main.mjs, which `npm start` runs. With --if-stale it
 // builds only when a source or the compiler settings changed since the last
-// successful build, so a start costs a start, not a compilation (~3 s). Plain
+// successful build, so a start costs a start, not a compilation. Plain
 // JavaScript: it runs before anything is compiled. `npm start` imports it
 // (src/start.mjs) instead of running it, which saves a second Node process.
 import { spawnSync } from "node:child_process";
@@ -33,8 +33,8 @@ function newestIn(dir) {
 
 /**
  * The server as one ES module. Loading dist/ file by file resolves and reads
- * some 450 modules (lodash alone is 252 of knex's), which was half of a start
- * on a machine with slow system calls; one file is a single read and compile.
+ * hundreds of modules (most of them lodash's, through knex), a large part of a
+ * start on a machine with slow system calls; one file is a single read and compile.
  * Packages stay outside when they load files of their own (PGlite's WASM) or
  * are drivers knex names but this service never loads. dist/bundle/ sits two
  * levels below the root, like dist/openapi/, so paths relative to a module

@@ -1,5 +1,6 @@
 import path from "node:path";
 import type { LogLevel } from "./logger.js";
+import { ConfigError } from "./config-error.js";
 import { parseSourceCatalog } from "./search/source-config.js";
 
 /**
@@ -58,13 +59,6 @@ export interface SearchConfig {
   env: Record<string, string>;
   /** Ids of the sources that are enabled and have what they need (for the start-up summary). */
   configuredSources?: string[];
-}
-
-export class ConfigError extends Error {
-  constructor(readonly problems: string[]) {
-    super(`invalid configuration:\n  ${problems.join("\n  ")}`);
-    this.name = "ConfigError";
-  }
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.cwd()): Config {

@@ -1,5 +1,6 @@
 import { startApp } from "./app.js";
-import { ConfigError, loadConfig } from "./config.js";
+import { ConfigError } from "./config-error.js";
+import { loadConfig } from "./config.js";
 import { createLogger } from "./logger.js";
 
 /** The only entry point: config, dependencies, server, and a graceful stop on SIGTERM/SIGINT. */

@@ -1,5 +1,4 @@
 import type { Knex } from "knex";
-import { grant as meteringGrant } from "../metering/ledger.js";
 import { displayPrefix, generateApiKey, hashApiKey } from "./api-keys.js";
 
 /** A row of `accounts`; money columns are integer units. */
@@ -22,28 +21,10 @@ export interface DbApiKeyRow {
   revoked_at: Date | null;
 }
 
-/** Creates an account and grants its opening credits and free requests, with ledger rows. */
-export async function createAccount(
-  db: Knex,
-  init: { name: string; units: number; freeRequests: number },
-): Promise<DbAccountRow> {
-  return db.transaction(async (tx) => {
-    const [account] = await tx<DbAccountRow>("accounts").insert({ name: init.name }).returning("*");
-    await grant(tx, account!.id, init.units, init.freeRequests);
-    return (await findAccount(tx, account!.id))!;
-  });
-}
-
-/** Adds credits (units) and free requests to an account, with their ledger rows (metering_grant). */
-export async function grant(
-  db: Knex | Knex.Transaction,
-  accountId: string,
-  units: number,
-  freeRequests: number,
-): Promise<DbAccountRow | undefined> {
-  if (!isUuid(accountId)) return undefined;
-  const granted = await meteringGrant(db, { accountId, units, freeRequests });
-  return granted && findAccount(db, accountId);
+/** Inserts an account row with empty balances; its opening credits are granted by the caller, through metering. */
+export async function insertAccount(db: Knex | Knex.Transaction, name: string): Promise<DbAccountRow> {
+  const [account] = await db<DbAccountRow>("accounts").insert({ name }).returning("*");
+  return account!;
 }
 
 export async function findAccount(db: Knex | Knex.Transaction, accountId: string): Promise<DbAccountRow | undefined> {
@@ -86,6 +67,7 @@ export async function findAccountIdByKeyHash(db: Knex | Knex.Transaction, keyHas
   return row?.account_id as string | undefined;
 }
 
-function isUuid(text: string): boolean {
+/** True for a UUID in its text form, the shape of account and key ids (a cast of anything else would fail in SQL). */
+export function isUuid(text: string): boolean {
   return /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(text);
 }

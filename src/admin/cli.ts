@@ -1,8 +1,11 @@
 import { parseArgs } from "node:util";
 import type { Knex } from "knex";
-import { ConfigError, loadConfig } from "../config.js";
-import { createKnex, migrate, openDatabase, readPublishedSocket } from "../db/database.js";
-import { createAccount, createApiKey, findAccount, grant, listApiKeys, revokeApiKey, type DbAccountRow } from "../accounts/store.js";
+import { ConfigError } from "../config-error.js";
+import { loadConfig } from "../config.js";
+import { createKnex, migrate, openDatabase } from "../db/database.js";
+import { readPublishedSocket } from "../db/published-socket.js";
+import { createApiKey, findAccount, listApiKeys, revokeApiKey, type DbAccountRow } from "../accounts/store.js";
+import { createAccount, grant } from "./account-funding.js";
 import { createLogger } from "../logger.js";
 import { parseCredits, unitsToCredits } from "../units.js";
 import { listUsage } from "./usage.js";

@@ -1,5 +1,3 @@
-import fs from "node:fs/promises";
-import path from "node:path";
 import knex, { type Knex } from "knex";
 import pg from "pg";
 import type { Logger } from "../logger.js";
@@ -106,7 +104,7 @@ export async function migrate(db: Knex, useAdvisoryLock: boolean): Promise<void>
 /**
  * True when the applied migrations are exactly this build's: a restart's
  * common case, told by one query instead of knex's table checks, lock and
- * listing (a tenth of a start-up). Anything else, including a database that
+ * listing. Anything else, including a database that
  * knows a migration this build does not, goes through knex, which migrates or
  * refuses.
  */
@@ -117,19 +115,4 @@ async function isUpToDate(db: Knex): Promise<boolean> {
   const applied = (await db("knex_migrations").pluck<string[]>("name")).sort();
   const known = [...(await migrationSource.getMigrations([]))].sort();
   return applied.length === known.length && applied.every((name, i) => name === known[i]);
-}
-
-/** Where a running service publishes its embedded store, for the operator CLI. */
-export function socketFilePath(dataDir: string): string {
-  return path.join(dataDir, "socket.json");
-}
-
-export async function readPublishedSocket(dataDir: string): Promise<{ url: string; pid: number } | undefined> {
-  try {
-    const info = JSON.parse(await fs.readFile(socketFilePath(dataDir), "utf8")) as { url: string; pid: number };
-    process.kill(info.pid, 0); // throws when no such process
-    return info;
-  } catch {
-    return undefined;
-  }
 }

@@ -2,7 +2,7 @@ import { once } from "node:events";
 import fs from "node:fs/promises";
 import { Worker } from "node:worker_threads";
 import type { Logger } from "../logger.js";
-import { socketFilePath } from "./database.js";
+import { publishedUrl, socketFilePath } from "./published-socket.js";
 import type { EmbeddedWorkerData } from "./embedded-worker.js";
 import { lockStore } from "./store-lock.js";
 
@@ -77,13 +77,4 @@ function startStoreThread(workerData: EmbeddedWorkerData): Worker {
   if (!import.meta.url.endsWith(".ts")) return new Worker(new URL("../db/embedded-worker.js", import.meta.url), { workerData });
   const typescriptModule = new URL("./embedded-worker.ts", import.meta.url).href;
   return new Worker(new URL("./typescript-worker.mjs", import.meta.url), { workerData: { ...workerData, typescriptModule } });
-}
-
-/** The URL the folder's owner published, without checking that it is alive (for messages). */
-async function publishedUrl(dataDir: string): Promise<string | undefined> {
-  try {
-    return (JSON.parse(await fs.readFile(socketFilePath(dataDir), "utf8")) as { url?: string }).url;
-  } catch {
-    return undefined;
-  }
 }

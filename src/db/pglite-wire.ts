@@ -74,9 +74,8 @@ export async function serveWire(db: PGlite, options: WireOptions = {}): Promise<
         // reads nothing before the exchange's end, so they leave in one write instead of one system call each.
         socket.cork();
         try {
-          // PGlite is held for the whole exchange and syncs its files once, at the end, as its own query() does;
-          // a hold and a sync per message made a query through the wire cost 1.45× PGlite's own query() in CPU,
-          // against 1.09× now (npm run bench:embedded-wire).
+          // PGlite is held for the whole exchange and syncs its files once, at the end, as its own query() does:
+          // a hold and a sync per message made a query through the wire cost far more CPU than query() itself.
           await db.runExclusive(async () => {
             try {
               for (const message of messages) {

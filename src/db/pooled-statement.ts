@@ -4,8 +4,7 @@ import type pg from "pg";
 /**
  * A statement sent on a connection of knex's pool through `pg` itself, for the
  * metering hot path: its two statements skip knex's builder, binding rewrite
- * and runner, which took a tenth of the service's CPU per call under load on a
- * slow 2-core VM (README, Performance).
+ * and runner, a visible share of the service's CPU per call under load.
  *
  * It keeps what knex's runner gives every other statement: the one pool and
  * its acquire timeout, knex's query events (the metrics time statements by

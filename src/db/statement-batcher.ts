@@ -25,7 +25,7 @@ interface Queued<Item, Result> {
  * with every item that queued meanwhile (up to `maxBatch`). A lone call pays
  * nothing; under load, one statement, one transaction and one WAL flush serve
  * many calls, which is what PostgreSQL's CPU goes to on a busy machine
- * (README, Performance). The fewer batches out, the larger each one; but a
+ * (docs/performance.md). The fewer batches out, the larger each one; but a
  * batch out for `stallMs` (a lost reply waits for its deadline) gives its
  * slot up, so that one stuck statement never holds every call behind it.
  *

@@ -1,6 +1,6 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { AnswerSchema } from "../gen/typesafe/decision/v1/decision_service_pb.js";
-import type { TokenLogprob } from "../upstream/llm-client.js";
+import type { TokenLogprob } from "../upstream/token-window.js";
 import type { LabelSet } from "./labels.js";
 
 /**
@@ -80,18 +80,6 @@ export function firstPositionWindow(topLogprobs: readonly TokenLogprob[] | undef
   const window = [...(topLogprobs ?? [])];
   if (sampled && !window.some((t) => t.token === sampled.token)) window.push(sampled);
   return window;
-}
-
-/** The most probable entry of a window: what the model would say, unlike a token sampled at temperature 1. */
-export function mostProbable(window: readonly TokenLogprob[]): TokenLogprob | undefined {
-  let best: TokenLogprob | undefined;
-  for (const entry of window) if (best === undefined || entry.logprob > best.logprob) best = entry;
-  return best;
-}
-
-/** True when the first token opens a reasoning block instead of answering. */
-export function isReasoningOpener(token: string | undefined): boolean {
-  return token !== undefined && /^\s*<\/?(think|thinking|reasoning)\b|^\s*<\|/i.test(token);
 }
 
 /** Rounds to 6 decimals, as colibri does: the digits beyond carry only upstream noise. */

@@ -11,6 +11,7 @@ import {
   type LlmCapabilities,
   type LlmClient,
 } from "../upstream/llm-client.js";
+import { isReasoningOpener, mostProbable } from "../upstream/token-window.js";
 import {
   averageDistributions,
   choiceAnswer,
@@ -18,8 +19,6 @@ import {
   errorAnswer,
   groupsToExpand,
   firstPositionWindow,
-  isReasoningOpener,
-  mostProbable,
   noulAnswer,
   readLabelDistribution,
   scoreAnswer,
@@ -48,7 +47,7 @@ import {
  * invents a number for a question it could not answer.
  */
 
-/** Spec: a question may use up to 32K input tokens; this is also what is reserved. */
+/** The contract lets a question use this many input tokens; it is also what is reserved for one. */
 export const QUESTION_BUDGET_TOKENS = 32_000;
 /** Option-order permutations averaged on the verbalized path. */
 const VERBALIZED_SAMPLES = 3;

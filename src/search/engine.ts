@@ -25,7 +25,9 @@ import { createGitHubSource } from "./sources/github.js";
 import { createHackerNewsSource } from "./sources/hackernews.js";
 import { createStackOverflowSource } from "./sources/stackoverflow.js";
 import { createWikipediaSource } from "./sources/wikipedia.js";
-import { SourceFailure, windowCutoffMs, type SearchSource, type SourceSettings } from "./sources/types.js";
+import { SourceFailure } from "./sources/source-failure.js";
+import type { SearchSource, SourceSettings } from "./sources/types.js";
+import { windowCutoffMs } from "./sources/window.js";
 import { SOURCE_IDS, WINDOWS, type SearchWindow, type SourceId } from "./validate.js";
 
 export interface SearchPlan {

@@ -3,9 +3,12 @@ import type { ResultSchema } from "../gen/typesafe/search/v1/search_service_pb.j
 import type { RawItem } from "./sources/types.js";
 
 /**
- * Normalization, deduplication and weighted reciprocal rank fusion
- * (../shared/research/search-sources.md §3.4–3.7). Pure functions, so the
- * same inputs always give the same order.
+ * Normalization, deduplication and weighted reciprocal rank fusion: each
+ * source's list is cleaned, items naming the same page are merged, and a page
+ * scores the sum, over the sources that returned it, of weight / (RRF_K + rank).
+ * Ranks decide, not the providers' scores, which cannot be compared; a page
+ * several sources return rises. Pure functions, so the same inputs always give
+ * the same order.
  */
 
 export const TITLE_MAX = 300;

@@ -1,4 +1,4 @@
-import { ConfigError } from "../config.js";
+import { ConfigError } from "../config-error.js";
 import { SOURCE_IDS, type SourceId } from "./validate.js";
 
 /**
@@ -75,9 +75,9 @@ const HOUR = 60 * MINUTE;
 const DAY = 24 * HOUR;
 
 /**
- * Defaults from ../shared/research/search-sources.md. Prices assume 1 credit ≈ US$1:
- * the keyed indexes cost their upstream list price plus a margin (Brave $5/1k,
- * Exa $7/1k); free sources carry a small fee for our own bandwidth and quota.
+ * Each provider's documented limits and prices. Prices assume 1 credit ≈ US$1:
+ * the keyed indexes cost their upstream list price plus a margin; free sources
+ * carry a small fee for our own bandwidth and quota.
  */
 const DEFAULTS: Record<SourceId, Defaults> = {
   brave: {
@@ -111,8 +111,8 @@ const DEFAULTS: Record<SourceId, Defaults> = {
     rate: { count: 1, intervalMs: 3 * SECOND, concurrency: 1 }, baseUrl: "https://export.arxiv.org",
   },
   gdelt: {
-    // GDELT sheds load with a 429 after ~13 s (koala73/worldmonitor#5843), so its timeout is longer
-    // (the search deadline still bounds it); pacing 5 s apart still draws 429s, so 6 s.
+    // GDELT sheds load with a late 429 (koala73/worldmonitor#5843), so its timeout is longer (the search
+    // deadline still bounds it), and calls are paced wider than the interval it asks for, which still drew 429s.
     kind: "news", supportsTimeWindow: true, isDefault: true, keyRequired: false, priceUnits: 500, timeoutMs: 15_000,
     rate: { count: 1, intervalMs: 6 * SECOND, concurrency: 1 }, baseUrl: "https://api.gdeltproject.org",
   },

@@ -1,8 +1,9 @@
 import type { LlmCallOutcome, Metrics } from "../metrics.js";
 import type { LlmConfig } from "../config.js";
 import type { Logger } from "../logger.js";
-import { isReasoningOpener, mostProbable } from "../decision/answer-math.js";
-import { postWithRetry, UpstreamError, type HttpResponse } from "./http.js";
+import { isRetryableStatus, postWithRetry, UpstreamError, type HttpResponse } from "./http.js";
+import { createFairSemaphore } from "./fair-semaphore.js";
+import { isReasoningOpener, mostProbable, type TokenLogprob } from "./token-window.js";
 
 /**
  * A client for OpenAI-compatible Chat Completions, shaped for reading one
@@ -79,11 +80,6 @@ export interface CallOptions {
   party?: object;
 }
 
-export interface TokenLogprob {
-  token: string;
-  logprob: number;
-}
-
 export interface ChatUsage {
   /** All prompt tokens, cached ones included. */
   promptTokens: number;
@@ -139,6 +135,9 @@ export const PROBE_FAILURE_TTL_MS = 5_000;
  */
 export const REPROBE_AFTER_REJECTIONS = 3;
 
+/** The party of calls made for no decision request (the capability probe): they take their turn together. */
+const NO_REQUEST_PARTY = {};
+
 export function createLlmClient(deps: {
   config: LlmConfig;
   logger: Logger;
@@ -172,7 +171,7 @@ export function createLlmClient(deps: {
           deadlineMs: options.deadlineMs,
           attemptTimeoutMs: config.callTimeoutMs,
           maxRetries,
-          slot: (signal) => slots.acquire(options.party ?? PROBE_PARTY, signal),
+          slot: (signal) => slots.acquire(options.party ?? NO_REQUEST_PARTY, signal),
         },
       );
       outcome = response.status < 300 ? "ok" : response.status < 500 ? "rejected" : "failed";
@@ -241,7 +240,7 @@ export function createLlmClient(deps: {
       if (response.status === 401 || (response.status === 403 && !/logprob/i.test(response.text))) {
         throw new LlmCallError("upstream_error", false, response.status);
       }
-      if (response.status >= 500 || response.status === 429 || response.status === 408) {
+      if (isRetryableStatus(response.status)) {
         throw new LlmCallError("upstream_error", true, response.status);
       }
       if (!adjustAfterRejection(caps, response.text)) break;
@@ -306,7 +305,7 @@ export function createLlmClient(deps: {
       const response = await post(body, options, config.maxRetries);
       if (response.status < 200 || response.status >= 300) {
         logger.warn("llm call failed", { status: response.status, attempts: response.attempts });
-        const retryable = response.status === 408 || response.status === 429 || response.status >= 500;
+        const retryable = isRetryableStatus(response.status);
         if (!retryable && ++rejectedInARow >= REPROBE_AFTER_REJECTIONS && probedUntil !== Infinity) {
           rejectedInARow = 0;
           probedUntil = 0;
@@ -500,74 +499,4 @@ function raceAbort<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
       },
     );
   });
-}
-
-/** The party of calls made for no request (the capability probe). */
-const PROBE_PARTY = {};
-
-/**
- * A counting semaphore whose free slot goes to the waiting party served
- * longest ago (round-robin between parties; first come first served within
- * one), and whose waiters give up when their signal aborts.
- */
-export function createFairSemaphore(limit: number) {
-  let active = 0;
-  let waiting = 0;
-  let grants = 0;
-  const queues = new Map<object, Array<() => void>>();
-  const lastGrant = new WeakMap<object, number>();
-  const take = (party: object) => {
-    lastGrant.set(party, ++grants);
-    active += 1;
-    return once(release);
-  };
-  function release() {
-    active -= 1;
-    let next: object | undefined;
-    for (const party of queues.keys()) {
-      if (next === undefined || (lastGrant.get(party) ?? 0) < (lastGrant.get(next) ?? 0)) next = party;
-    }
-    if (next === undefined) return;
-    const queue = queues.get(next)!;
-    const grant = queue.shift()!;
-    if (queue.length === 0) queues.delete(next);
-    grant();
-  }
-  return {
-    waiting: () => waiting,
-    acquire(party: object, signal: AbortSignal): Promise<(() => void) | undefined> {
-      if (signal.aborted) return Promise.resolve(undefined);
-      if (active < limit) return Promise.resolve(take(party));
-      return new Promise((resolve) => {
-        const grant = () => {
-          waiting -= 1;
-          signal.removeEventListener("abort", onAbort);
-          resolve(take(party));
-        };
-        const onAbort = () => {
-          const queue = queues.get(party);
-          const index = queue?.indexOf(grant) ?? -1;
-          if (index < 0) return;
-          queue!.splice(index, 1);
-          if (queue!.length === 0) queues.delete(party);
-          waiting -= 1;
-          resolve(undefined);
-        };
-        waiting += 1;
-        const queue = queues.get(party);
-        if (queue) queue.push(grant);
-        else queues.set(party, [grant]);
-        signal.addEventListener("abort", onAbort, { once: true });
-      });
-    },
-  };
-}
-
-function once(fn: () => void): () => void {
-  let done = false;
-  return () => {
-    if (done) return;
-    done = true;
-    fn();
-  };
 }

@@ -21,7 +21,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import path from "node:path";
 import { parseArgs } from "node:util";
-import { createAccount, createApiKey } from "../../src/accounts/store.js";
+import { createApiKey } from "../../src/accounts/store.js";
+import { createAccount } from "../../src/admin/account-funding.js";
 import { createKnex } from "../../src/db/database.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../support/fake-llm.js";
 import { assertInvariants } from "../support/invariants.js";

@@ -4,7 +4,7 @@ import os from "node:os";
 import path from "node:path";
 import pg from "pg";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { socketFilePath } from "../../src/db/database.js";
+import { socketFilePath } from "../../src/db/published-socket.js";
 import { openEmbeddedStore } from "../../src/db/embedded.js";
 import { createLogger } from "../../src/logger.js";
 

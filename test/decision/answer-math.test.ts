@@ -6,15 +6,14 @@ import {
   combineTwoStage,
   errorAnswer,
   groupsToExpand,
-  isReasoningOpener,
   noulAnswer,
   firstPositionWindow,
-  mostProbable,
   readLabelDistribution,
   round6,
   scoreAnswer,
   scoreConfidence,
 } from "../../src/decision/answer-math.js";
+import { isReasoningOpener, mostProbable } from "../../src/upstream/token-window.js";
 import { parseVerbalized } from "../../src/decision/engine.js";
 import { letterLabels, NOUL_LABELS, optionOrder, scoreLabels, splitIntoGroups } from "../../src/decision/labels.js";
 import { choiceBlock, estimateTokens, renderState } from "../../src/decision/prompt.js";
@@ -61,7 +60,7 @@ describe("readLabelDistribution", () => {
     expect(readLabelDistribution(window, letterLabels(2)).probabilities.map((p) => Math.round(p * 1e6) / 1e6)).toEqual([0.833333, 0.166667]);
   });
 
-  // The window shapes of issue 11, as vLLM and SGLang return them (vllm#44319, sglang#32290: `▁A` and
+  // Window shapes as vLLM and SGLang return them (vllm#44319, sglang#32290: `▁A` and
   // `A` both decoded to "A"; vllm#16838: raw `Ġ`/`▁` pieces in top_logprobs).
   it.each([
     ["leading-space variants", [["A", 0.3], [" A", 0.3], ["B", 0.4]], [0.6, 0.4]],
@@ -297,37 +296,6 @@ describe("rules that mutation testing showed unpinned", () => {
 
   it("a window without a list is the sampled token alone", () => {
     expect(firstPositionWindow(undefined, { token: "A", logprob: -0.1 })).toEqual([{ token: "A", logprob: -0.1 }]);
-  });
-
-  it("mostProbable finds the most probable entry wherever it stands", () => {
-    expect(mostProbable(w({ B: 0.2, A: 0.7, C: 0.1 }))?.token).toBe("A");
-  });
-
-  it("mostProbable keeps the first of equal entries", () => {
-    const window = [{ token: "A", logprob: -0.5 }, { token: "B", logprob: -0.5 }, { token: "C", logprob: -2 }];
-    expect(mostProbable(window)?.token).toBe("A");
-    expect(mostProbable([])).toBeUndefined();
-  });
-
-  it.each([
-    ["<think>", true],
-    ["  <think>", true],
-    ["</think>", true],
-    ["<thinking>", true],
-    ["<reasoning>", true],
-    ["<|channel|>", true],
-    [" <|start|>", true],
-    ["x<think>", false],
-    ["A <think>", false],
-    ["<thinker", false],
-    ["A<|", false],
-    ["A", false],
-  ])("isReasoningOpener(%j) is %s: anchored at the start, after spaces only", (token, expected) => {
-    expect(isReasoningOpener(token)).toBe(expected);
-  });
-
-  it("isReasoningOpener(undefined) is false", () => {
-    expect(isReasoningOpener(undefined)).toBe(false);
   });
 
   it("argmax looks at the last entry too; the confidence of one option is 1", () => {

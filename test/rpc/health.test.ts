@@ -4,7 +4,7 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../src/gen/grpc/health/v1/health_pb.js";
 import { registerHealth } from "../../src/rpc/health.js";
-import { startH2cServer, type H2cServer } from "./h2c-server.js";
+import { startH2cServer, type H2cServer } from "../support/h2c-server.js";
 
 /** What the injected check reports next: a verdict, or an error to reject with. */
 let verdict: boolean | Error = true;

@@ -17,7 +17,7 @@ import { file_typesafe_error_v1_error } from "../../src/gen/typesafe/error/v1/er
 import { SearchService } from "../../src/gen/typesafe/search/v1/search_service_pb.js";
 import { registerHealth } from "../../src/rpc/health.js";
 import { registerReflection } from "../../src/rpc/reflection.js";
-import { startH2cServer, type H2cServer } from "./h2c-server.js";
+import { startH2cServer, type H2cServer } from "../support/h2c-server.js";
 
 const execFileAsync = promisify(execFile);
 const bufBin = fileURLToPath(new URL("../../node_modules/.bin/buf", import.meta.url));

@@ -11,7 +11,10 @@ import { createGdeltSource } from "../../src/search/sources/gdelt.js";
 import { createGitHubSource } from "../../src/search/sources/github.js";
 import { createHackerNewsSource } from "../../src/search/sources/hackernews.js";
 import { createStackOverflowSource } from "../../src/search/sources/stackoverflow.js";
-import { MAX_PAUSE_MS, SourceFailure, UNEXPECTED_SHAPE, type SearchSource, type SourceSettings } from "../../src/search/sources/types.js";
+import { UNEXPECTED_SHAPE } from "../../src/search/sources/json-fields.js";
+import { MAX_PAUSE_MS } from "../../src/search/sources/retry-after.js";
+import { SourceFailure } from "../../src/search/sources/source-failure.js";
+import type { SearchSource, SourceSettings } from "../../src/search/sources/types.js";
 import { createWikipediaSource } from "../../src/search/sources/wikipedia.js";
 import {
   BRAVE_KEY, EXA_KEY, arxivFeed, braveBody, exaBody, gdeltBody, gdeltSeen, githubBody, hackernewsBody, stackoverflowBody,

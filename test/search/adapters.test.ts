@@ -8,7 +8,8 @@ import { createGdeltSource } from "../../src/search/sources/gdelt.js";
 import { createGitHubSource } from "../../src/search/sources/github.js";
 import { createHackerNewsSource } from "../../src/search/sources/hackernews.js";
 import { createStackOverflowSource } from "../../src/search/sources/stackoverflow.js";
-import { SourceFailure, type SearchSource, type SourceAnswer, type SourceSettings } from "../../src/search/sources/types.js";
+import { SourceFailure } from "../../src/search/sources/source-failure.js";
+import type { SearchSource, SourceAnswer, SourceSettings } from "../../src/search/sources/types.js";
 import { createWikipediaSource } from "../../src/search/sources/wikipedia.js";
 import type { SearchWindow } from "../../src/search/validate.js";
 import {

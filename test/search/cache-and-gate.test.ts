@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ConfigError } from "../../src/config.js";
+import { ConfigError } from "../../src/config-error.js";
 import { cacheKey, createSingleFlight, createTtlCache, normalizeQuery } from "../../src/search/cache.js";
 import { createRateGate, FIRST_FAILURE_SUSPENSION_MS, MAX_FAILURE_SUSPENSION_MS } from "../../src/search/rate-gate.js";
 import { linkedSignal } from "../../src/signals.js";

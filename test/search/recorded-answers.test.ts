@@ -10,7 +10,8 @@ import { createGdeltSource, gdeltQuery } from "../../src/search/sources/gdelt.js
 import { createGitHubSource } from "../../src/search/sources/github.js";
 import { createHackerNewsSource } from "../../src/search/sources/hackernews.js";
 import { articlePath, createWikipediaSource } from "../../src/search/sources/wikipedia.js";
-import { SourceFailure, type SearchSource, type SourceAnswer, type SourceSettings } from "../../src/search/sources/types.js";
+import { SourceFailure } from "../../src/search/sources/source-failure.js";
+import type { SearchSource, SourceAnswer, SourceSettings } from "../../src/search/sources/types.js";
 import type { SearchWindow } from "../../src/search/validate.js";
 import { BRAVE_KEY, EXA_KEY, exaBody, gdeltSeen, hackernewsBody, type FakeSourceId } from "../support/fake-search/providers.js";
 import {

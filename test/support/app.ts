@@ -1,6 +1,7 @@
 import type { Knex } from "knex";
 import { startApp, type App } from "../../src/app.js";
-import { createAccount, createApiKey } from "../../src/accounts/store.js";
+import { createApiKey } from "../../src/accounts/store.js";
+import { createAccount } from "../../src/admin/account-funding.js";
 import { loadConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
 import type { TestDatabase } from "./database.js";

@@ -23,7 +23,7 @@ export interface TestDatabaseOptions {
   /**
    * The file sweeps expired holds of every account (the sweeper's clock moved
    * past other tests' leases): without DATABASE_URL it gets an embedded store
-   * of its own (about 3 s), since on the shared one its sweeps would expire
+   * of its own (slower to open), since on the shared one its sweeps would expire
    * the holds of files running beside it.
    */
   sweepsEveryAccount?: boolean;

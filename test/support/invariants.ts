@@ -2,7 +2,7 @@ import type { Knex } from "knex";
 import { expect } from "vitest";
 
 /**
- * The metering invariants of shared/research/metering.md §2.8, checked from
+ * The metering invariants, checked from
  * the tables themselves (the counters on `accounts` against the `requests`
  * rows and the `ledger`), so a test fails when any code path lets them drift:
  *   I1 balance = Σ grants − Σ settled charges (ledger and requests agree)

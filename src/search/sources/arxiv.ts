@@ -1,7 +1,9 @@
-import {
-  callUpstream, endpoint, failForStatus, readText, retryAfterMs, SourceFailure, windowCutoffMs,
-  type SearchSource, type SourceSettings,
-} from "./types.js";
+import { callUpstream, endpoint, failForStatus } from "./call-upstream.js";
+import { readText } from "./read-answer.js";
+import { retryAfterMs } from "./retry-after.js";
+import { SourceFailure } from "./source-failure.js";
+import type { SearchSource, SourceSettings } from "./types.js";
+import { windowCutoffMs } from "./window.js";
 
 /**
  * arXiv API (Atom XML). The query is each term as `all:<term>` joined with

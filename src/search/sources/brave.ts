@@ -1,7 +1,9 @@
-import {
-  asRecord, clampPauseMs, retryAfterMs, SourceFailure, asString, callUpstream, endpoint, failForStatus, optionalArray, optionalRecord, readJson, requireRecord,
-  type SearchSource, type SourceSettings,
-} from "./types.js";
+import { callUpstream, endpoint, failForStatus } from "./call-upstream.js";
+import { asRecord, asString, optionalArray, optionalRecord, requireRecord } from "./json-fields.js";
+import { readJson } from "./read-answer.js";
+import { clampPauseMs, retryAfterMs } from "./retry-after.js";
+import { SourceFailure } from "./source-failure.js";
+import type { SearchSource, SourceSettings } from "./types.js";
 import type { SearchWindow } from "../validate.js";
 
 /** Brave's native windows; `pm` is 31 days, so the engine's post-filter trims it to 30. */

@@ -1,7 +1,9 @@
-import {
-  asArray, asNumber, asRecord, asString, callUpstream, endpoint, failForStatus, readJson, requireArray, requireRecord,
-  SourceFailure, windowCutoffMs, type SearchSource, type SourceSettings,
-} from "./types.js";
+import { callUpstream, endpoint, failForStatus } from "./call-upstream.js";
+import { asArray, asNumber, asRecord, asString, requireArray, requireRecord } from "./json-fields.js";
+import { readJson } from "./read-answer.js";
+import { SourceFailure } from "./source-failure.js";
+import type { SearchSource, SourceSettings } from "./types.js";
+import { windowCutoffMs } from "./window.js";
 
 /** Exa says nothing about when a top-up lands: look again after an hour. */
 export const EXA_QUOTA_RECHECK_MS = 3600_000;

@@ -1,14 +1,15 @@
-import {
-  asRecord, asString, callUpstream, endpoint, failForStatus, optionalArray, readText, requireRecord, SourceFailure,
-  type SearchSource, type SourceSettings,
-} from "./types.js";
+import { callUpstream, endpoint, failForStatus } from "./call-upstream.js";
+import { asRecord, asString, optionalArray, requireRecord } from "./json-fields.js";
+import { readText } from "./read-answer.js";
+import { SourceFailure } from "./source-failure.js";
+import type { SearchSource, SourceSettings } from "./types.js";
 import type { SearchWindow } from "../validate.js";
 
 export const GDELT_TIMESPAN: Record<SearchWindow, string | undefined> = { any: undefined, "24h": "24h", "7d": "7d", "30d": "30d" };
 /**
  * GDELT asks for one request every 5 seconds and its 429 carries no
- * Retry-After; pacing at exactly 5 s still draws 429s (other clients pace
- * 6–8 s), so the pause after a rate notice is 6 s, like the pacing.
+ * Retry-After; pacing at exactly that interval still draws 429s, so the pause
+ * after a rate notice is a little longer, like the pacing.
  */
 export const GDELT_PAUSE_MS = 6_000;
 /** GDELT rejects every keyword shorter than this. */

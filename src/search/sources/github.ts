@@ -1,7 +1,10 @@
-import {
-  asArray, asNumber, asRecord, asString, callUpstream, clampPauseMs, endpoint, failForStatus, readJson, requireArray,
-  requireRecord, retryAfterMs, SourceFailure, windowCutoffMs, type SearchSource, type SourceSettings,
-} from "./types.js";
+import { callUpstream, endpoint, failForStatus } from "./call-upstream.js";
+import { asArray, asNumber, asRecord, asString, requireArray, requireRecord } from "./json-fields.js";
+import { readJson } from "./read-answer.js";
+import { clampPauseMs, retryAfterMs } from "./retry-after.js";
+import { SourceFailure } from "./source-failure.js";
+import type { SearchSource, SourceSettings } from "./types.js";
+import { windowCutoffMs } from "./window.js";
 
 /**
  * GitHub repository search. Under a window the query gets a

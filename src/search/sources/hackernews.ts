@@ -1,7 +1,8 @@
-import {
-  asNumber, asRecord, asString, callUpstream, endpoint, failForStatus, isoFromUnixSeconds, readJson, requireArray,
-  requireRecord, windowCutoffMs, type SearchSource, type SourceSettings,
-} from "./types.js";
+import { callUpstream, endpoint, failForStatus } from "./call-upstream.js";
+import { asNumber, asRecord, asString, isoFromUnixSeconds, requireArray, requireRecord } from "./json-fields.js";
+import { readJson } from "./read-answer.js";
+import type { SearchSource, SourceSettings } from "./types.js";
+import { windowCutoffMs } from "./window.js";
 
 /**
  * Hacker News through Algolia's relevance endpoint (/search, never

@@ -1,7 +1,10 @@
-import {
-  asArray, asNumber, asRecord, asString, callUpstream, clampPauseMs, endpoint, isoFromUnixSeconds, readJson,
-  requireArray, requireRecord, SourceFailure, windowCutoffMs, type SearchSource, type SourceSettings,
-} from "./types.js";
+import { callUpstream, endpoint } from "./call-upstream.js";
+import { asArray, asNumber, asRecord, asString, isoFromUnixSeconds, requireArray, requireRecord } from "./json-fields.js";
+import { readJson } from "./read-answer.js";
+import { clampPauseMs } from "./retry-after.js";
+import { SourceFailure } from "./source-failure.js";
+import type { SearchSource, SourceSettings } from "./types.js";
+import { windowCutoffMs } from "./window.js";
 
 const DEFAULT_THROTTLE_MS = 180_000;
 

@@ -1,7 +1,8 @@
-import {
-  asRecord, asString, callUpstream, endpoint, failForStatus, readJson, requireArray, requireRecord, SourceFailure,
-  type SearchSource, type SourceSettings,
-} from "./types.js";
+import { callUpstream, endpoint, failForStatus } from "./call-upstream.js";
+import { asRecord, asString, requireArray, requireRecord } from "./json-fields.js";
+import { readJson } from "./read-answer.js";
+import { SourceFailure } from "./source-failure.js";
+import type { SearchSource, SourceSettings } from "./types.js";
 
 /** Articles are linked on the public site even when the API is reached through a mirror or proxy. */
 export const WIKIPEDIA_ARTICLE_BASE = "https://en.wikipedia.org/wiki/";

@@ -1,0 +1,111 @@
+/**
+ * The import rules of src/, checked by `npm run lint:deps` (dependency-cruiser) in CI.
+ *
+ * The rooms, from the outside in:
+ *   doors     gateway/, rpc/, account/   take calls from the network
+ *   features  decision/, search/         the work a call asks for
+ *   metering/                            admit, settle and release money
+ *   accounts/, db/                       rows, keys, the store
+ * A room may import the rooms below it, never one above. upstream/ talks to
+ * the outside (the LLM) and knows nothing of the work it serves. The
+ * composition root (app.ts, main.ts, server.ts) wires the doors; nothing else
+ * imports a door, and of the doors only the gateway builds on rpc/. Shared
+ * modules at the top of src/ (errors, logger, metrics, validation, ...) may be
+ * imported from any room. No module imports itself back through others, and
+ * nothing in src/ imports test/ or bench/.
+ *
+ * .dependency-cruiser-known-violations.json lists the arrows still against
+ * these rules (`--ignore-known`); delete an entry once its arrow is gone.
+ *
+ * Only config.ts reads process.env: dependency-cruiser cannot see that, so
+ * test/config/environment-reader.test.ts checks it.
+ */
+
+const ROOT = "^src/(app|main|server)\\.ts$";
+const DOORS = "^src/(gateway|rpc|account)/";
+const FEATURES = "^src/(decision|search)/";
+const METERING = "^src/metering/";
+const STORE = "^src/(accounts|db)/";
+const UPSTREAM = "^src/upstream/";
+/**
+ * The per-call context that still lives in rpc/ although every layer reads it:
+ * the request id, the call's phase record and the API-key check. Features and
+ * metering may import these modules until they move to a room of their own.
+ */
+const REQUEST_CONTEXT = "^src/rpc/(auth|context|call-phases)\\.ts$";
+/** The OpenAPI document describes the gateway, so it reads the gateway's path table. */
+const OPENAPI = "^src/openapi/";
+
+/** @type {import('dependency-cruiser').IConfiguration} */
+module.exports = {
+  forbidden: [
+    {
+      name: "no-circular",
+      severity: "error",
+      comment: "Modules that import each other cannot be read, tested or moved one at a time.",
+      from: { path: "^src/", pathNot: "^src/gen/" },
+      to: { circular: true },
+    },
+    {
+      name: "doors-only-from-the-root",
+      severity: "error",
+      comment: "Only the composition root wires the doors; features and everything below never reach up into them.",
+      from: { path: "^src/", pathNot: [ROOT, DOORS, OPENAPI] },
+      to: { path: DOORS, pathNot: REQUEST_CONTEXT },
+    },
+    {
+      name: "rpc-not-gateway",
+      severity: "error",
+      comment:
+        "The gateway translates JSON into the same RPC routes and interceptors, so it builds on rpc/; " +
+        "rpc/ importing gateway/ would make the two doors one knot (a folder-level cycle no-circular cannot see).",
+      from: { path: "^src/rpc/" },
+      to: { path: "^src/gateway/" },
+    },
+    {
+      name: "features-apart",
+      severity: "error",
+      comment: "decision/ and search/ are peers: neither builds on the other.",
+      from: { path: FEATURES },
+      to: { path: FEATURES, pathNot: "^src/$1/" },
+    },
+    {
+      name: "metering-below-features",
+      severity: "error",
+      comment: "Metering serves every feature, so it knows none of them.",
+      from: { path: METERING },
+      to: { path: FEATURES },
+    },
+    {
+      name: "store-below-metering",
+      severity: "error",
+      comment: "accounts/ and db/ hold rows; money (metering) and work (features) build on them, not the reverse.",
+      from: { path: STORE },
+      to: { path: [FEATURES, METERING, UPSTREAM] },
+    },
+    {
+      name: "upstream-knows-no-work",
+      severity: "error",
+      comment: "upstream/ talks to the outside; what the answers mean is the features' business.",
+      from: { path: UPSTREAM },
+      to: { path: [FEATURES, METERING, STORE] },
+    },
+    {
+      name: "src-not-tests",
+      severity: "error",
+      comment: "The service never ships test or bench code.",
+      from: { path: "^src/" },
+      to: { path: "^(test|bench)/" },
+    },
+  ],
+  options: {
+    doNotFollow: { path: "node_modules" },
+    tsPreCompilationDeps: true,
+    tsConfig: { fileName: "tsconfig.json" },
+    enhancedResolveOptions: {
+      exportsFields: ["exports"],
+      conditionNames: ["import", "require", "node", "default", "types"],
+      extensions: [".ts", ".mjs", ".js", ".json"],
+    },
+  },
+};
