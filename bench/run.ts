@@ -3,7 +3,7 @@
  * `npm start` runs, in its own process), the fake upstream, the bare
  * `node:http` baseline and the load generator each in a process of their own,
  * and one table: each figure, its baseline measured in this run, the ratio
- * and the target of issue 13.
+ * and its target.
  *
  *   npm run bench                                   # PostgreSQL at 127.0.0.1:5432 (scratch database), then the embedded store
  *   DATABASE_URL=postgres://… BENCH_DURATION_S=5 BENCH_INVALID_S=600 npm run bench
@@ -187,7 +187,7 @@ async function main() {
     const sqlPairs = await load.run({ mode: "sql-pair", url: scratch.url, body: "", apiKeys, connections: CONNECTIONS, durationS: DURATION_S });
     const gateway = await withCpu(() => http(decisions));
     // gRPC measured like the gateway: a generator sending pre-built requests (as autocannon does), so the two
-    // surfaces get the same share of the cores; a generated client, which costs its process ~3× more per call, beside it.
+    // surfaces get the same share of the cores; a generated client, which costs its process several times more per call, beside it.
     const grpc = await withCpu(() => load.run({ mode: "grpc-frames", url: onPostgres.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S }));
     const grpcClient = await withCpu(() => load.run({ mode: "grpc", url: onPostgres.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S }));
     const bareSteady = await load.run({ mode: "rate", url: bare.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S, rate: STEADY_RATE });

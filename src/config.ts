@@ -44,6 +44,7 @@ export interface ConnectionLimits {
   maxConnections: number;
 }
 
+/** How calls are charged: holds, their leases, and the deadline of each ledger statement. */
 export interface MeteringConfig {
   /** Free requests given to an account created without --free-requests. */
   defaultFreeRequests: number;
@@ -55,6 +56,7 @@ export interface MeteringConfig {
   statementTimeoutMs: number;
 }
 
+/** The upstream LLM that answers decisions, and how it is called. */
 export interface LlmConfig {
   baseUrl: string | undefined;
   apiKey: string | undefined;
@@ -68,6 +70,7 @@ export interface LlmConfig {
   maxRetries: number;
 }
 
+/** Search's own settings; each source reads its part of `env`. */
 export interface SearchConfig {
   /** Deadline of a whole Search call. */
   requestTimeoutMs: number;
@@ -77,6 +80,7 @@ export interface SearchConfig {
   configuredSources?: string[];
 }
 
+/** Every problem of a configuration, one per line, so an operator fixes them in one go. */
 export class ConfigError extends Error {
   constructor(readonly problems: string[]) {
     super(`invalid configuration:\n  ${problems.join("\n  ")}`);
@@ -84,6 +88,7 @@ export class ConfigError extends Error {
   }
 }
 
+/** Parses `env` (process.env by default) into a Config, or throws a ConfigError listing every problem. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.cwd()): Config {
   const problems: string[] = [];
   const int = (name: string, fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER): number => {

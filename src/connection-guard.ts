@@ -7,6 +7,7 @@ import type { ConnectionTimeout } from "./metrics.js";
 /** Sent when a request head does not arrive in time, as Node's own headersTimeout and nginx answer. */
 const REQUEST_TIMEOUT_ANSWER = "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
+/** The timeouts a guard enforces; the cap is the front server's. */
 export type ConnectionTimeouts = Omit<ConnectionLimits, "maxConnections">;
 
 /** The timers of one client connection, driven by what the HTTP server it was handed to reports. */

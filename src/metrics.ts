@@ -30,6 +30,7 @@ export interface Metrics {
 const MAX_CACHED_CALL_SERIES = 256;
 
 const LLM_CALL_OUTCOMES = ["ok", "rejected", "failed", "timeout", "aborted"] as const;
+/** How one HTTP call to the upstream LLM ended. */
 export type LlmCallOutcome = (typeof LLM_CALL_OUTCOMES)[number];
 
 const CONNECTION_TIMEOUTS = ["headers", "body", "idle"] as const;
@@ -47,6 +48,7 @@ const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, strin
   ["cappedCharges", "typesafe_meter_capped_charges_total", "Actual costs above the reservation, charged at the reservation."],
 ];
 
+/** The registry and its recorders; the meter's and the pool's figures are read at scrape time. */
 export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });

@@ -13,6 +13,7 @@ const H2_PREFACE_START = Buffer.from("PRI ");
 /** After the grace period, aborted calls get this long to send their 503 before sockets are dropped. */
 const ABORTED_ANSWER_MS = 1_000;
 
+/** What the one service port serves, and the limits its connections live under. */
 export interface ServerOptions {
   routes: (router: ConnectRouter) => void;
   /** Handles every path the router does not (the JSON gateway). */
@@ -26,9 +27,11 @@ export interface ServerOptions {
   /** Aborted when the grace period of a shutdown ends; the gateway listens to it too. */
   shutdown: AbortController;
   connections: ConnectionLimits;
+  /** Counts open, timed-out and refused connections. */
   metrics?: Pick<Metrics, "observeOpenConnections" | "recordConnectionTimeout" | "recordConnectionRefused">;
 }
 
+/** A listening server: where it is, and how to stop it. */
 export interface RunningServer {
   port: number;
   url: string;

@@ -4,6 +4,7 @@ import net from "node:net";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { loadConfig } from "../../src/config.js";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../src/gen/grpc/health/v1/health_pb.js";
 import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -17,8 +18,8 @@ import { waitFor } from "../support/wait.js";
  * connection by the idle timeout, and connections beyond the cap are refused
  * on accept, while clients that behave keep being served.
  */
-const HEADERS_MS = 600;
-const BODY_MS = 600;
+const HEADERS_MS = 1_500;
+const BODY_MS = 1_000;
 const IDLE_MS = 900;
 /** The HTTP/2 connection preface (RFC 9113 §3.4): the magic string, then an empty SETTINGS frame. */
 const H2_PREFACE = Buffer.concat([Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), Buffer.from([0, 0, 0, 4, 0, 0, 0, 0, 0])]);
@@ -102,6 +103,17 @@ describe("connection timeouts", () => {
   });
 
   it("closes hundreds of half-started heads, preface-only HTTP/2 sessions and stalled bodies by their timeouts while a normal client is served", async () => {
+    // A normal client, on HTTP/1.1 (health, a decision) and on HTTP/2 (gRPC health), its connections warm.
+    const grpc = createClient(Health, createGrpcTransport({ baseUrl: service.url }));
+    const round = async () => {
+      const started = performance.now();
+      expect((await fetch(`${service.url}/healthz`)).status).toBe(200);
+      expect((await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey })).status).toBe(200);
+      expect((await grpc.check({ service: "" })).status).toBe(ServingStatus.SERVING);
+      return { started, ended: performance.now() };
+    };
+    await round();
+
     const before = await metrics();
     const halfHeads = await Promise.all(Array.from({ length: 300 }, () => openRaw(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n")));
     const prefaces = await Promise.all(Array.from({ length: 100 }, () => openRaw(port, H2_PREFACE)));
@@ -114,20 +126,16 @@ describe("connection timeouts", () => {
       ),
     );
     const everyone = [...halfHeads, ...prefaces, ...stalledBodies];
+    let firstClosedAt = Infinity;
+    for (const w of everyone) void w.closed.then((at) => (firstClosedAt = Math.min(firstClosedAt, at)));
     let allClosed = false;
     const closedAll = Promise.all(everyone.map((w) => w.closed)).then(() => (allClosed = true));
 
-    // A normal client, on HTTP/1.1 and HTTP/2, back to back until the last of them is closed.
-    const grpc = createClient(Health, createGrpcTransport({ baseUrl: service.url }));
-    let rounds = 0;
-    while (!allClosed) {
-      expect((await fetch(`${service.url}/healthz`)).status).toBe(200);
-      expect((await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey })).status).toBe(200);
-      expect((await grpc.check({ service: "" })).status).toBe(ServingStatus.SERVING);
-      rounds += 1;
-    }
+    // Back to back until the last of them is closed; at least one whole round while every one of them was held.
+    const rounds = [];
+    while (!allClosed) rounds.push(await round());
     await closedAll;
-    expect(rounds).toBeGreaterThan(1);
+    expect(rounds.filter((r) => r.ended < firstClosedAt).length).toBeGreaterThan(0);
 
     // Each was closed by its own timeout, not before it; a half head is told why.
     for (const w of [...halfHeads, ...prefaces]) expect((await w.closed) - w.connectedAt).toBeGreaterThanOrEqual(HEADERS_MS - 20);
@@ -315,5 +323,47 @@ describe("the connection cap", () => {
     } finally {
       agent.destroy();
     }
+  });
+});
+
+describe("stopping", () => {
+  it("idle keep-alive connections, a half-sent head and an idle HTTP/2 session do not hold up a stop (grace 60 s, test limit 30 s)", async () => {
+    const service = await startTestApp(database, { TYPESAFE_SHUTDOWN_GRACE_MS: "60000" });
+    const port = service.app.server.port;
+    const keptAlive = await openRaw(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    await waitFor(() => keptAlive.received.includes("\r\n\r\n"), "the HTTP/1.1 answer");
+    const halfHead = await openRaw(port, "GET /healthz HTTP/1.1\r\n");
+    const session = http2.connect(service.url);
+    session.on("error", () => {});
+    const sessionClosed = new Promise((resolve) => session.once("close", resolve));
+    const health = session.request({ ":method": "GET", ":path": "/healthz" });
+    health.end();
+    health.resume();
+    await new Promise((resolve) => health.once("close", resolve));
+    await service.stop();
+    await Promise.all([keptAlive.closed, halfHead.closed, sessionClosed]);
+  });
+});
+
+describe("configuration", () => {
+  it("has defaults like the big proxies' and takes each limit from its own variable", () => {
+    expect(loadConfig({}).connections).toEqual({ headersTimeoutMs: 10_000, bodyTimeoutMs: 20_000, idleTimeoutMs: 75_000, maxConnections: 4_096 });
+    expect(
+      loadConfig({
+        TYPESAFE_HEADERS_TIMEOUT_MS: "1000",
+        TYPESAFE_BODY_TIMEOUT_MS: "2000",
+        TYPESAFE_IDLE_TIMEOUT_MS: "3000",
+        TYPESAFE_MAX_CONNECTIONS: "40",
+      }).connections,
+    ).toEqual({ headersTimeoutMs: 1_000, bodyTimeoutMs: 2_000, idleTimeoutMs: 3_000, maxConnections: 40 });
+  });
+
+  it.each([
+    ["TYPESAFE_HEADERS_TIMEOUT_MS", "0"],
+    ["TYPESAFE_BODY_TIMEOUT_MS", "ten"],
+    ["TYPESAFE_IDLE_TIMEOUT_MS", "-1"],
+    ["TYPESAFE_MAX_CONNECTIONS", "0"],
+  ])("refuses %s=%s, naming the variable", (name, value) => {
+    expect(() => loadConfig({ [name]: value })).toThrow(new RegExp(`${name}: must be an integer between`));
   });
 });
