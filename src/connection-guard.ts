@@ -18,7 +18,7 @@ export interface ConnectionGuard {
   request(req: http.IncomingMessage, res: http.ServerResponse): void;
   /** The connection speaks HTTP/2: its streams drive the timers from now on. */
   session(session: http2.ServerHttp2Session): void;
-  /** Shutdown: an HTTP/1.1 connection closes now if nothing is in progress, else after its last answer. */
+  /** Shutdown: a connection not on HTTP/2 closes now if nothing is in progress, else after its last answer. */
   drain(): void;
 }
 
@@ -65,7 +65,7 @@ export function guardConnection(socket: net.Socket, timeouts: ConnectionTimeouts
 
   const idleExpired = () => {
     if (inProgress > 0 || bodyOf) return;
-    if (h2) return expire("idle", () => h2!.close());
+    if (h2) return expire("idle", () => closeGracefully(h2!, timeouts.headersTimeoutMs));
     if (socket.bytesRead !== bytesAtCheck) {
       // The next request head has started to arrive: it gets the head's own deadline.
       headersTimer = setTimeout(headersExpired, timeouts.headersTimeoutMs).unref();
@@ -149,6 +149,27 @@ export function guardConnection(socket: net.Socket, timeouts: ConnectionTimeouts
       if (!h2 && inProgress === 0) socket.destroy();
     },
   };
+}
+
+/** The largest HTTP/2 stream id: a GOAWAY naming it refuses no stream (RFC 9113 §6.8). */
+const MAX_STREAM_ID = 2 ** 31 - 1;
+
+/**
+ * Closes an HTTP/2 session without refusing a stream the client sent before it
+ * learnt of the close (RFC 9113 §6.8): a GOAWAY naming every stream id tells
+ * the client to open no more, and the answer to a ping sent behind it proves
+ * that any stream the client opened meanwhile has arrived. Then the final
+ * GOAWAY, and the session ends once its streams are done. A client that does
+ * not answer the ping gets `waitMs`.
+ */
+function closeGracefully(session: http2.ServerHttp2Session, waitMs: number): void {
+  session.goaway(http2.constants.NGHTTP2_NO_ERROR, MAX_STREAM_ID);
+  const close = () => {
+    clearTimeout(fallback);
+    session.close();
+  };
+  const fallback = setTimeout(close, waitMs).unref();
+  if (!session.ping(close)) close();
 }
 
 /** Whether an HTTP/1.1 request announces a body (RFC 9112 §6.3: a length or a transfer coding). */

@@ -73,8 +73,6 @@ export async function startServer(options: ServerOptions, host: string, port: nu
     guards.get(req.socket)?.request(req, res);
   });
   const h2 = http2.createServer({}, handler);
-  /** Connections that have not yet sent enough bytes to choose HTTP/1.1 or HTTP/2. */
-  const sniffing = new Set<net.Socket>();
   const sessions = new Set<http2.ServerHttp2Session>();
   /** The guard of the socket being handed to the HTTP/2 server, which creates its session synchronously. */
   let handingOver: ConnectionGuard | undefined;
@@ -90,18 +88,13 @@ export async function startServer(options: ServerOptions, host: string, port: nu
   const front = net.createServer((socket) => {
     const guard = guardConnection(socket, limits, onTimeout);
     guards.set(socket, guard);
-    sniffing.add(socket);
-    socket.on("close", () => {
-      guards.delete(socket);
-      sniffing.delete(socket);
-    });
+    socket.on("close", () => guards.delete(socket));
     socket.on("error", () => socket.destroy());
     let head = Buffer.alloc(0);
     const onData = (chunk: Buffer) => {
       head = Buffer.concat([head, chunk]);
       if (head.length < H2_PREFACE_START.length && H2_PREFACE_START.subarray(0, head.length).equals(head)) return;
       socket.off("data", onData);
-      sniffing.delete(socket);
       socket.pause();
       socket.unshift(head);
       if (head.subarray(0, H2_PREFACE_START.length).equals(H2_PREFACE_START)) {
@@ -135,7 +128,7 @@ export async function startServer(options: ServerOptions, host: string, port: nu
     async close(graceMs) {
       closing = true;
       const closed = new Promise<void>((resolve) => front.close(() => resolve()));
-      for (const socket of sniffing) socket.destroy();
+      // Connections still being sniffed, or idle, close now; HTTP/2 sessions get GOAWAY and finish their streams.
       for (const guard of guards.values()) guard.drain();
       for (const session of sessions) session.close();
       let drop: NodeJS.Timeout | undefined;
