@@ -8,6 +8,7 @@
  *   npm run bench                                   # PostgreSQL at 127.0.0.1:5432 (scratch database), then the embedded store
  *   DATABASE_URL=postgres://… BENCH_DURATION_S=5 BENCH_INVALID_S=600 npm run bench
  *   BENCH_SERVICE_NODE_ARGS="--cpu-prof --cpu-prof-dir=prof" npm run bench   # a CPU profile of the service under all of it
+ *   BENCH_ONLY=connection-cap npm run bench         # only the row of the connection cap
  *
  * 1,500 accounts at the product's default limits take the load in turn (see
  * createDefaultAccounts). The upstream answers at once unless a row says
@@ -23,7 +24,17 @@ import path from "node:path";
 import { createKnex } from "../src/db/database.js";
 import type { LoadResult } from "./roles.js";
 import { buildService, startBareChain, startBareGrpcServer, startBareServer, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
-import { createDefaultAccounts, createScratchDatabase, decideBody, embeddedStoreUrl, median } from "./support.js";
+import {
+  createDefaultAccounts,
+  createScratchDatabase,
+  decideBody,
+  embeddedStoreUrl,
+  keptAliveClient,
+  median,
+  openHalfHeads,
+  probeNewConnection,
+  promSample,
+} from "./support.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const CONNECTIONS = 50;
@@ -31,6 +42,10 @@ const ACCOUNTS = 1_500;
 const STEADY_RATE = 500;
 const STARTS = 3;
 const INVALID_S = Number(process.env.BENCH_INVALID_S ?? 30);
+/** Stalled half-open connections that, with the load's own, fill the connection cap in its row. */
+const CAP_FILLERS = 1_000;
+/** `connection-cap` runs only that row. */
+const ONLY = process.env.BENCH_ONLY;
 /** Node options for the service measured on PostgreSQL, e.g. `--cpu-prof --cpu-prof-dir=prof` to see where its time goes. */
 const SERVICE_NODE_ARGS = (process.env.BENCH_SERVICE_NODE_ARGS ?? "").split(" ").filter(Boolean);
 
@@ -56,6 +71,55 @@ function printRows(rows: Row[]): void {
   for (const row of rows) console.log(line(columns.map((c) => row[c])) + (row.met ? " yes" : " NO"));
 }
 
+/**
+ * The answer rate with the connection cap reached. A service capped at one
+ * kept-alive probe connection + CAP_FILLERS + the load's connections is
+ * measured alone, then with the cap filled by stalled half-open connections
+ * and the load generator's own pool; meanwhile one more connection must be
+ * closed unanswered and /healthz answered on the probe's connection.
+ */
+async function connectionCapRow(env: Record<string, string>, load: Awaited<ReturnType<typeof startLoadGenerator>>, apiKeys: string[]): Promise<Row> {
+  const cap = 1 + CAP_FILLERS + CONNECTIONS;
+  // The fillers must stay: a real crowd would renew them as the head timeout closes them.
+  const service = await startService({ ...env, TYPESAFE_MAX_CONNECTIONS: String(cap), TYPESAFE_HEADERS_TIMEOUT_MS: "600000" });
+  const probe = keptAliveClient(service.url);
+  let crowd: Awaited<ReturnType<typeof openHalfHeads>> | undefined;
+  try {
+    const decisions = `${service.url}/api/v1/decisions`;
+    const measure = (durationS: number) => load.run({ mode: "http", url: decisions, body: decideBody(1), apiKeys, connections: CONNECTIONS, durationS });
+    const openConnections = async () => promSample((await probe.get("/metrics")).body, "typesafe_connections_open");
+    const until = async (wanted: number, what: string) => {
+      const deadline = performance.now() + 15_000;
+      while ((await openConnections()) !== wanted) {
+        if (performance.now() > deadline) throw new Error(`the connection cap row: timed out waiting for ${what}`);
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+    };
+    await measure(2); // warm-up
+    const alone = await measure(DURATION_S);
+    // Clients of earlier measures close their kept-alive connections; then only the probe's is open.
+    await until(1, "the probe's connection alone");
+    crowd = await openHalfHeads(service.url, CAP_FILLERS);
+    const loaded = measure(DURATION_S);
+    await until(cap, "the cap to be reached");
+    const extra = await probeNewConnection(service.url);
+    const health = await probe.get("/healthz");
+    const atCap = await loaded;
+    return {
+      measure: `1-question decisions at the connection cap (${CAP_FILLERS} stalled connections + ${CONNECTIONS} callers)`,
+      figure: `${fixed(atCap.rps)} req/s (p50 ${fixed(atCap.p50, 1)} ms, p99 ${fixed(atCap.p99, 1)} ms); one more connection ${extra.refused ? "closed unanswered" : "ANSWERED"} after ${fixed(extra.closedAfterMs, 1)} ms; /healthz on an open connection ${health.status}`,
+      baseline: `the same service, no crowd: ${fixed(alone.rps)} req/s`,
+      ratio: `${(atCap.rps / alone.rps).toFixed(2)}×`,
+      target: "≥ 0.9×, the extra connection refused, /healthz 200",
+      met: atCap.rps / alone.rps >= 0.9 && extra.refused && health.status === 200,
+    };
+  } finally {
+    probe.close();
+    crowd?.close();
+    await service.stop();
+  }
+}
+
 async function main() {
   const serverUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
   console.log(`bench: ${os.cpus().length} cores, Node ${process.version}, ${DURATION_S} s per measure, ${CONNECTIONS} connections, ${new Date().toISOString()}`);
@@ -71,6 +135,14 @@ async function main() {
   let chain: Awaited<ReturnType<typeof startBareChain>> | undefined;
   let bareGrpc: Awaited<ReturnType<typeof startBareGrpcServer>> | undefined;
   try {
+    if (ONLY === "connection-cap") {
+      // The first start migrates the scratch database; the row starts a service of its own.
+      await (await startService({ ...serviceEnv, DATABASE_URL: scratch.url })).stop();
+      const db = createKnex(scratch.url, 4);
+      const apiKeys = await createDefaultAccounts(db, ACCOUNTS);
+      await db.destroy();
+      return printRows([await connectionCapRow({ ...serviceEnv, DATABASE_URL: scratch.url }, load, apiKeys)]);
+    }
     // Start-up as a user runs it (`npm start`, its build fresh): the first start migrates the fresh database,
     // the next ones are what a restart costs.
     const startTimes: number[] = [];
@@ -130,6 +202,7 @@ async function main() {
     const fortySerial = await http(decisions, decideBody(40), 1);
     await fake.setDelay(0);
     await onPostgres.stop();
+    const capRow = await connectionCapRow({ ...serviceEnv, DATABASE_URL: scratch.url }, load, apiKeys);
 
     // The embedded store, measured the same way.
     service = await startService({ ...serviceEnv, TYPESAFE_DATA_DIR: dataDir });
@@ -230,6 +303,7 @@ async function main() {
         target: "≥ 200 req/s, p99 ≤ 500 ms",
         met: embedded.rps >= 200 && embedded.p99 <= 500,
       },
+      capRow,
     );
     printRows(rows);
   } finally {

@@ -8,7 +8,7 @@ import crypto from "node:crypto";
 import fs from "node:fs/promises";
 import http from "node:http";
 import http2 from "node:http2";
-import type { AddressInfo } from "node:net";
+import net, { type AddressInfo } from "node:net";
 import { createRequire } from "node:module";
 import os from "node:os";
 import path from "node:path";
@@ -311,4 +311,62 @@ export async function alternatedCpuMicros(paths: Record<string, () => Promise<un
 /** The middle value (the upper one of an even count): what the benches report of repeated runs. */
 export function median(values: number[]): number {
   return [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+}
+
+/**
+ * A client of the service on one kept-alive HTTP/1.1 connection, opened before
+ * a crowd fills the service's connection cap: what an established caller
+ * (a load balancer's pooled connection) still gets then.
+ */
+export function keptAliveClient(url: string): { get(path: string): Promise<{ status: number; body: string }>; close(): void } {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  return {
+    get: (path) =>
+      new Promise((resolve, reject) => {
+        http
+          .get(new URL(path, url), { agent }, (res) => {
+            let body = "";
+            res.setEncoding("utf8");
+            res.on("data", (chunk: string) => (body += chunk));
+            res.on("end", () => resolve({ status: res.statusCode!, body }));
+          })
+          .on("error", reject);
+      }),
+    close: () => agent.destroy(),
+  };
+}
+
+/** Opens `count` connections that each send half a request head and then nothing, as stalled clients hold them. */
+export async function openHalfHeads(url: string, count: number): Promise<{ close(): void }> {
+  const { port, hostname } = new URL(url);
+  const sockets = await Promise.all(
+    Array.from(
+      { length: count },
+      () =>
+        new Promise<net.Socket>((resolve, reject) => {
+          const socket = net.connect(Number(port), hostname, () => socket.write("GET /healthz HTTP/1.1\r\nHost: x\r\n", () => resolve(socket)));
+          socket.once("error", reject);
+        }),
+    ),
+  );
+  return { close: () => sockets.forEach((socket) => socket.destroy()) };
+}
+
+/** Opens one more connection and sends a whole request: whether the service closed it unanswered, and how soon. */
+export function probeNewConnection(url: string): Promise<{ refused: boolean; closedAfterMs: number }> {
+  const { port, hostname } = new URL(url);
+  return new Promise((resolve) => {
+    const started = performance.now();
+    let answered = false;
+    const socket = net.connect(Number(port), hostname, () => socket.write("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    socket.on("data", () => (answered = true));
+    socket.on("error", () => {}); // a refused connection may be reset
+    socket.once("close", () => resolve({ refused: !answered, closedAfterMs: performance.now() - started }));
+  });
+}
+
+/** The value of an unlabelled sample in Prometheus text, or NaN when absent. */
+export function promSample(text: string, name: string): number {
+  const line = text.split("\n").find((l) => l.startsWith(`${name} `));
+  return line ? Number(line.slice(name.length + 1)) : NaN;
 }

@@ -83,6 +83,8 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
         jsonRules: { [SearchRequestSchema.typeName]: findSearchJsonViolation },
         logger,
         shutdown,
+        connections: config.connections,
+        metrics,
       },
       config.host,
       config.port,

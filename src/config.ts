@@ -23,11 +23,29 @@ export interface Config {
   shutdownGraceMs: number;
   /** Maximum body size of the JSON gateway and of RPC messages. */
   maxBodyBytes: number;
+  connections: ConnectionLimits;
   metering: MeteringConfig;
   llm: LlmConfig;
   search: SearchConfig;
 }
 
+/**
+ * What a client connection may hold: each timeout closes a connection (or an
+ * HTTP/2 stream) that stopped making progress, and the cap refuses new
+ * connections before file descriptors run out.
+ */
+export interface ConnectionLimits {
+  /** From accept until a whole HTTP/1.1 request head, or an HTTP/2 session's first stream, has arrived. */
+  headersTimeoutMs: number;
+  /** Longest pause between two reads of a request body, on HTTP/1.1 and on each HTTP/2 stream. */
+  bodyTimeoutMs: number;
+  /** How long a connection with no request or stream in progress stays open. */
+  idleTimeoutMs: number;
+  /** Open connections at most; one more is closed as soon as it is accepted. */
+  maxConnections: number;
+}
+
+/** How calls are charged: holds, their leases, and the deadline of each ledger statement. */
 export interface MeteringConfig {
   /** Free requests given to an account created without --free-requests. */
   defaultFreeRequests: number;
@@ -39,6 +57,7 @@ export interface MeteringConfig {
   statementTimeoutMs: number;
 }
 
+/** The upstream LLM that answers decisions, and how it is called. */
 export interface LlmConfig {
   baseUrl: string | undefined;
   apiKey: string | undefined;
@@ -52,6 +71,7 @@ export interface LlmConfig {
   maxRetries: number;
 }
 
+/** Search's own settings; each source reads its part of `env`. */
 export interface SearchConfig {
   /** Deadline of a whole Search call. */
   requestTimeoutMs: number;
@@ -61,6 +81,7 @@ export interface SearchConfig {
   configuredSources?: string[];
 }
 
+/** Parses `env` (process.env by default) into a Config, or throws a ConfigError listing every problem. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.cwd()): Config {
   const problems: string[] = [];
   const int = (name: string, fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER): number => {
@@ -115,6 +136,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     metrics: metrics !== "off",
     shutdownGraceMs: int("TYPESAFE_SHUTDOWN_GRACE_MS", 10_000),
     maxBodyBytes: 96 * 1024,
+    connections: {
+      headersTimeoutMs: int("TYPESAFE_HEADERS_TIMEOUT_MS", 10_000, 100, 600_000),
+      bodyTimeoutMs: int("TYPESAFE_BODY_TIMEOUT_MS", 20_000, 100, 600_000),
+      idleTimeoutMs: int("TYPESAFE_IDLE_TIMEOUT_MS", 75_000, 100, 3_600_000),
+      maxConnections: int("TYPESAFE_MAX_CONNECTIONS", 4_096, 1, 1_000_000),
+    },
     metering: {
       defaultFreeRequests: int("TYPESAFE_DEFAULT_FREE_REQUESTS", 0),
       leaseMarginMs: int("TYPESAFE_LEASE_MARGIN_MS", 30_000, 1_000),

@@ -18,13 +18,24 @@ export interface Metrics {
   recordDecision(tokens: { input: number; cachedInput: number; output: number }, methods: string[]): void;
   /** One search source's part in a search: its reported status, latency and whether the cache answered. */
   recordSearchSource(source: string, status: string, seconds: number, cached: boolean): void;
+  /** Where each scrape reads how many client connections are open. */
+  observeOpenConnections(count: () => number): void;
+  /** One client connection (or HTTP/2 stream) closed because it outlived one of the server's timeouts. */
+  recordConnectionTimeout(timeout: ConnectionTimeout): void;
+  /** One client connection closed on accept because the server held as many as it may. */
+  recordConnectionRefused(): void;
 }
 
 /** Bound label children of recordCall kept per raw procedure, protocol and reason. */
 const MAX_CACHED_CALL_SERIES = 256;
 
 const LLM_CALL_OUTCOMES = ["ok", "rejected", "failed", "timeout", "aborted"] as const;
+/** How one HTTP call to the upstream LLM ended. */
 export type LlmCallOutcome = (typeof LLM_CALL_OUTCOMES)[number];
+
+const CONNECTION_TIMEOUTS = ["headers", "body", "idle"] as const;
+/** The timeout that closed a connection: request head (or first HTTP/2 stream), request body, or idleness. */
+export type ConnectionTimeout = (typeof CONNECTION_TIMEOUTS)[number];
 
 const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, string][] = [
   ["settles", "typesafe_meter_settles_total", "Calls settled: charged their actual cost or used their free request."],
@@ -37,6 +48,7 @@ const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, strin
   ["cappedCharges", "typesafe_meter_capped_charges_total", "Actual costs above the reservation, charged at the reservation."],
 ];
 
+/** The registry and its recorders; the meter's and the pool's figures are read at scrape time. */
 export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });
@@ -146,6 +158,31 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
     },
   });
 
+  let openConnections: () => number = () => 0;
+  new Gauge({
+    name: "typesafe_connections_open",
+    help: "Client connections open on the service port, HTTP/1.1 and HTTP/2, including ones not yet past their first request.",
+    registers: [registry],
+    collect() {
+      this.set(openConnections());
+    },
+  });
+  const connectionTimeouts = new Counter({
+    name: "typesafe_connections_timed_out_total",
+    help: "Client connections closed by a timeout: headers (no whole request head, or no HTTP/2 stream, in time), body (a request body stopped arriving; on HTTP/2 the stream is reset), idle (nothing in progress for too long).",
+    labelNames: ["timeout"] as const,
+    registers: [registry],
+  });
+  const timeoutCounts = Object.fromEntries(CONNECTION_TIMEOUTS.map((timeout) => [timeout, connectionTimeouts.labels({ timeout })])) as Record<
+    ConnectionTimeout,
+    ReturnType<typeof connectionTimeouts.labels>
+  >;
+  const connectionsRefused = new Counter({
+    name: "typesafe_connections_refused_total",
+    help: "Client connections closed on accept because the service held TYPESAFE_MAX_CONNECTIONS already.",
+    registers: [registry],
+  });
+
   const llmOutcomes = Object.fromEntries(LLM_CALL_OUTCOMES.map((outcome) => [outcome, llmCalls.labels({ outcome })])) as Record<
     LlmCallOutcome,
     ReturnType<typeof llmCalls.labels>
@@ -185,6 +222,15 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
       searchSources.inc({ source, status });
       searchSeconds.observe({ source }, seconds);
       if (cached) searchCacheHits.inc({ source });
+    },
+    observeOpenConnections(count) {
+      openConnections = count;
+    },
+    recordConnectionTimeout(timeout) {
+      timeoutCounts[timeout].inc();
+    },
+    recordConnectionRefused() {
+      connectionsRefused.inc();
     },
   };
 }

@@ -2,18 +2,18 @@ import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
 import type { ConnectRouter, Interceptor } from "@connectrpc/connect";
+import type { ConnectionLimits } from "./config.js";
+import { guardConnection, type ConnectionGuard } from "./connection-guard.js";
 import type { Logger } from "./logger.js";
+import type { Metrics } from "./metrics.js";
 import { createRpcHandler, type RpcHandlerOptions } from "./rpc/adapter.js";
 
 /** The HTTP/2 client preface starts with these bytes; no HTTP/1.1 method does. */
 const H2_PREFACE_START = Buffer.from("PRI ");
-/** A connection that has not said which protocol it speaks by then is dropped. */
-const SNIFF_TIMEOUT_MS = 10_000;
-/** HTTP/1.1 request headers must arrive within this. */
-const HEADERS_TIMEOUT_MS = 10_000;
 /** After the grace period, aborted calls get this long to send their 503 before sockets are dropped. */
 const ABORTED_ANSWER_MS = 1_000;
 
+/** What the one service port serves, and the limits its connections live under. */
 export interface ServerOptions {
   routes: (router: ConnectRouter) => void;
   /** Handles every path the router does not (the JSON gateway). */
@@ -26,8 +26,12 @@ export interface ServerOptions {
   logger: Logger;
   /** Aborted when the grace period of a shutdown ends; the gateway listens to it too. */
   shutdown: AbortController;
+  connections: ConnectionLimits;
+  /** Counts open, timed-out and refused connections. */
+  metrics?: Pick<Metrics, "observeOpenConnections" | "recordConnectionTimeout" | "recordConnectionRefused">;
 }
 
+/** A listening server: where it is, and how to stop it. */
 export interface RunningServer {
   port: number;
   url: string;
@@ -40,7 +44,10 @@ export interface RunningServer {
  * connection and hands it to an HTTP/2 server (gRPC, Connect, gRPC-Web over
  * h2c with prior knowledge) or an HTTP/1.1 server (Connect, gRPC-Web, the
  * JSON gateway). Both use the same Connect handler. Node's `allowHTTP1` only
- * works with TLS, hence the sniffing.
+ * works with TLS, hence the sniffing. Every connection is guarded by the
+ * timeouts of connection-guard.ts, and the front server refuses connections
+ * beyond the cap at once, so a crowd of unfinished requests can neither hold
+ * the port nor use up the process's file descriptors.
  */
 export async function startServer(options: ServerOptions, host: string, port: number): Promise<RunningServer> {
   const { shutdown } = options;
@@ -55,52 +62,58 @@ export async function startServer(options: ServerOptions, host: string, port: nu
     shutdownSignal: shutdown.signal,
     logger: options.logger,
   });
-  const http1 = http.createServer({ keepAliveTimeout: 5_000, headersTimeout: HEADERS_TIMEOUT_MS }, handler);
-  // While draining, keep-alive connections close after their current answer.
-  http1.on("request", (_req: http.IncomingMessage, res: http.ServerResponse) => {
+  const { connections: limits, metrics } = options;
+  const onTimeout = metrics ? metrics.recordConnectionTimeout.bind(metrics) : () => {};
+  // Node's own keep-alive timer is off: the guard closes idle connections and counts them.
+  const http1 = http.createServer({ keepAliveTimeout: 0 }, handler);
+  const guards = new Map<net.Socket, ConnectionGuard>();
+  http1.on("request", (req: http.IncomingMessage, res: http.ServerResponse) => {
+    // While draining, keep-alive connections close after their current answer.
     if (closing) res.shouldKeepAlive = false;
+    guards.get(req.socket)?.request(req, res);
   });
   const h2 = http2.createServer({}, handler);
-  const sockets = new Set<net.Socket>();
-  /** Connections that have not yet sent enough bytes to choose HTTP/1.1 or HTTP/2. */
-  const sniffing = new Set<net.Socket>();
   const sessions = new Set<http2.ServerHttp2Session>();
+  /** The guard of the socket being handed to the HTTP/2 server, which creates its session synchronously. */
+  let handingOver: ConnectionGuard | undefined;
   h2.on("session", (session) => {
     sessions.add(session);
     session.on("close", () => sessions.delete(session));
+    handingOver?.session(session);
   });
   for (const server of [http1, h2]) {
     server.on("clientError", (_err: Error, socket: net.Socket) => socket.destroy());
   }
 
   const front = net.createServer((socket) => {
-    sockets.add(socket);
-    sniffing.add(socket);
-    socket.on("close", () => {
-      sockets.delete(socket);
-      sniffing.delete(socket);
-    });
+    const guard = guardConnection(socket, limits, onTimeout);
+    guards.set(socket, guard);
+    socket.on("close", () => guards.delete(socket));
     socket.on("error", () => socket.destroy());
-    socket.setTimeout(SNIFF_TIMEOUT_MS, () => socket.destroy());
     let head = Buffer.alloc(0);
     const onData = (chunk: Buffer) => {
       head = Buffer.concat([head, chunk]);
       if (head.length < H2_PREFACE_START.length && H2_PREFACE_START.subarray(0, head.length).equals(head)) return;
       socket.off("data", onData);
-      sniffing.delete(socket);
-      socket.setTimeout(0);
       socket.pause();
       socket.unshift(head);
       if (head.subarray(0, H2_PREFACE_START.length).equals(H2_PREFACE_START)) {
         // The HTTP/2 session reads the bytes already buffered on the socket itself.
+        handingOver = guard;
         h2.emit("connection", socket);
+        handingOver = undefined;
       } else {
+        guard.http1();
         http1.emit("connection", socket);
         socket.resume();
       }
     };
     socket.on("data", onData);
   });
+  // Node closes a connection beyond the cap as soon as it is accepted, before any byte is read.
+  front.maxConnections = limits.maxConnections;
+  front.on("drop", () => metrics?.recordConnectionRefused());
+  metrics?.observeOpenConnections(() => guards.size);
 
   await new Promise<void>((resolve, reject) => {
     front.once("error", reject);
@@ -115,16 +128,15 @@ export async function startServer(options: ServerOptions, host: string, port: nu
     async close(graceMs) {
       closing = true;
       const closed = new Promise<void>((resolve) => front.close(() => resolve()));
-      for (const socket of sniffing) socket.destroy();
-      http1.close();
-      http1.closeIdleConnections();
+      // Connections still being sniffed, or idle, close now; HTTP/2 sessions get GOAWAY and finish their streams.
+      for (const guard of guards.values()) guard.drain();
       for (const session of sessions) session.close();
       let drop: NodeJS.Timeout | undefined;
       const deadline = setTimeout(() => {
         // Calls still running are aborted: they release their holds and answer 503; then the rest is dropped.
         shutdown.abort(new Error("server shutting down"));
         drop = setTimeout(() => {
-          for (const socket of sockets) socket.destroy();
+          for (const socket of guards.keys()) socket.destroy();
         }, ABORTED_ANSWER_MS);
         drop.unref();
       }, graceMs);

@@ -3,6 +3,7 @@ import { createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../src/gen/grpc/health/v1/health_pb.js";
+import { loadConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
 import { registerHealth } from "../../src/rpc/health.js";
 import { startServer, type RunningServer } from "../../src/server.js";
@@ -37,6 +38,7 @@ const startHealthServer = (shutdown: AbortController) =>
       keyedServices: new Set(),
       logger: createLogger("silent"),
       shutdown,
+      connections: loadConfig({}).connections,
     },
     "127.0.0.1",
     0,
