@@ -163,9 +163,9 @@ function errorResponses(): Record<string, JsonSchema> {
             required: ["code", "message", "data"],
             additionalProperties: false,
             properties: {
-              code: { enum: reasons.map((reason) => REASONS[reason].envelope) },
+              code: { type: "integer", enum: reasons.map((reason) => REASONS[reason].envelope) },
               message: { type: "string" },
-              data: { $ref: "#/components/schemas/typesafe.error.v1.ErrorDetail", properties: { reason: { enum: reasons } } },
+              data: { allOf: [{ $ref: "#/components/schemas/typesafe.error.v1.ErrorDetail" }, { type: "object", properties: { reason: { type: "string", enum: reasons } } }] },
             },
           },
         },
@@ -327,7 +327,7 @@ function wellKnownSchema(message: DescMessage): JsonSchema | undefined {
     case "google.protobuf.Value":
       return {};
     case "google.protobuf.Struct":
-      return { type: "object" };
+      return { type: "object", additionalProperties: true };
     case "google.protobuf.ListValue":
       return { type: "array" };
     case "google.protobuf.Timestamp":

@@ -35,7 +35,7 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
     required: ["model", "state", "questions"],
     fields: {
       model: { enum: [SUPPORTED_MODEL] },
-      state: { anyOf: [{ type: "string", pattern: NOT_BLANK }, { type: "object", minProperties: 1 }] },
+      state: { anyOf: [{ type: "string", pattern: NOT_BLANK }, { type: "object", minProperties: 1, additionalProperties: true }] },
       questions: {
         minProperties: 1,
         maxProperties: MAX_QUESTIONS,
