@@ -22,14 +22,14 @@ const METERED_RPCS = new Set(["typesafe.decision.v1.DecisionService.Decide", "ty
  * reason of the table in src/errors.ts is a response of its HTTP status.
  */
 export function buildOpenApiDocument(registry: Registry, services: string[], version: string, commentsOf: CommentsOf = () => undefined): JsonSchema {
-  const bound: DescMethod[] = [];
+  const boundMethods: DescMethod[] = [];
   for (const typeName of services) {
     const service = registry.getService(typeName);
     if (!service) throw new Error(`${typeName} is not in the descriptors`);
-    bound.push(...service.methods.filter((method) => httpBindingOf(method) !== undefined));
+    boundMethods.push(...service.methods.filter((method) => httpBindingOf(method) !== undefined));
   }
   // A message used on both sides gets a second schema for its request form, since the two differ.
-  const outputs = new Set(bound.flatMap((method) => [...messagesReachableFrom(method.output)]));
+  const outputs = new Set(boundMethods.flatMap((method) => [...messagesReachableFrom(method.output)]));
   const schemas: Record<string, JsonSchema> = {};
   const refTo = (message: DescMessage, role: Role): JsonSchema => {
     const name = role === "output" || !outputs.has(message.typeName) ? message.typeName : `${message.typeName}.Input`;
@@ -41,7 +41,7 @@ export function buildOpenApiDocument(registry: Registry, services: string[], ver
   };
 
   const paths: Record<string, Record<string, JsonSchema>> = {};
-  for (const method of bound) {
+  for (const method of boundMethods) {
     const service = method.parent;
     const binding = httpBindingOf(method)!;
     const metered = METERED_RPCS.has(`${service.typeName}.${method.name}`);

@@ -31,9 +31,10 @@ export async function decideOnce(client: GatewayClient): Promise<DecideResponse>
       impact: { type: "score", instructions: "How big is the impact?", criteria: ["none", "low", "high"] },
     },
   };
-  // openapi-fetch 0.17.0 takes a property typed `null` for a read-only one and leaves it out of
-  // request body types (openapi-ts/openapi-typescript#2717), which would refuse the choice's
-  // options; the request is checked against the generated type above instead.
+  // openapi-fetch 0.17.0 takes a property typed `null` for a read-only one and leaves it out
+  // of request body types, which would refuse the choice's options; the request is checked
+  // against the generated type above instead.
+  // https://github.com/openapi-ts/openapi-typescript/issues/2717
   const { data, error } = await client.POST("/api/v1/decisions", {
     body: request as never,
     params: { header: { "Idempotency-Key": "openapi-client-decision" } },
