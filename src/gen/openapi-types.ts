@@ -188,9 +188,10 @@ export interface components {
             };
         };
         /** @description Also refused: choice options or score labels that differ only in whitespace. */
-        "typesafe.decision.v1.Question": {
+        "typesafe.decision.v1.Question": components["schemas"]["typesafe.decision.v1.Question.noul"] | components["schemas"]["typesafe.decision.v1.Question.choice"] | components["schemas"]["typesafe.decision.v1.Question.score"];
+        "typesafe.decision.v1.Question.noul": {
             /**
-             * @description One of "noul", "choice", "score".
+             * @description One of "noul", "choice", "score". (enum property replaced by openapi-typescript)
              * @enum {string}
              */
             type: "noul";
@@ -198,9 +199,10 @@ export interface components {
             instructions: string;
             /** @description choice: an object of option names mapped to null; score: an array of ordered labels, lowest first; noul: absent. */
             criteria?: null;
-        } | {
+        };
+        "typesafe.decision.v1.Question.choice": {
             /**
-             * @description One of "noul", "choice", "score".
+             * @description One of "noul", "choice", "score". (enum property replaced by openapi-typescript)
              * @enum {string}
              */
             type: "choice";
@@ -210,9 +212,10 @@ export interface components {
             criteria: {
                 [key: string]: null;
             };
-        } | {
+        };
+        "typesafe.decision.v1.Question.score": {
             /**
-             * @description One of "noul", "choice", "score".
+             * @description One of "noul", "choice", "score". (enum property replaced by openapi-typescript)
              * @enum {string}
              */
             type: "score";

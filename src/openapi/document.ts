@@ -35,8 +35,12 @@ export function buildOpenApiDocument(registry: Registry, services: string[], ver
     const name = role === "output" || !outputs.has(message.typeName) ? message.typeName : `${message.typeName}.Input`;
     if (!(name in schemas)) {
       schemas[name] = {}; // reserved first: messages may refer to themselves
-      schemas[name] = role === "output" ? outputSchema(message, refTo, commentsOf) : inputSchema(message, refTo, commentsOf);
+      schemas[name] = role === "output" ? outputSchema(message, refTo, commentsOf) : inputSchema(message, name, refTo, commentsOf, define);
     }
+    return { $ref: `#/components/schemas/${name}` };
+  };
+  const define = (name: string, schema: JsonSchema): JsonSchema => {
+    schemas[name] = schema;
     return { $ref: `#/components/schemas/${name}` };
   };
 
@@ -224,7 +228,7 @@ function outputSchema(message: DescMessage, refTo: RefTo, commentsOf: CommentsOf
  * optional and reads null as absent; the message's validation rules
  * (request-rules.ts) make some required and bound others.
  */
-function inputSchema(message: DescMessage, refTo: RefTo, commentsOf: CommentsOf): JsonSchema {
+function inputSchema(message: DescMessage, name: string, refTo: RefTo, commentsOf: CommentsOf, define: (name: string, schema: JsonSchema) => JsonSchema): JsonSchema {
   const rules = REQUEST_RULES[message.typeName] ?? {};
   const required = rules.required ?? [];
   const properties: Record<string, JsonSchema> = {};
@@ -235,7 +239,14 @@ function inputSchema(message: DescMessage, refTo: RefTo, commentsOf: CommentsOf)
   }
   const description = [commentsOf(message), rules.alsoRefused && `Also refused: ${rules.alsoRefused}`].filter(Boolean).join(" ");
   const schema: JsonSchema = { type: "object", ...(description ? { description } : {}), ...(required.length > 0 ? { required } : {}), additionalProperties: false, properties };
-  return rules.refine ? rules.refine(schema) : schema;
+  if (!rules.variants) return schema;
+  // One named schema per value of the field, so generators can tell the shapes apart by it.
+  const refs = Object.entries(rules.variants.of(schema)).map(([value, variant]) => [value, define(`${name}.${value}`, variant)] as const);
+  return {
+    ...(description ? { description } : {}),
+    oneOf: refs.map(([, ref]) => ref),
+    discriminator: { propertyName: rules.variants.by, mapping: Object.fromEntries(refs.map(([value, ref]) => [value, ref["$ref"]])) },
+  };
 }
 
 /** The schema that also accepts null, which proto3 JSON reads as "not given". */

@@ -19,8 +19,12 @@ export interface RequestRules {
   fields?: Record<string, JsonSchema>;
   /** Rules the service applies that JSON Schema cannot state, in words for the schema's description. */
   alsoRefused?: string;
-  /** The final object schema from the merged one, for messages whose shape depends on a field's value. */
-  refine?: (schema: JsonSchema) => JsonSchema;
+  /**
+   * For a message whose shape depends on one field's value: the shape for
+   * each value, made from the merged schema. The document names each shape
+   * and tells them apart by that field, as generators of typed clients expect.
+   */
+  variants?: { by: string; of: (schema: JsonSchema) => Record<string, JsonSchema> };
 }
 
 /** At least one character that is not whitespace: what the validators' `trim() !== ""` means. */
@@ -48,7 +52,7 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
     required: ["type", "instructions"],
     fields: { instructions: { pattern: NOT_BLANK } },
     alsoRefused: "choice options or score labels that differ only in whitespace.",
-    refine: questionVariants,
+    variants: { by: "type", of: questionVariants },
   },
   [SearchRequestSchema.typeName]: {
     required: ["q"],
@@ -63,7 +67,7 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
 };
 
 /** A question is one of three shapes, told apart by `type`: criteria belong to choice and score only. */
-function questionVariants(schema: JsonSchema): JsonSchema {
+function questionVariants(schema: JsonSchema): Record<string, JsonSchema> {
   const properties = schema["properties"] as Record<string, JsonSchema>;
   const criteria = properties["criteria"] ?? {};
   const variant = (type: string, criteriaSchema: JsonSchema | undefined): JsonSchema => ({
@@ -78,17 +82,14 @@ function questionVariants(schema: JsonSchema): JsonSchema {
   });
   const [noul, choice, score] = QUESTION_TYPES as [string, string, string];
   return {
-    ...(schema["description"] ? { description: schema["description"] } : {}),
-    oneOf: [
-      variant(noul, undefined),
-      variant(choice, {
-        type: "object",
-        minProperties: 2,
-        maxProperties: MAX_CHOICE_OPTIONS,
-        propertyNames: { pattern: NOT_BLANK },
-        additionalProperties: { type: "null" },
-      }),
-      variant(score, { type: "array", minItems: 2, maxItems: MAX_SCORE_LABELS, uniqueItems: true, items: { type: "string", pattern: NOT_BLANK } }),
-    ],
+    [noul]: variant(noul, undefined),
+    [choice]: variant(choice, {
+      type: "object",
+      minProperties: 2,
+      maxProperties: MAX_CHOICE_OPTIONS,
+      propertyNames: { pattern: NOT_BLANK },
+      additionalProperties: { type: "null" },
+    }),
+    [score]: variant(score, { type: "array", minItems: 2, maxItems: MAX_SCORE_LABELS, uniqueItems: true, items: { type: "string", pattern: NOT_BLANK } }),
   };
 }

@@ -148,7 +148,7 @@ export function violationsOf(method: string, path: string, status: number, heade
 export function documentRefusalOf(method: string, path: string, headers: Headers, body: Buffer | undefined): string | undefined {
   const operation = document.paths[path]?.[method.toLowerCase()];
   if (!operation) return `the document has no ${method} ${path}`;
-  if ((operation.security ?? []).length > 0 && !/^bearer +\S+$/i.test(headers.get("authorization") ?? "")) {
+  if ((operation.security ?? []).length > 0 && !/^bearer\s+\S+\s*$/i.test(headers.get("authorization") ?? "")) {
     return "no Authorization: Bearer key";
   }
   for (const [index, entry] of (operation.parameters ?? []).entries()) {
