@@ -1,4 +1,5 @@
 import fs from "node:fs";
+import http from "node:http";
 import { Validator } from "@seriousme/openapi-schema-validator";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { OPENAPI_DOCUMENT_PATH } from "../../src/openapi/served.js";
@@ -64,6 +65,26 @@ describe("the suite checks every gateway answer against the document", () => {
     expect(invalid.status).toBe(400);
     expect(checkedAnswerCount()).toBe(before + 2);
     expect(checkedRequestCount()).toBe(requestsBefore + 2);
+  });
+
+  it("requests written with node:http are checked too, body and answer", async () => {
+    const before = checkedRequestCount();
+    const { apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    const answer = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+      const req = http.request(`${service.url}/api/v1/search`, { method: "POST", headers: { authorization: `Bearer ${apiKey}`, "content-type": "application/json" } });
+      req.on("response", (res) => {
+        let body = "";
+        res.setEncoding("utf8");
+        res.on("data", (chunk: string) => (body += chunk));
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+      });
+      req.on("error", reject);
+      req.write('{"q":');
+      req.end('"x"}');
+    });
+    // Served past every request rule (no source is configured here): the check needed both pieces of the body to agree.
+    expect([answer.status, JSON.parse(answer.body).data.reason]).toEqual([503, "NOT_CONFIGURED"]);
+    expect(checkedRequestCount()).toBe(before + 1);
   });
 
   it("the checker refuses answers the document does not describe", () => {
