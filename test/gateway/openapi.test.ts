@@ -47,6 +47,16 @@ describe("GET /api/v1/openapi.json", () => {
     expect(document.paths["/api/v1/sources"].get.parameters).toEqual([]);
   });
 
+  it("requires in requests what validation requires, and nothing else", () => {
+    const { schemas } = JSON.parse(fs.readFileSync(OPENAPI_DOCUMENT_PATH, "utf8")).components;
+    expect(schemas["typesafe.decision.v1.DecideRequest"].required).toEqual(["model", "state", "questions"]);
+    expect(schemas["typesafe.search.v1.SearchRequest"].required).toEqual(["q"]);
+    const shapes = ["noul", "choice", "score"].map((type) => schemas[`typesafe.decision.v1.Question.${type}`].required);
+    expect(shapes).toEqual([["type", "instructions"], ["type", "instructions", "criteria"], ["type", "instructions", "criteria"]]);
+    // Answers keep the output rule: implicit fields are always there.
+    expect(schemas["typesafe.search.v1.SearchResponse"].required).toEqual(["q", "results", "sources", "s", "w"]);
+  });
+
   it("a POST to it is 405 with Allow: GET", async () => {
     const response = await fetch(`${service.url}/api/v1/openapi.json`, { method: "POST" });
     expect(response.status).toBe(405);
