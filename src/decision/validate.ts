@@ -8,8 +8,10 @@ export const MAX_QUESTIONS = 40;
 export const MAX_CHOICE_OPTIONS = 26 * 26;
 /** Digits 0-9 up to 10 labels, letters A-Z from 11 to 26: every score label stays a single token. */
 export const MAX_SCORE_LABELS = 26;
-const MAX_KEY_LENGTH = 128;
-const QUESTION_TYPES = ["noul", "choice", "score"];
+/** Question keys are printable and at most this many UTF-16 code units. */
+export const MAX_KEY_LENGTH = 128;
+/** The question types the decision contract knows. */
+export const QUESTION_TYPES = ["noul", "choice", "score"];
 
 /**
  * The request rules of the decision contract, checked before any money moves.

@@ -1,6 +1,8 @@
 import { ScalarType, type DescEnum, type DescField, type DescMessage, type DescMethod, type Registry } from "@bufbuild/protobuf";
 import { REASONS, type Reason } from "../errors.js";
+import { MAX_NESTING_DEPTH } from "../validation.js";
 import { httpBindingOf, jsonTouchesOf } from "../gateway/routes.js";
+import { REQUEST_RULES } from "./request-rules.js";
 
 /** A JSON Schema (2020-12, OpenAPI 3.1's dialect) as plain data. */
 export type JsonSchema = Record<string, unknown>;
@@ -13,51 +15,61 @@ const METERED_RPCS = new Set(["typesafe.decision.v1.DecisionService.Decide", "ty
 
 /**
  * The OpenAPI 3.1 document of the JSON surface, built from the proto: every
- * RPC with a `google.api.http` annotation is a path, its messages are the
- * request and `data` schemas (in the gateway's JSON form: proto field names,
- * implicit fields always present), and every error reason of the table in
- * src/errors.ts is a response of its HTTP status.
+ * RPC with a `google.api.http` annotation is a path; its request message is
+ * the body schema as the gateway reads it (proto3 JSON plus the message's
+ * validation rules), its response message the `data` schema as the gateway
+ * writes it (proto field names, implicit fields always present); every error
+ * reason of the table in src/errors.ts is a response of its HTTP status.
  */
 export function buildOpenApiDocument(registry: Registry, services: string[], version: string, commentsOf: CommentsOf = () => undefined): JsonSchema {
-  const schemas: Record<string, JsonSchema> = {};
-  const refTo = (message: DescMessage): JsonSchema => {
-    if (!(message.typeName in schemas)) {
-      schemas[message.typeName] = {}; // reserved first: messages may refer to themselves
-      schemas[message.typeName] = messageSchema(message, refTo, commentsOf);
-    }
-    return { $ref: `#/components/schemas/${message.typeName}` };
-  };
-
-  const paths: Record<string, Record<string, JsonSchema>> = {};
+  const boundMethods: DescMethod[] = [];
   for (const typeName of services) {
     const service = registry.getService(typeName);
     if (!service) throw new Error(`${typeName} is not in the descriptors`);
-    for (const method of service.methods) {
-      const binding = httpBindingOf(method);
-      if (!binding) continue;
-      const metered = METERED_RPCS.has(`${service.typeName}.${method.name}`);
-      const touches = jsonTouchesOf(method);
-      const operation: JsonSchema = {
-        operationId: `${service.name}_${method.name}`,
-        summary: commentsOf(method),
-        tags: [service.name],
-        security: [{ apiKey: [] }],
-        parameters: metered ? [{ $ref: "#/components/parameters/IdempotencyKey" }] : [],
-        responses: {
-          "200": {
-            description: `The ${method.output.name} as \`data\` of the envelope.`,
-            headers: { ...commonHeaders, ...(metered ? rateLimitHeaders(true) : {}), ...(metered ? replayedHeader : {}) },
-            content: { "application/json": { schema: successEnvelope(refTo(method.output)) } },
-          },
-          ...errorResponseRefs,
-        },
-      };
-      if (binding.httpMethod === "POST") {
-        operation["requestBody"] = { required: true, content: { "application/json": { schema: refTo(method.input) } } };
-      }
-      paths[binding.path] = { ...paths[binding.path], [binding.httpMethod.toLowerCase()]: operation };
-      touches?.documentData?.(schemas);
+    boundMethods.push(...service.methods.filter((method) => httpBindingOf(method) !== undefined));
+  }
+  // A message used on both sides gets a second schema for its request form, since the two differ.
+  const outputs = new Set(boundMethods.flatMap((method) => [...messagesReachableFrom(method.output)]));
+  const schemas: Record<string, JsonSchema> = {};
+  const refTo = (message: DescMessage, role: Role): JsonSchema => {
+    const name = role === "output" || !outputs.has(message.typeName) ? message.typeName : `${message.typeName}.Input`;
+    if (!(name in schemas)) {
+      schemas[name] = {}; // reserved first: messages may refer to themselves
+      schemas[name] = role === "output" ? outputSchema(message, refTo, commentsOf) : inputSchema(message, name, refTo, commentsOf, define);
     }
+    return { $ref: `#/components/schemas/${name}` };
+  };
+  const define = (name: string, schema: JsonSchema): JsonSchema => {
+    schemas[name] = schema;
+    return { $ref: `#/components/schemas/${name}` };
+  };
+
+  const paths: Record<string, Record<string, JsonSchema>> = {};
+  for (const method of boundMethods) {
+    const service = method.parent;
+    const binding = httpBindingOf(method)!;
+    const metered = METERED_RPCS.has(`${service.typeName}.${method.name}`);
+    const touches = jsonTouchesOf(method);
+    const operation: JsonSchema = {
+      operationId: `${service.name}_${method.name}`,
+      summary: commentsOf(method),
+      tags: [service.name],
+      security: [{ apiKey: [] }],
+      parameters: metered ? [{ $ref: "#/components/parameters/IdempotencyKey" }] : [],
+      responses: {
+        "200": {
+          description: `The ${method.output.name} as \`data\` of the envelope.`,
+          headers: { ...commonHeaders, ...(metered ? rateLimitHeaders(true) : {}), ...(metered ? replayedHeader : {}) },
+          content: { "application/json": { schema: successEnvelope(refTo(method.output, "output")) } },
+        },
+        ...errorResponseRefs,
+      },
+    };
+    if (binding.httpMethod === "POST") {
+      operation["requestBody"] = { required: true, content: { "application/json": { schema: refTo(method.input, "input") } } };
+    }
+    paths[binding.path] = { ...paths[binding.path], [binding.httpMethod.toLowerCase()]: operation };
+    touches?.documentData?.(schemas);
   }
   for (const probe of ["/healthz", "/readyz"]) {
     paths[probe] = { get: probeOperation(probe) };
@@ -66,7 +78,7 @@ export function buildOpenApiDocument(registry: Registry, services: string[], ver
   const errorDetail = registry.getMessage("typesafe.error.v1.ErrorDetail");
   if (errorDetail) {
     // Errors are rendered without implicit fields: only the reason is always there.
-    schemas["typesafe.error.v1.ErrorDetail"] = { ...messageSchema(errorDetail, refTo, commentsOf), required: ["reason"] };
+    schemas["typesafe.error.v1.ErrorDetail"] = { ...outputSchema(errorDetail, refTo, commentsOf), required: ["reason"] };
   }
 
   return {
@@ -77,7 +89,9 @@ export function buildOpenApiDocument(registry: Registry, services: string[], ver
       description:
         "The JSON surface of the typesafe service, generated from its Protobuf contract (proto/). " +
         "Every answer is an envelope: `code` 0 and `data` on success, else the reason's stable code and an ErrorDetail as `data`. " +
-        "The same RPCs are served over gRPC and Connect on the same port.",
+        "The same RPCs are served over gRPC and Connect on the same port. " +
+        "Beyond the request schemas, every body is refused when it is larger than the service's limit (413), " +
+        `or holds a text or key with a lone UTF-16 surrogate, a \`__proto__\` key, a number too large for a double, or free-form JSON nested deeper than ${MAX_NESTING_DEPTH} levels (400).`,
     },
     paths,
     components: {
@@ -153,9 +167,9 @@ function errorResponses(): Record<string, JsonSchema> {
             required: ["code", "message", "data"],
             additionalProperties: false,
             properties: {
-              code: { enum: reasons.map((reason) => REASONS[reason].envelope) },
+              code: { type: "integer", enum: reasons.map((reason) => REASONS[reason].envelope) },
               message: { type: "string" },
-              data: { $ref: "#/components/schemas/typesafe.error.v1.ErrorDetail", properties: { reason: { enum: reasons } } },
+              data: { allOf: [{ $ref: "#/components/schemas/typesafe.error.v1.ErrorDetail" }, { type: "object", properties: { reason: { type: "string", enum: reasons } } }] },
             },
           },
         },
@@ -182,13 +196,26 @@ function probeOperation(path: string): JsonSchema {
   };
 }
 
-/** A message in the gateway's JSON form: proto field names; implicit scalars, lists and maps always present. */
-function messageSchema(message: DescMessage, refTo: (m: DescMessage) => JsonSchema, commentsOf: CommentsOf): JsonSchema {
+type Role = "input" | "output";
+type RefTo = (message: DescMessage, role: Role) => JsonSchema;
+
+/** Every message type a message's fields lead to, itself included. */
+function messagesReachableFrom(message: DescMessage, seen = new Set<string>()): Set<string> {
+  if (seen.has(message.typeName)) return seen;
+  seen.add(message.typeName);
+  for (const field of message.fields) {
+    if (field.message) messagesReachableFrom(field.message, seen);
+  }
+  return seen;
+}
+
+/** An answer message in the gateway's JSON form: proto field names; implicit scalars, lists and maps always present. */
+function outputSchema(message: DescMessage, refTo: RefTo, commentsOf: CommentsOf): JsonSchema {
   const properties: Record<string, JsonSchema> = {};
   const required: string[] = [];
   for (const field of message.fields) {
     const description = commentsOf(field);
-    properties[field.name] = { ...fieldSchema(field, refTo), ...(description ? { description } : {}) };
+    properties[field.name] = { ...fieldSchema(field, "output", refTo), ...(description ? { description } : {}) };
     const alwaysEmitted = field.fieldKind === "list" || field.fieldKind === "map" || (field.fieldKind !== "message" && field.presence === IMPLICIT && field.oneof === undefined);
     if (alwaysEmitted) required.push(field.name);
   }
@@ -196,24 +223,67 @@ function messageSchema(message: DescMessage, refTo: (m: DescMessage) => JsonSche
   return { type: "object", ...(description ? { description } : {}), required, additionalProperties: false, properties };
 }
 
+/**
+ * A request message as the gateway reads it: proto3 JSON makes every field
+ * optional and reads null as absent; the message's validation rules
+ * (request-rules.ts) make some required and bound others.
+ */
+function inputSchema(message: DescMessage, name: string, refTo: RefTo, commentsOf: CommentsOf, define: (name: string, schema: JsonSchema) => JsonSchema): JsonSchema {
+  const rules = REQUEST_RULES[message.typeName] ?? {};
+  const required = rules.required ?? [];
+  const properties: Record<string, JsonSchema> = {};
+  for (const field of message.fields) {
+    const description = commentsOf(field);
+    const schema = { ...fieldSchema(field, "input", refTo), ...rules.fields?.[field.name], ...(description ? { description } : {}) };
+    properties[field.name] = required.includes(field.name) ? schema : orNull(schema);
+  }
+  const description = [commentsOf(message), rules.alsoRefused && `Also refused: ${rules.alsoRefused}`].filter(Boolean).join(" ");
+  const schema: JsonSchema = { type: "object", ...(description ? { description } : {}), ...(required.length > 0 ? { required } : {}), additionalProperties: false, properties };
+  if (!rules.variants) return schema;
+  // One named schema per value of the field, so generators can tell the shapes apart by it.
+  const refs = Object.entries(rules.variants.of(schema)).map(([value, variant]) => [value, define(`${name}.${value}`, variant)] as const);
+  return {
+    ...(description ? { description } : {}),
+    oneOf: refs.map(([, ref]) => ref),
+    discriminator: { propertyName: rules.variants.by, mapping: Object.fromEntries(refs.map(([value, ref]) => [value, ref["$ref"]])) },
+  };
+}
+
+/** The schema that also accepts null, which proto3 JSON reads as "not given". */
+function orNull(schema: JsonSchema): JsonSchema {
+  if (Object.keys(schema).every((key) => key === "description")) return schema; // already any JSON value
+  const { description, ...rest } = schema;
+  const withDescription = (s: JsonSchema): JsonSchema => (description ? { ...s, description } : s);
+  if (typeof rest["type"] === "string" && Object.keys(rest).every((key) => key !== "anyOf" && key !== "oneOf" && key !== "$ref")) {
+    const nullable: JsonSchema = { ...rest, type: [rest["type"], "null"] };
+    if (Array.isArray(rest["enum"])) nullable["enum"] = [...(rest["enum"] as unknown[]), null];
+    return withDescription(nullable);
+  }
+  return withDescription({ anyOf: [rest, { type: "null" }] });
+}
+
 /** FeatureSet.FieldPresence.IMPLICIT: proto3 fields without `optional`. */
 const IMPLICIT = 2;
 
-function fieldSchema(field: DescField, refTo: (m: DescMessage) => JsonSchema): JsonSchema {
+function fieldSchema(field: DescField, role: Role, refTo: RefTo): JsonSchema {
+  const scalar = role === "output" ? scalarSchema : inputScalarSchema;
+  const message = (desc: DescMessage): JsonSchema => wellKnownSchema(desc) ?? refTo(desc, role);
+  const enumOf = (desc: DescEnum): JsonSchema => (role === "output" ? enumSchema(desc) : inputEnumSchema(desc));
   switch (field.fieldKind) {
     case "scalar":
-      return scalarSchema(field.scalar);
+      return scalar(field.scalar);
     case "enum":
-      return enumSchema(field.enum);
+      return enumOf(field.enum);
     case "message":
-      return wellKnownSchema(field.message) ?? refTo(field.message);
+      return message(field.message);
     case "list":
-      return { type: "array", items: field.listKind === "scalar" ? scalarSchema(field.scalar) : field.listKind === "enum" ? enumSchema(field.enum) : (wellKnownSchema(field.message) ?? refTo(field.message)) };
+      return { type: "array", items: field.listKind === "scalar" ? scalar(field.scalar) : field.listKind === "enum" ? enumOf(field.enum) : message(field.message) };
     case "map":
-      return { type: "object", additionalProperties: field.mapKind === "scalar" ? scalarSchema(field.scalar) : field.mapKind === "enum" ? enumSchema(field.enum) : (wellKnownSchema(field.message) ?? refTo(field.message)) };
+      return { type: "object", additionalProperties: field.mapKind === "scalar" ? scalar(field.scalar) : field.mapKind === "enum" ? enumOf(field.enum) : message(field.message) };
   }
 }
 
+/** A scalar as the gateway writes it. */
 function scalarSchema(scalar: ScalarType): JsonSchema {
   switch (scalar) {
     case ScalarType.STRING:
@@ -236,9 +306,30 @@ function scalarSchema(scalar: ScalarType): JsonSchema {
   }
 }
 
+/** A scalar as proto3 JSON reads it: numbers may also come as decimal strings. */
+function inputScalarSchema(scalar: ScalarType): JsonSchema {
+  switch (scalar) {
+    case ScalarType.STRING:
+    case ScalarType.BOOL:
+    case ScalarType.BYTES:
+      return scalarSchema(scalar);
+    case ScalarType.DOUBLE:
+    case ScalarType.FLOAT:
+      return { type: ["number", "string"] };
+    default:
+      return { type: ["integer", "string"], pattern: "^-?[0-9]+$" };
+  }
+}
+
 function enumSchema(desc: DescEnum): JsonSchema {
   if (desc.typeName === "google.protobuf.NullValue") return { type: "null" };
   return { type: "string", enum: desc.values.map((value) => value.name) };
+}
+
+/** proto3 JSON reads an enum from its value's name or its number. */
+function inputEnumSchema(desc: DescEnum): JsonSchema {
+  if (desc.typeName === "google.protobuf.NullValue") return { type: "null" };
+  return { anyOf: [enumSchema(desc), { type: "integer" }] };
 }
 
 /** Well-known types have their own JSON form. */
@@ -247,7 +338,7 @@ function wellKnownSchema(message: DescMessage): JsonSchema | undefined {
     case "google.protobuf.Value":
       return {};
     case "google.protobuf.Struct":
-      return { type: "object" };
+      return { type: "object", additionalProperties: true };
     case "google.protobuf.ListValue":
       return { type: "array" };
     case "google.protobuf.Timestamp":

@@ -9,11 +9,19 @@ import { DecisionService } from "../gen/typesafe/decision/v1/decision_service_pb
 import { SearchService } from "../gen/typesafe/search/v1/search_service_pb.js";
 import { buildOpenApiDocument } from "./document.js";
 import { OPENAPI_DOCUMENT_PATH } from "./served.js";
+import { OPENAPI_TYPES_PATH, renderOpenApiTypes } from "./typescript-types.js";
+
+/**
+ * The services whose `google.api.http` bindings the document describes, one
+ * section (tag) each. A new service with bindings is one more entry here.
+ */
+const DOCUMENTED_SERVICES = [DecisionService, SearchService];
 
 /**
  * `npm run generate` (after `buf generate`): writes src/gen/openapi.json from
- * proto/. `buf build` gives the descriptors with their comments, which become
- * the document's descriptions. CI regenerates it and fails when it differs.
+ * proto/, and src/gen/openapi-types.ts from the document. `buf build` gives
+ * the descriptors with their comments, which become the document's
+ * descriptions. CI regenerates both and fails when they differ.
  */
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "typesafe-openapi-"));
 try {
@@ -21,11 +29,13 @@ try {
   execFileSync("buf", ["build", "-o", image], { stdio: "inherit" });
   const registry = createFileRegistry(fromBinary(FileDescriptorSetSchema, fs.readFileSync(image)));
   const { version } = JSON.parse(fs.readFileSync("package.json", "utf8")) as { version: string };
-  const document = buildOpenApiDocument(registry, [DecisionService.typeName, SearchService.typeName], version, (desc) => {
+  const document = buildOpenApiDocument(registry, DOCUMENTED_SERVICES.map((service) => service.typeName), version, (desc) => {
     const text = getComments(desc).leading?.trim();
     return text ? text.replace(/\s*\n\s*/g, " ") : undefined;
   });
-  fs.writeFileSync(OPENAPI_DOCUMENT_PATH, `${JSON.stringify(document, null, 2)}\n`);
+  const text = `${JSON.stringify(document, null, 2)}\n`;
+  fs.writeFileSync(OPENAPI_DOCUMENT_PATH, text);
+  fs.writeFileSync(OPENAPI_TYPES_PATH, await renderOpenApiTypes(text));
 } finally {
   fs.rmSync(scratch, { recursive: true, force: true });
 }

@@ -1,24 +1,44 @@
 import fs from "node:fs";
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
+import { MAX_KEY_LENGTH } from "../../src/decision/validate.js";
 import { OPENAPI_DOCUMENT_PATH } from "../../src/openapi/served.js";
+import { FINITE_RULE, PROTO_KEY_RULE, UNICODE_RULE } from "../../src/validation.js";
 
 /**
- * Every gateway answer the test suite receives is checked against the
- * committed OpenAPI document (src/gen/openapi.json): its status must be a
- * documented response of the operation, its body must validate against that
- * response's schema, and its required headers must be there. The vitest
- * setup file openapi-conformance.setup.ts passes every answer here and fails a
- * test that received an undocumented one; this module has no vitest hooks, so
- * scripts (npm run fuzz) can use the test helpers that register origins. Only
- * answers of registered service origins are checked (the fakes of the
- * providers have paths of their own).
+ * Every exchange the test suite has with the gateway is checked against the
+ * committed OpenAPI document (src/gen/openapi.json), both ways:
+ *
+ * - the answer: its status must be a documented response of the operation,
+ *   its body must validate against that response's schema, and its required
+ *   headers must be there;
+ * - the request: the document and the service must agree on it. A request the
+ *   document refuses (body schema, content type, a required header, the key)
+ *   must not be served, and one it accepts must not be refused for its shape,
+ *   unless the refusal is one of the rules the document states only in words
+ *   (UNEXPRESSED_RULES). A request both refuse, such as bad JSON, a wrong
+ *   content type or an oversized body, is fine.
+ *
+ * The vitest setup file openapi-conformance.setup.ts feeds every exchange of
+ * fetch and node:http here and fails a test that had a disagreement. This
+ * module has no vitest hooks, so scripts (npm run fuzz) can use the test
+ * helpers that register origins. Only exchanges with registered service
+ * origins are checked (the fakes of the providers have paths of their own),
+ * and only to paths the document describes: the same port also serves
+ * Connect, gRPC, /metrics and the document itself.
  */
-type OpenApiDocument = {
-  paths: Record<string, Record<string, { responses: Record<string, DocumentedResponse | { $ref: string }> }>>;
-  components: { responses: Record<string, DocumentedResponse> };
+type Operation = {
+  security?: Record<string, string[]>[];
+  parameters?: ({ $ref: string } | DocumentedParameter)[];
+  requestBody?: { required?: boolean; content: Record<string, { schema: object }> };
+  responses: Record<string, DocumentedResponse | { $ref: string }>;
 };
+type DocumentedParameter = { name: string; in: string; required?: boolean; schema: object };
 type DocumentedResponse = { headers?: Record<string, { required?: boolean; schema: object }>; content?: Record<string, { schema: object }> };
+type OpenApiDocument = {
+  paths: Record<string, Record<string, Operation>>;
+  components: { responses: Record<string, DocumentedResponse>; parameters: Record<string, DocumentedParameter> };
+};
 
 const document = JSON.parse(fs.readFileSync(OPENAPI_DOCUMENT_PATH, "utf8")) as OpenApiDocument;
 const ajv = new Ajv2020({ strict: false, allErrors: true });
@@ -28,16 +48,65 @@ const validators = new Map<string, ValidateFunction>();
 
 const serviceOrigins = new Set<string>();
 const violations: string[] = [];
-let checked = 0;
+let checkedAnswers = 0;
+let checkedRequests = 0;
 
-/** Answers from this origin (a test's service) are checked from now on. */
+/** Exchanges with this origin (a test's service) are checked from now on. */
 export function checkAnswersOf(url: string): void {
   serviceOrigins.add(new URL(url).origin);
 }
 
+/** True when exchanges with this URL's origin are checked. */
+export function isServiceUrl(url: string | URL): boolean {
+  return serviceOrigins.has(new URL(url).origin);
+}
+
+/** True when the document describes this path (a query string aside). */
+export function isDocumentedPath(path: string): boolean {
+  return path.split("?")[0]! in document.paths;
+}
+
 /** How many answers have been checked in this test file. */
 export function checkedAnswerCount(): number {
-  return checked;
+  return checkedAnswers;
+}
+
+/** How many requests have been held against the document in this test file. */
+export function checkedRequestCount(): number {
+  return checkedRequests;
+}
+
+/** One request as a test sent it; `body` is undefined when it could not be read back. */
+export interface SentRequest {
+  method: string;
+  url: string;
+  headers: Headers;
+  body: Buffer | undefined;
+}
+
+/** One answer as a test received it. */
+export interface ReceivedAnswer {
+  status: number;
+  headers: Headers;
+  body: string;
+}
+
+/** Checks one exchange with a registered service origin, answer and request, and keeps what disagrees. */
+export function recordExchange(request: SentRequest, answer: ReceivedAnswer): void {
+  const url = new URL(request.url);
+  if (!serviceOrigins.has(url.origin)) return;
+  checkedAnswers++;
+  violations.push(...violationsOf(request.method, url.pathname, answer.status, answer.headers, answer.body));
+  const problems = requestViolationsOf(request, answer);
+  if (problems !== undefined) {
+    checkedRequests++;
+    violations.push(...problems);
+  }
+}
+
+/** The violations found since the last call, and forgets them. */
+export function takeViolations(): string[] {
+  return violations.splice(0);
 }
 
 /** What is wrong with one answer, by the document; empty when it conforms or the path is not documented. */
@@ -47,7 +116,7 @@ export function violationsOf(method: string, path: string, status: number, heade
   const where = `${method} ${path} → ${status}`;
   const declared = operation.responses[String(status)];
   if (!declared) return [`${where}: status not documented`];
-  const response = "$ref" in declared ? document.components.responses[declared.$ref.split("/").pop()!]! : declared;
+  const response = "$ref" in declared ? document.components.responses[lastSegment(declared.$ref)]! : declared;
   const problems: string[] = [];
   for (const [name, header] of Object.entries(response.headers ?? {})) {
     const value = headers.get(name);
@@ -58,10 +127,8 @@ export function violationsOf(method: string, path: string, status: number, heade
     const validate = ajv.compile(header.schema);
     if (!validate(value)) problems.push(`${where}: header ${name}=${value} ${ajv.errorsText(validate.errors)}`);
   }
-  const pointer = "$ref" in declared ? `#/components/responses/${declared.$ref.split("/").pop()}` : `#/paths/${escape(path)}/${method.toLowerCase()}/responses/${status}`;
-  const schemaRef = `openapi.json${pointer}/content/application~1json/schema`;
-  let validate = validators.get(schemaRef);
-  if (!validate) validators.set(schemaRef, (validate = ajv.compile({ $ref: schemaRef })));
+  const pointer = "$ref" in declared ? `#/components/responses/${lastSegment(declared.$ref)}` : `#/paths/${escape(path)}/${method.toLowerCase()}/responses/${status}`;
+  const validate = validatorAt(`${pointer}/content/application~1json/schema`);
   let json: unknown;
   try {
     json = JSON.parse(body);
@@ -72,21 +139,141 @@ export function violationsOf(method: string, path: string, status: number, heade
   return problems;
 }
 
-function escape(path: string): string {
-  return path.replaceAll("~", "~0").replaceAll("/", "~1");
+/**
+ * Why the document refuses a request, or undefined when it accepts it: the
+ * operation must exist, the key must be sent as the security scheme says, the
+ * documented headers must hold, and a body must have a documented content
+ * type and validate against the body schema.
+ */
+export function documentRefusalOf(method: string, path: string, headers: Headers, body: Buffer | undefined): string | undefined {
+  const operation = document.paths[path]?.[method.toLowerCase()];
+  if (!operation) return `the document has no ${method} ${path}`;
+  if ((operation.security ?? []).length > 0 && !/^bearer\s+\S+\s*$/i.test(headers.get("authorization") ?? "")) {
+    return "no Authorization: Bearer key";
+  }
+  for (const [index, entry] of (operation.parameters ?? []).entries()) {
+    const parameter = "$ref" in entry ? document.components.parameters[lastSegment(entry.$ref)]! : entry;
+    if (parameter.in !== "header") continue;
+    const value = headers.get(parameter.name);
+    if (value === null) {
+      if (parameter.required) return `header ${parameter.name} missing`;
+      continue;
+    }
+    const pointer = "$ref" in entry ? `#/components/parameters/${lastSegment(entry.$ref)}` : `#/paths/${escape(path)}/${method.toLowerCase()}/parameters/${index}`;
+    const validate = validatorAt(`${pointer}/schema`);
+    if (!validate(value)) return `header ${parameter.name}: ${ajv.errorsText(validate.errors)}`;
+  }
+  if (!operation.requestBody) return undefined;
+  const mediaType = (headers.get("content-type") ?? "").split(";")[0]!.trim().toLowerCase();
+  if (!(mediaType in operation.requestBody.content)) return `content type ${JSON.stringify(headers.get("content-type"))} is not documented`;
+  if (body === undefined) return undefined;
+  let json: unknown;
+  try {
+    json = JSON.parse(body.toString("utf8"));
+  } catch {
+    return "the body is not JSON";
+  }
+  const validate = validatorAt(`#/paths/${escape(path)}/${method.toLowerCase()}/requestBody/content/${escape(mediaType)}/schema`);
+  return validate(json) ? undefined : `body: ${ajv.errorsText(validate.errors)}`;
 }
 
-/** Checks one answer that fetch received, if it came from a registered service origin. */
-export async function recordAnswer(input: string | URL | Request, init: RequestInit | undefined, response: Response): Promise<void> {
-  const url = new URL(response.url || (input instanceof Request ? input.url : String(input)));
-  if (!serviceOrigins.has(url.origin)) return;
-  const method = init?.method ?? (input instanceof Request ? input.method : "GET");
-  const body = await response.clone().text();
-  checked++;
-  violations.push(...violationsOf(method, url.pathname, response.status, response.headers, body));
+/** Reasons that refuse the request itself (its path, method, key, content type, size or fields). */
+const REQUEST_REFUSALS = new Set(["INVALID_ARGUMENT", "MALFORMED_JSON", "UNSUPPORTED_MEDIA_TYPE", "PAYLOAD_TOO_LARGE", "NOT_FOUND", "METHOD_NOT_ALLOWED", "UNAUTHENTICATED"]);
+
+/** Reasons given only after every request rule passed: the account, the limits, the upstream, the deployment. */
+const AFTER_VALIDATION = new Set([
+  "INSUFFICIENT_BALANCE",
+  "IDEMPOTENCY_IN_PROGRESS",
+  "IDEMPOTENCY_MISMATCH",
+  "RATE_LIMITED",
+  "CONCURRENCY_LIMITED",
+  "UPSTREAM_FAILED",
+  "NOT_CONFIGURED",
+]);
+
+interface ErrorDetailJson {
+  reason?: string;
+  field?: string;
+  rule?: string;
+  metadata?: Record<string, string>;
 }
 
-/** The violations found since the last call, and forgets them. */
-export function takeViolations(): string[] {
-  return violations.splice(0);
+/**
+ * Refusals a request the document accepts may still get: rules the document
+ * states in words only (its description and each request schema's "Also
+ * refused"), because JSON Schema cannot say them or cannot know them.
+ */
+const UNEXPRESSED_RULES: { why: string; applies: (detail: ErrorDetailJson, request: SentRequest) => boolean }[] = [
+  { why: "which keys exist is the service's to know", applies: (d) => d.reason === "UNAUTHENTICATED" },
+  { why: "the body limit counts bytes", applies: (d, r) => d.reason === "PAYLOAD_TOO_LARGE" && (r.body === undefined || r.body.length > Number(d.metadata?.["max_bytes"])) },
+  { why: "lone surrogates are valid JSON escapes", applies: (d) => d.rule === UNICODE_RULE },
+  { why: "a __proto__ key may sit at any depth", applies: (d) => d.rule === PROTO_KEY_RULE },
+  { why: "JSON numbers have no upper bound", applies: (d) => d.rule === FINITE_RULE },
+  { why: "nesting depth of free-form JSON", applies: (d) => /^nesting deeper than \d+ levels$/.test(d.rule ?? "") },
+  { why: "labels and options compared with whitespace collapsed", applies: (d) => /apart from whitespace$/.test(d.rule ?? "") },
+  { why: "the prompt size depends on the tokenizer", applies: (d) => /^prompt at most \d+ tokens$/.test(d.rule ?? "") },
+  { why: "which sources can filter by time depends on the deployment", applies: (d) => d.rule === "supported_by_sources" },
+  {
+    why: "key length counts UTF-16 code units, JSON Schema counts code points",
+    applies: (d, r) => /^question keys must be/.test(d.rule ?? "") && questionKeys(r).some((key) => key.length > MAX_KEY_LENGTH && [...key].length <= MAX_KEY_LENGTH),
+  },
+];
+
+/**
+ * Where the document and the service disagree on a request; undefined when
+ * the request cannot be judged (its path is not the document's, its body
+ * could not be read back, or the answer says nothing about it: a cancelled
+ * call, an internal error, a database outage).
+ */
+export function requestViolationsOf(request: SentRequest, answer: ReceivedAnswer): string[] | undefined {
+  const { pathname } = new URL(request.url);
+  if (!(pathname in document.paths)) return undefined;
+  let detail: ErrorDetailJson = {};
+  if (answer.status >= 300) {
+    try {
+      detail = ((JSON.parse(answer.body) as { data?: ErrorDetailJson }).data ?? {}) as ErrorDetailJson;
+    } catch {
+      return undefined;
+    }
+  }
+  const served = answer.status < 300 || AFTER_VALIDATION.has(detail.reason ?? "");
+  const refused = !served && REQUEST_REFUSALS.has(detail.reason ?? "");
+  if (!served && !refused) return undefined;
+  const operation = document.paths[pathname]?.[request.method.toLowerCase()];
+  if (request.body === undefined && operation?.requestBody) return undefined;
+  const refusal = documentRefusalOf(request.method, pathname, request.headers, request.body);
+  const where = `${request.method} ${pathname} → ${answer.status}`;
+  if (served && refusal !== undefined) return [`${where}: the service served a request the document refuses (${refusal}) in ${preview(request)}`];
+  if (refused && refusal === undefined && !UNEXPRESSED_RULES.some((rule) => rule.applies(detail, request))) {
+    return [`${where}: the document accepts a request the service refuses (${detail.reason} ${detail.field ?? ""}: ${detail.rule ?? ""}) in ${preview(request)}`];
+  }
+  return [];
+}
+
+function questionKeys(request: SentRequest): string[] {
+  try {
+    const json = JSON.parse(request.body?.toString("utf8") ?? "") as { questions?: unknown };
+    return typeof json.questions === "object" && json.questions !== null ? Object.keys(json.questions) : [];
+  } catch {
+    return [];
+  }
+}
+
+function preview(request: SentRequest): string {
+  return request.body === undefined ? "(no body)" : request.body.toString("utf8").slice(0, 300);
+}
+
+function validatorAt(pointer: string): ValidateFunction {
+  const ref = `openapi.json${pointer}`;
+  let validate = validators.get(ref);
+  if (!validate) validators.set(ref, (validate = ajv.compile({ $ref: ref })));
+  return validate;
+}
+
+function lastSegment(ref: string): string {
+  return ref.split("/").pop()!;
+}
+
+function escape(segment: string): string {
+  return segment.replaceAll("~", "~0").replaceAll("/", "~1");
 }

@@ -1,0 +1,95 @@
+import { MAX_CHOICE_OPTIONS, MAX_KEY_LENGTH, MAX_QUESTIONS, MAX_SCORE_LABELS, QUESTION_TYPES, SUPPORTED_MODEL } from "../decision/validate.js";
+import { DecideRequestSchema, QuestionSchema } from "../gen/typesafe/decision/v1/decision_service_pb.js";
+import { SearchRequestSchema } from "../gen/typesafe/search/v1/search_service_pb.js";
+import { MAX_QUERY_CHARS, SOURCE_IDS, WINDOWS } from "../search/validate.js";
+
+/**
+ * What a request message's validation adds to the shape its descriptor gives.
+ * Proto3 cannot say that a field is required or bounded, so each request
+ * message with rules names them here, taken from the validators' own
+ * constants; a message without an entry is documented as proto3 JSON reads it
+ * (every field optional, null meaning absent).
+ */
+type JsonSchema = Record<string, unknown>;
+
+export interface RequestRules {
+  /** Fields the validation refuses when absent, null or empty. */
+  required?: string[];
+  /** Keywords merged over a field's generated schema. */
+  fields?: Record<string, JsonSchema>;
+  /** Rules the service applies that JSON Schema cannot state, in words for the schema's description. */
+  alsoRefused?: string;
+  /**
+   * For a message whose shape depends on one field's value: the shape for
+   * each value, made from the merged schema. The document names each shape
+   * and tells them apart by that field, as generators of typed clients expect.
+   */
+  variants?: { by: string; of: (schema: JsonSchema) => Record<string, JsonSchema> };
+}
+
+/** At least one character that is not whitespace: what the validators' `trim() !== ""` means. */
+const NOT_BLANK = "\\S";
+
+/** Printable (no control characters) and not blank, as question keys must be. */
+const PRINTABLE_NOT_BLANK = "^[^\\p{Cc}]*[^\\s\\p{Cc}][^\\p{Cc}]*$";
+
+/** The rules of each request message, by its full proto name. */
+export const REQUEST_RULES: Record<string, RequestRules> = {
+  [DecideRequestSchema.typeName]: {
+    required: ["model", "state", "questions"],
+    fields: {
+      model: { enum: [SUPPORTED_MODEL] },
+      state: { anyOf: [{ type: "string", pattern: NOT_BLANK }, { type: "object", minProperties: 1, additionalProperties: true }] },
+      questions: {
+        minProperties: 1,
+        maxProperties: MAX_QUESTIONS,
+        propertyNames: { minLength: 1, maxLength: MAX_KEY_LENGTH, pattern: PRINTABLE_NOT_BLANK },
+      },
+    },
+    alsoRefused: `a question key longer than ${MAX_KEY_LENGTH} UTF-16 code units (characters outside the Basic Multilingual Plane count twice), and a question whose prompt with the state is too long for the model.`,
+  },
+  [QuestionSchema.typeName]: {
+    required: ["type", "instructions"],
+    fields: { instructions: { pattern: NOT_BLANK } },
+    alsoRefused: "choice options or score labels that differ only in whitespace.",
+    variants: { by: "type", of: questionVariants },
+  },
+  [SearchRequestSchema.typeName]: {
+    required: ["q"],
+    fields: {
+      q: { minLength: 1, maxLength: MAX_QUERY_CHARS, pattern: NOT_BLANK },
+      s: { minItems: 1, uniqueItems: true, items: { type: "string", enum: [...SOURCE_IDS] } },
+      // proto3 JSON reads "" as absent, so the default window.
+      w: { enum: ["", ...WINDOWS] },
+    },
+    alsoRefused: "a window `w` that none of the chosen sources can filter by (GET /api/v1/sources tells which can).",
+  },
+};
+
+/** A question is one of three shapes, told apart by `type`: criteria belong to choice and score only. */
+function questionVariants(schema: JsonSchema): Record<string, JsonSchema> {
+  const properties = schema["properties"] as Record<string, JsonSchema>;
+  const criteria = properties["criteria"] ?? {};
+  const variant = (type: string, criteriaSchema: JsonSchema | undefined): JsonSchema => ({
+    type: "object",
+    required: criteriaSchema ? ["type", "instructions", "criteria"] : ["type", "instructions"],
+    additionalProperties: false,
+    properties: {
+      type: { ...properties["type"], enum: [type] },
+      instructions: properties["instructions"],
+      criteria: criteriaSchema ? { ...criteria, ...criteriaSchema } : { ...criteria, type: "null" },
+    },
+  });
+  const [noul, choice, score] = QUESTION_TYPES as [string, string, string];
+  return {
+    [noul]: variant(noul, undefined),
+    [choice]: variant(choice, {
+      type: "object",
+      minProperties: 2,
+      maxProperties: MAX_CHOICE_OPTIONS,
+      propertyNames: { pattern: NOT_BLANK },
+      additionalProperties: { type: "null" },
+    }),
+    [score]: variant(score, { type: "array", minItems: 2, maxItems: MAX_SCORE_LABELS, uniqueItems: true, items: { type: "string", pattern: NOT_BLANK } }),
+  };
+}
