@@ -271,7 +271,11 @@ export type Resolution =
       freeAvailable: number;
     }
   | {
-      /** Already settled, released or expired: nothing changed (a request resolves at most once). */
+      /**
+       * Already settled, released or expired: nothing changed (a request resolves
+       * at most once). The account figures are those its settle or release left,
+       * so a retry whose first attempt committed reports that call's own outcome.
+       */
       outcome: "not_active";
       requestId: string;
       accountId: string;

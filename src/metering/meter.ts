@@ -65,7 +65,7 @@ export interface Billing {
   funding: Funding;
   reservedCredits: number;
   chargedCredits: number;
-  /** Balance after this call. */
+  /** Balance right after this call's own settle (not after later calls), also when a retry recognised the settle. */
   balanceCredits: number;
   /** Balance minus the holds of calls still in flight. */
   availableCredits: number;
