@@ -25,8 +25,8 @@ import { assertInvariants } from "../support/invariants.js";
 
 /**
  * The metering functions, driven one round trip at a time with an injected
- * clock (`now`): the deterministic half of the plan in
- * shared/research/metering.md §3.2 A. Every test ends with the invariants.
+ * clock (`now`): the deterministic half of the metering tests (the racing
+ * half runs calls concurrently). Every test ends with the invariants.
  */
 let database: TestDatabase;
 beforeAll(async () => {
