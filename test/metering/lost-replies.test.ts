@@ -282,13 +282,19 @@ describe("a recovered settle answers with the balance its own settle left", () =
       return laterSettled ? "pass" : "hold-request";
     };
     // A deadline long enough that a held statement is still waiting when the later call has settled.
-    const meter = createMeter({ db: proxied, config: { ...metering, statementTimeoutMs: 30_000 }, logger: createLogger("silent"), settleRetryDelaysMs: RETRY_DELAYS_MS });
+    const meter = createMeter({
+      db: proxied,
+      config: { ...metering, statementTimeoutMs: 30_000 },
+      logger: createLogger("silent"),
+      settleRetryDelaysMs: RETRY_DELAYS_MS,
+    });
     const metered = call(apiKey);
     const answered = meter.run(metered, async () => ({ value: "first", chargeUnits: 1_234 }));
     // Polling with a bound: the later call starts when the first call's statement after its lost settle reaches the proxy.
     await expect.poll(() => later, { timeout: 10_000 }).toBeDefined();
     const laterResult = await later!;
-    // The held statement reaches the database now; its reply is dropped and its connection closed, so the first call asks once more.
+    // The held statement reaches the database now; its reply is dropped and its connection closed,
+    // so the first call asks once more.
     await proxy.deliverHeld();
     const first = await answered;
 

@@ -14,16 +14,66 @@ const release: ResolveInput = { requestId: "r1", success: false };
 
 describe("asOwnOutcome", () => {
   it.each<{ name: string; resolution: Resolution; input: ResolveInput; expected: Partial<Resolution> & { outcome: string } }>([
-    { name: "a settle finding its request settled: settled", resolution: notActive("settled"), input: settle(1_234), expected: { outcome: "settled", capped: false, ...account } },
-    { name: "a release finding it released: released", resolution: notActive("released", { chargedUnits: 0 }), input: release, expected: { outcome: "released", capped: false } },
-    { name: "a settle above the reservation: capped", resolution: notActive("settled", { chargedUnits: 32_000 }), input: settle(40_000), expected: { outcome: "settled", capped: true } },
-    { name: "a settle exactly at the reservation: not capped", resolution: notActive("settled", { chargedUnits: 32_000 }), input: settle(32_000), expected: { outcome: "settled", capped: false } },
-    { name: "a free call is never capped", resolution: notActive("settled", { funding: "free", reservedUnits: 0, chargedUnits: 0 }), input: settle(5), expected: { outcome: "settled", capped: false } },
-    { name: "a settle of unknown cost is not capped", resolution: notActive("settled"), input: settle(undefined), expected: { outcome: "settled", capped: false } },
-    { name: "a settle finding it released: not its own", resolution: notActive("released"), input: settle(1_234), expected: { outcome: "not_active", status: "released" } },
-    { name: "a release finding it settled: not its own", resolution: notActive("settled"), input: release, expected: { outcome: "not_active", status: "settled" } },
-    { name: "a settle finding it expired: not its own", resolution: notActive("expired"), input: settle(1_234), expected: { outcome: "not_active", status: "expired" } },
-    { name: "not found stays not found", resolution: { outcome: "not_found", requestId: "r1" }, input: settle(1_234), expected: { outcome: "not_found" } },
+    {
+      name: "a settle finding its request settled: settled",
+      resolution: notActive("settled"),
+      input: settle(1_234),
+      expected: { outcome: "settled", capped: false, ...account },
+    },
+    {
+      name: "a release finding it released: released",
+      resolution: notActive("released", { chargedUnits: 0 }),
+      input: release,
+      expected: { outcome: "released", capped: false },
+    },
+    {
+      name: "a settle above the reservation: capped",
+      resolution: notActive("settled", { chargedUnits: 32_000 }),
+      input: settle(40_000),
+      expected: { outcome: "settled", capped: true },
+    },
+    {
+      name: "a settle exactly at the reservation: not capped",
+      resolution: notActive("settled", { chargedUnits: 32_000 }),
+      input: settle(32_000),
+      expected: { outcome: "settled", capped: false },
+    },
+    {
+      name: "a free call is never capped",
+      resolution: notActive("settled", { funding: "free", reservedUnits: 0, chargedUnits: 0 }),
+      input: settle(5),
+      expected: { outcome: "settled", capped: false },
+    },
+    {
+      name: "a settle of unknown cost is not capped",
+      resolution: notActive("settled"),
+      input: settle(undefined),
+      expected: { outcome: "settled", capped: false },
+    },
+    {
+      name: "a settle finding it released: not its own",
+      resolution: notActive("released"),
+      input: settle(1_234),
+      expected: { outcome: "not_active", status: "released" },
+    },
+    {
+      name: "a release finding it settled: not its own",
+      resolution: notActive("settled"),
+      input: release,
+      expected: { outcome: "not_active", status: "settled" },
+    },
+    {
+      name: "a settle finding it expired: not its own",
+      resolution: notActive("expired"),
+      input: settle(1_234),
+      expected: { outcome: "not_active", status: "expired" },
+    },
+    {
+      name: "not found stays not found",
+      resolution: { outcome: "not_found", requestId: "r1" },
+      input: settle(1_234),
+      expected: { outcome: "not_found" },
+    },
   ])("$name", ({ resolution, input, expected }) => {
     const own = asOwnOutcome(resolution, input);
     expect(own).toMatchObject(expected);
