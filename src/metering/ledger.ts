@@ -2,13 +2,13 @@ import type { Knex } from "knex";
 import { runPooled, type PooledStatement } from "../db/pooled-statement.js";
 
 /**
- * Typed wrappers over the metering functions of migrations
- * 20261123000100_create_metering_functions,
- * 20261125000000_refuse_abandoned_admissions and
- * 20261125120000_batch_metering_statements: each call is one round trip and
- * one transaction, for one metered call or a batch of them. admit, resolve, abandon and sweep run on a connection of
- * the root knex's pool (runPooled: the hot path skips knex's builder); grant
- * takes `Knex | Knex.Transaction` so a caller (the operator CLI) decides the
+ * Typed wrappers over the metering functions the migrations define
+ * (src/db/migrations: create_metering_functions, refuse_abandoned_admissions,
+ * batch_metering_statements, record_account_after_resolve): each call is one
+ * round trip and one transaction, for one metered call or a batch of them.
+ * admit, resolve, abandon and sweep run on a connection of the root knex's
+ * pool (runPooled: the hot path skips knex's builder); grant takes
+ * `Knex | Knex.Transaction` so a caller (the operator CLI) decides the
  * transaction. Amounts are integer units.
  */
 
@@ -33,24 +33,23 @@ export interface AdmitInput {
   requestId?: string;
   /** Test clock; the database clock when absent. */
   now?: Date;
-  /** Client-side limit for the round trip (see runHot). */
+  /** Client-side limit for the round trip (see runMoneyStatement). */
   timeoutMs?: number;
 }
 
-/** The knex clients whose hot-path statements are named (prepareStatementsOn). */
-const preparing = new WeakSet<object>();
+/** The knex clients whose hot-path statements are sent named, so prepared once per connection (prepareStatementsOn). */
+const namingStatements = new WeakSet<object>();
 
 /**
  * Names the hot path's statements on `db`: pg prepares each once per
  * connection and then sends only Bind/Execute, which saves PostgreSQL the
- * parse and plan of every call (about 15 % more admit+settle pairs per second,
- * bench:metering). Only on PostgreSQL proper: the embedded store's wire
+ * parse and plan of every call. Only on PostgreSQL proper: the embedded store's wire
  * connections share one PGlite session, where a second connection's prepare
  * of the same name fails; PGlite names itself in version().
  */
 export async function prepareStatementsOn(db: Knex): Promise<void> {
   const { rows } = await db.raw<{ rows: Array<{ version: string }> }>("SELECT version() AS version");
-  if (!isPGlite(rows[0]!.version)) preparing.add(db.client);
+  if (!isPGlite(rows[0]!.version)) namingStatements.add(db.client);
 }
 
 /** PGlite's version() reads "PostgreSQL 18.6 (PGlite 0.5.14) on wasm32-unknown-emscripten, …". */
@@ -65,8 +64,8 @@ export function isPGlite(version: string): boolean {
  * discarded) instead of hanging the call. A timeout says nothing about whether
  * the statement committed: callers find out by asking again by request id.
  */
-function runHot<Row extends object>(db: Knex, statement: PooledStatement, values: unknown[], timeoutMs: number | undefined): Promise<Row[]> {
-  return runPooled<Row>(db, preparing.has(db.client) ? statement : { text: statement.text }, values, timeoutMs);
+function runMoneyStatement<Row extends object>(db: Knex, statement: PooledStatement, values: unknown[], timeoutMs: number | undefined): Promise<Row[]> {
+  return runPooled<Row>(db, namingStatements.has(db.client) ? statement : { text: statement.text }, values, timeoutMs);
 }
 
 /**
@@ -163,10 +162,10 @@ interface DbAdmissionRow {
  *
  * The admission commits without waiting for its WAL flush (`synchronous_commit`
  * off for this transaction only), so a call waits for one disk flush, its
- * settle's, instead of two (at 500 calls/s the added p99 went from +8.8 ms to
- * +5.4 ms, npm run bench). What a database crash can lose is then an admission
- * of at most the last 3 × wal_writer_delay (600 ms by default), never a charge
- * (test/metering/crash.test.ts crashes PostgreSQL mid-call):
+ * settle's, instead of two, which shortens the slowest calls under load. What
+ * a database crash can lose is then an admission of the last moments before
+ * it (PostgreSQL flushes such commits within three wal_writer_delay periods),
+ * never a charge (test/metering/crash.test.ts crashes PostgreSQL mid-call):
  * - a settle commits durably, and its flush carries every earlier WAL record,
  *   so a settle that survives a crash brings its admission along;
  * - a lost hold makes its settle find nothing (`not_found`), and the meter
@@ -199,43 +198,43 @@ export async function admitMany(db: Knex, inputs: readonly AdmitInput[], timeout
   ];
   const rows =
     inputs.length === 1
-      ? await runHot<DbAdmissionRow>(db, ADMIT, columns.map((column) => column[0]), timeoutMs)
-      : await runHot<DbAdmissionRow>(db, ADMIT_MANY, columns, timeoutMs);
+      ? await runMoneyStatement<DbAdmissionRow>(db, ADMIT, columns.map((column) => column[0]), timeoutMs)
+      : await runMoneyStatement<DbAdmissionRow>(db, ADMIT_MANY, columns, timeoutMs);
   return oneRowEach(rows, inputs).map(admissionOf);
 }
 
 function admissionOf(row: DbAdmissionRow): Admission {
   if (row.outcome === "unauthenticated") return { outcome: "unauthenticated" };
   const account: AccountSnapshot = {
-    accountId: need(row.account_id),
-    balanceUnits: need(row.balance),
-    availableUnits: need(row.available),
-    freeRemaining: need(row.free_remaining),
-    freeAvailable: need(row.free_available),
-    rateLimit: need(row.rate_limit),
-    rateRemaining: need(row.rate_remaining),
-    rateResetMs: need(row.rate_reset_ms),
-    inFlight: need(row.in_flight),
-    maxInFlight: need(row.max_in_flight),
+    accountId: present(row.account_id),
+    balanceUnits: present(row.balance),
+    availableUnits: present(row.available),
+    freeRemaining: present(row.free_remaining),
+    freeAvailable: present(row.free_available),
+    rateLimit: present(row.rate_limit),
+    rateRemaining: present(row.rate_remaining),
+    rateResetMs: present(row.rate_reset_ms),
+    inFlight: present(row.in_flight),
+    maxInFlight: present(row.max_in_flight),
   };
   switch (row.outcome) {
     case "admitted":
-      return { outcome: row.outcome, requestId: need(row.request_id), funding: need(row.funding), reservedUnits: need(row.reserved), ...account };
+      return { outcome: row.outcome, requestId: present(row.request_id), funding: present(row.funding), reservedUnits: present(row.reserved), ...account };
     case "rate_limited":
     case "concurrency_limited":
-      return { outcome: row.outcome, retryAfterMs: need(row.retry_after_ms), ...account };
+      return { outcome: row.outcome, retryAfterMs: present(row.retry_after_ms), ...account };
     case "insufficient_balance":
-      return { outcome: row.outcome, requiredUnits: need(row.required), ...account };
+      return { outcome: row.outcome, requiredUnits: present(row.required), ...account };
     case "idempotency_in_progress":
     case "idempotency_mismatch":
-      return { outcome: row.outcome, requestId: need(row.request_id), ...account };
+      return { outcome: row.outcome, requestId: present(row.request_id), ...account };
     case "replay":
       return {
         outcome: row.outcome,
-        requestId: need(row.request_id),
-        funding: need(row.funding),
-        reservedUnits: need(row.reserved),
-        chargedUnits: need(row.charged),
+        requestId: present(row.request_id),
+        funding: present(row.funding),
+        reservedUnits: present(row.reserved),
+        chargedUnits: present(row.charged),
         response: row.response,
         ...account,
       };
@@ -250,7 +249,7 @@ export interface ResolveInput {
   /** Stored for idempotent replay when the request carried an Idempotency-Key. */
   response?: unknown;
   now?: Date;
-  /** Client-side limit for the round trip (see runHot). */
+  /** Client-side limit for the round trip (see runMoneyStatement). */
   timeoutMs?: number;
 }
 
@@ -271,7 +270,11 @@ export type Resolution =
       freeAvailable: number;
     }
   | {
-      /** Already settled, released or expired: nothing changed (a request resolves at most once). */
+      /**
+       * Already settled, released or expired: nothing changed (a request resolves
+       * at most once). The account figures are those its settle or release left,
+       * so a retry whose first attempt committed reports that call's own outcome.
+       */
       outcome: "not_active";
       requestId: string;
       accountId: string;
@@ -317,8 +320,8 @@ export async function resolveMany(db: Knex, inputs: readonly ResolveInput[], tim
   ];
   const rows =
     inputs.length === 1
-      ? await runHot<DbResolutionRow>(db, RESOLVE, columns.map((column) => column[0]), timeoutMs)
-      : await runHot<DbResolutionRow>(db, RESOLVE_MANY, columns, timeoutMs);
+      ? await runMoneyStatement<DbResolutionRow>(db, RESOLVE, columns.map((column) => column[0]), timeoutMs)
+      : await runMoneyStatement<DbResolutionRow>(db, RESOLVE_MANY, columns, timeoutMs);
   return oneRowEach(rows, inputs).map((row, i) => resolutionOf(row, inputs[i]!.requestId));
 }
 
@@ -326,7 +329,7 @@ export interface AbandonInput {
   /** The id the admission was sent with (AdmitInput.requestId). */
   requestId: string;
   now?: Date;
-  /** Client-side limit for the round trip (see runHot). */
+  /** Client-side limit for the round trip (see runMoneyStatement). */
   timeoutMs?: number;
 }
 
@@ -338,23 +341,23 @@ export interface AbandonInput {
  */
 export async function abandon(db: Knex, input: AbandonInput): Promise<Resolution> {
   const rows = await runPooled<DbResolutionRow>(db, ABANDON, [input.requestId, input.now ?? null], input.timeoutMs);
-  return resolutionOf(single(rows), input.requestId);
+  return resolutionOf(onlyRow(rows), input.requestId);
 }
 
 function resolutionOf(row: DbResolutionRow, requestId: string): Resolution {
   if (row.outcome === "not_found") return { outcome: "not_found", requestId };
   const common = {
     requestId: row.request_id,
-    accountId: need(row.account_id),
-    funding: need(row.funding),
-    reservedUnits: need(row.reserved),
-    chargedUnits: need(row.charged),
-    balanceUnits: need(row.balance),
-    availableUnits: need(row.available),
-    freeRemaining: need(row.free_remaining),
-    freeAvailable: need(row.free_available),
+    accountId: present(row.account_id),
+    funding: present(row.funding),
+    reservedUnits: present(row.reserved),
+    chargedUnits: present(row.charged),
+    balanceUnits: present(row.balance),
+    availableUnits: present(row.available),
+    freeRemaining: present(row.free_remaining),
+    freeAvailable: present(row.free_available),
   };
-  if (row.outcome === "not_active") return { outcome: "not_active", status: need(row.status), ...common };
+  if (row.outcome === "not_active") return { outcome: "not_active", status: present(row.status), ...common };
   const requested = row.requested_charge;
   return { outcome: row.outcome, capped: requested !== null && requested > common.reservedUnits && common.funding === "paid", ...common };
 }
@@ -364,14 +367,14 @@ export interface SweepInput {
   now?: Date;
   /** At most this many accounts per sweep (default 1000). */
   maxAccounts?: number;
-  /** Client-side limit for the round trip (see runHot). */
+  /** Client-side limit for the round trip (see runMoneyStatement). */
   timeoutMs?: number;
 }
 
 /** Expires every hold whose lease has passed (up to maxAccounts accounts); returns how many. */
 export async function sweep(db: Knex, input: SweepInput = {}): Promise<number> {
   const rows = await runPooled<{ expired: number }>(db, SWEEP, [input.now ?? null, input.maxAccounts ?? 1000], input.timeoutMs);
-  return single(rows).expired;
+  return onlyRow(rows).expired;
 }
 
 export interface GrantInput {
@@ -399,7 +402,7 @@ export async function grant(db: Knex | Knex.Transaction, input: GrantInput): Pro
     input.freeRequests,
     input.now ?? null,
   ]);
-  const row = single(result.rows);
+  const row = onlyRow(result.rows);
   if (row.id === null) return undefined;
   return {
     accountId: row.id,
@@ -417,13 +420,14 @@ function oneRowEach<T>(rows: T[], inputs: readonly unknown[]): T[] {
 }
 
 /** The one row a metering function returns (SQL functions of a row type always return one). */
-function single<T>(rows: T[]): T {
+function onlyRow<T>(rows: T[]): T {
   const row = rows[0];
   if (row === undefined) throw new Error("a metering function returned no row");
   return row;
 }
 
-function need<T>(value: T | null): T {
+/** A column the metering function fills for this outcome: NULL there means the row and the code disagree. */
+function present<T>(value: T | null): T {
   if (value === null) throw new Error("metering function returned an incomplete row");
   return value;
 }

@@ -3,7 +3,9 @@ import type { HandlerContext } from "@connectrpc/connect";
 import { apiError } from "../errors.js";
 import { callPhasesOf } from "../rpc/call-phases.js";
 import { requestIdOf } from "../rpc/context.js";
-import type { Billing, Meter, RateLimitState } from "./meter.js";
+import type { Billing } from "./billing.js";
+import type { Meter } from "./meter.js";
+import type { RateLimitState } from "./rate-limit-state.js";
 import type { Endpoint } from "./ledger.js";
 
 /** The billing block of both responses (`DecideResponse.billing`, `SearchResponse.cost`). */

@@ -25,8 +25,8 @@ import { assertInvariants } from "../support/invariants.js";
 
 /**
  * The metering functions, driven one round trip at a time with an injected
- * clock (`now`): the deterministic half of the metering tests (the concurrent
- * half runs bursts against the service). Every test ends with the invariants.
+ * clock (`now`): the deterministic half of the metering tests (the racing
+ * half runs calls concurrently). Every test ends with the invariants.
  */
 let database: TestDatabase;
 beforeAll(async () => {
@@ -135,6 +135,45 @@ describe("funding order (A2)", () => {
     const release = await resolve(database.db, { requestId: hold.requestId, success: false, now: at(7) });
     expect([again.outcome, release.outcome]).toEqual(["not_active", "not_active"]);
     expect(await a.row()).toMatchObject({ balance: 99_000, reserved: 0, in_flight: 0 });
+    await a.check();
+  });
+
+  it("a settle asked again reports the account as that settle left it, not as later calls of the account left it", async () => {
+    const a = await account({ units: 100_000, freeRequests: 2 });
+    const first = admitted(await a.call({ freeAllowed: false }));
+    const free = admitted(await a.call({ now: at(1) }));
+    const settled = await resolve(database.db, { requestId: first.requestId, success: true, actualUnits: 1_000, now: at(5) });
+    const left = { balanceUnits: 99_000, availableUnits: 99_000, freeRemaining: 2, freeAvailable: 1 };
+    expect(settled).toMatchObject({ outcome: "settled", ...left });
+
+    // Later entries of the account: a paid call settles, the free call settles, a grant, a call holding credits.
+    const later = admitted(await a.call({ freeAllowed: false, now: at(6) }));
+    await resolve(database.db, { requestId: later.requestId, success: true, actualUnits: 4_000, now: at(7) });
+    await resolve(database.db, { requestId: free.requestId, success: true, now: at(8) });
+    await grant(database.db, { accountId: a.accountId, units: 10_000, freeRequests: 0, now: at(8) });
+    const holding = admitted(await a.call({ freeAllowed: false, now: at(9) }));
+
+    for (const success of [true, false]) {
+      expect(await resolve(database.db, { requestId: first.requestId, success, actualUnits: 1_000, now: at(10) })).toMatchObject({
+        outcome: "not_active",
+        status: "settled",
+        chargedUnits: 1_000,
+        ...left,
+      });
+    }
+    expect(await a.row()).toMatchObject({ balance: 105_000, reserved: 32_000, free_remaining: 1, free_reserved: 0 });
+
+    // A release asked again reports the account as the release left it.
+    const released = await resolve(database.db, { requestId: holding.requestId, success: false, now: at(11) });
+    const afterRelease = { balanceUnits: 105_000, availableUnits: 105_000, freeRemaining: 1, freeAvailable: 1 };
+    expect(released).toMatchObject({ outcome: "released", ...afterRelease });
+    const paid = admitted(await a.call({ freeAllowed: false, now: at(12) }));
+    await resolve(database.db, { requestId: paid.requestId, success: true, actualUnits: 500, now: at(13) });
+    expect(await resolve(database.db, { requestId: holding.requestId, success: false, now: at(14) })).toMatchObject({
+      outcome: "not_active",
+      status: "released",
+      ...afterRelease,
+    });
     await a.check();
   });
 });

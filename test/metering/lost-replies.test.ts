@@ -6,7 +6,7 @@ import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { admit } from "../../src/metering/ledger.js";
-import { createMeter, METER_BATCHING, searchReserveUnits, type MeteredCall, type Meter } from "../../src/metering/meter.js";
+import { createMeter, METER_BATCHING, searchReserveUnits, type MeteredCall, type MeteredResult, type Meter } from "../../src/metering/meter.js";
 import { unitsToCredits } from "../../src/units.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -244,6 +244,68 @@ describe("a lost reply never makes the answer disagree with the ledger", () => {
     const sweeper = createMeter({ db: database.db, config: metering, logger: createLogger("silent"), now: () => pastLease });
     expect(await sweeper.sweepNow()).toBeGreaterThanOrEqual(1);
     expect(await accountRow(accountId)).toMatchObject({ balance: 32_000, reserved: 0, in_flight: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+});
+
+describe("a recovered settle answers with the balance its own settle left", () => {
+  /** The account's balance right after one ledger entry, summed from the ledger itself. */
+  async function ledgerBalanceAfter(accountId: string, requestId: string): Promise<number> {
+    const { rows } = await database.db.raw<{ rows: { balance: string }[] }>(
+      `SELECT sum(CASE WHEN l.kind = 'grant' THEN l.amount WHEN l.kind = 'settle' THEN -l.amount ELSE 0 END) AS balance
+         FROM ledger l
+        WHERE l.account_id = ? AND l.id <= (SELECT s.id FROM ledger s WHERE s.request_id = ? AND s.kind = 'settle')`,
+      [accountId, requestId],
+    );
+    return Number(rows[0]!.balance);
+  }
+
+  it.each([
+    { path: "the settle's retry", lostSettles: 1 },
+    { path: "the release after every settle attempt", lostSettles: RETRY_DELAYS_MS.length + 1 },
+  ])("found settled by $path, with a later call of the account settled in between", async ({ lostSettles }) => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 64_000 });
+    // The later call runs on another replica, straight on the database (the proxy sees only the first call's statements).
+    const otherReplica = createMeter({ db: database.db, config: metering, logger: createLogger("silent") });
+    let later: Promise<MeteredResult<string>> | undefined;
+    let laterSettled = false;
+    let resolves = 0;
+    nextFault = (sql) => {
+      if (sql !== "resolve") return "pass";
+      resolves++;
+      if (resolves <= lostSettles) return "lose-reply";
+      // The first call's own settle committed (its reply came back and was lost): the later call runs now, and the
+      // first call's statements are held back until it has settled.
+      later ??= otherReplica.run(call(apiKey), async () => ({ value: "later", chargeUnits: 5_000 })).finally(() => {
+        laterSettled = true;
+      });
+      return laterSettled ? "pass" : "hold-request";
+    };
+    // A deadline long enough that a held statement is still waiting when the later call has settled.
+    const meter = createMeter({
+      db: proxied,
+      config: { ...metering, statementTimeoutMs: 30_000 },
+      logger: createLogger("silent"),
+      settleRetryDelaysMs: RETRY_DELAYS_MS,
+    });
+    const metered = call(apiKey);
+    const answered = meter.run(metered, async () => ({ value: "first", chargeUnits: 1_234 }));
+    // Polling with a bound: the later call starts when the first call's statement after its lost settle reaches the proxy.
+    await expect.poll(() => later, { timeout: 10_000 }).toBeDefined();
+    const laterResult = await later!;
+    // The held statement reaches the database now; its reply is dropped and its connection closed,
+    // so the first call asks once more.
+    await proxy.deliverHeld();
+    const first = await answered;
+
+    expect(await requestRow(metered.requestId)).toMatchObject({ status: "settled", charged: 1_234 });
+    expect(await accountRow(accountId)).toMatchObject({ balance: 64_000 - 1_234 - 5_000, reserved: 0, in_flight: 0 });
+    expect(first.kind).toBe("fresh");
+    expect(first.billing.chargedCredits).toBe(unitsToCredits(1_234));
+    expect(first.billing.balanceCredits).toBe(unitsToCredits(await ledgerBalanceAfter(accountId, metered.requestId)));
+    expect(first.billing.balanceCredits).toBe(unitsToCredits(64_000 - 1_234));
+    expect(laterResult.billing.balanceCredits).toBe(unitsToCredits(64_000 - 1_234 - 5_000));
+    expect(meter.stats()).toMatchObject({ settles: 1, releases: 0, lateSettles: 0 });
     await assertInvariants(database.db, accountId);
   });
 });

@@ -2,13 +2,14 @@ import type { Knex } from "knex";
 import { expect } from "vitest";
 
 /**
- * The metering invariants, checked from
- * the tables themselves (the counters on `accounts` against the `requests`
- * rows and the `ledger`), so a test fails when any code path lets them drift:
+ * The metering invariants, checked from the tables themselves (the counters
+ * on `accounts` against the `requests` rows and the `ledger`), so a test
+ * fails when any code path lets them drift:
  *   I1 balance = Σ grants − Σ settled charges (ledger and requests agree)
  *   I2 nothing negative; reserved ≤ balance; free held ≤ free remaining
  *   I3 reserved / free_reserved / in_flight = the sums over active holds; in_flight ≤ max
  *   I4 each request: one hold entry, one terminal entry matching its status, charged ≤ reserved
+ *   I5 a settle or release entry records the balance and free requests the ledger sums to up to it
  *   I6 free_remaining = Σ free grants − settled free requests
  *   I7 (rate part) no rolling window holds more admissions than the limit
  */
@@ -63,6 +64,20 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     )
   ).rows;
 
+  // I5: entries whose recorded account figures differ from the ledger's running sums (entries of one account are written in order under its row lock).
+  const misrecorded = (
+    await db.raw<{ rows: { id: string; kind: string; balance_after: string; balance: string; free_remaining_after: number; free_remaining: string }[] }>(
+      `SELECT e.id, e.kind, e.balance_after, e.balance, e.free_remaining_after, e.free_remaining FROM (
+         SELECT l.id, l.kind::text AS kind, l.balance_after, l.free_remaining_after,
+                sum(CASE l.kind::text WHEN 'grant' THEN l.amount WHEN 'settle' THEN -l.amount ELSE 0 END) OVER running AS balance,
+                sum(CASE l.kind::text WHEN 'free_grant' THEN l.free_units WHEN 'settle' THEN -l.free_units ELSE 0 END) OVER running AS free_remaining
+           FROM ledger l WHERE l.account_id = ?
+         WINDOW running AS (ORDER BY l.id)) e
+        WHERE e.balance_after IS NOT NULL AND (e.balance_after <> e.balance OR e.free_remaining_after <> e.free_remaining)`,
+      [accountId],
+    )
+  ).rows;
+
   // I7: the most admissions in any rolling window ending at an admission.
   const busiest = (
     await db.raw<{ rows: { most: number }[] }>(
@@ -85,6 +100,7 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     I3_in_flight_equals_active_holds: account.in_flight === holds.active,
     I3_in_flight_within_max: account.in_flight <= account.max_in_flight,
     I4_requests_breaking_resolve_once: badRequests,
+    I5_entries_misrecording_the_account: misrecorded,
     I6_free_remaining_equals_grants_minus_used: account.free_remaining === ledger.free_grants - ledger.free_used,
     I6_free_used_equals_settled_free_requests: ledger.free_used === holds.free_settled,
     I7_rate_log_within_limit: account.recent.length <= account.rate_limit,
@@ -100,6 +116,7 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     I3_in_flight_equals_active_holds: true,
     I3_in_flight_within_max: true,
     I4_requests_breaking_resolve_once: [],
+    I5_entries_misrecording_the_account: [],
     I6_free_remaining_equals_grants_minus_used: true,
     I6_free_used_equals_settled_free_requests: true,
     I7_rate_log_within_limit: true,

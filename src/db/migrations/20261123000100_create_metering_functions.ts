@@ -3,7 +3,8 @@ import type { Knex } from "knex";
 /**
  * The metering core as PL/pgSQL functions, so that each phase of a metered
  * call is one database round trip and one transaction, whichever replica
- * issues it.
+ * issues it: replicas share nothing but the database, and no phase can be
+ * left half done by a lost connection or a crashed replica.
  *
  * Every function that changes an account locks its row first (`FOR UPDATE`):
  * under Read Committed every later statement then sees the newest committed

@@ -10,8 +10,8 @@ import type { Knex } from "knex";
  * holds the account's row lock, under which no request of the account changes.
  *
  * metering_admit, metering_resolve and metering_sweep call the function by
- * name, so they get the check unchanged. `npm run bench:sql` counts the
- * instructions this saves per admit + settle pair.
+ * name, so they get the check unchanged. `npm run bench:sql` shows the
+ * saving per admit + settle pair.
  */
 export async function up(knex: Knex): Promise<void> {
   await knex.raw(`

@@ -4,7 +4,7 @@ import type { Knex } from "knex";
  * Admissions and settles of concurrent calls sent as one statement each
  * (src/db/statement-batcher.ts): one round trip, one transaction and one WAL
  * flush for a batch instead of one per call, so the same PostgreSQL serves
- * more admit + settle pairs per second than with every call on its own.
+ * many more admit + settle pairs per second under load (`npm run bench:metering`).
  *
  * Each item runs the function a single call runs (metering_admit_unless_abandoned,
  * metering_resolve), with the same rules and outcomes. What a batch adds:

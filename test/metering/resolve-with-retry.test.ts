@@ -1,0 +1,123 @@
+import { describe, expect, it } from "vitest";
+import type { Resolution, ResolveInput } from "../../src/metering/ledger.js";
+import { asOwnOutcome, resolveWithRetry } from "../../src/metering/resolve-with-retry.js";
+
+/**
+ * A settle or release retried after a lost reply: which answers count as the
+ * call's own outcome, and which errors are retried.
+ */
+const account = { accountId: "acc", balanceUnits: 62_766, availableUnits: 62_766, freeRemaining: 0, freeAvailable: 0 };
+const notActive = (status: "settled" | "released" | "expired", init: Partial<Resolution> = {}): Resolution =>
+  ({ outcome: "not_active", requestId: "r1", status, funding: "paid", reservedUnits: 32_000, chargedUnits: 1_234, ...account, ...init }) as Resolution;
+const settle = (actualUnits?: number): ResolveInput => ({ requestId: "r1", success: true, actualUnits });
+const release: ResolveInput = { requestId: "r1", success: false };
+
+describe("asOwnOutcome", () => {
+  it.each<{ name: string; resolution: Resolution; input: ResolveInput; expected: Partial<Resolution> & { outcome: string } }>([
+    {
+      name: "a settle finding its request settled: settled",
+      resolution: notActive("settled"),
+      input: settle(1_234),
+      expected: { outcome: "settled", capped: false, ...account },
+    },
+    {
+      name: "a release finding it released: released",
+      resolution: notActive("released", { chargedUnits: 0 }),
+      input: release,
+      expected: { outcome: "released", capped: false },
+    },
+    {
+      name: "a settle above the reservation: capped",
+      resolution: notActive("settled", { chargedUnits: 32_000 }),
+      input: settle(40_000),
+      expected: { outcome: "settled", capped: true },
+    },
+    {
+      name: "a settle exactly at the reservation: not capped",
+      resolution: notActive("settled", { chargedUnits: 32_000 }),
+      input: settle(32_000),
+      expected: { outcome: "settled", capped: false },
+    },
+    {
+      name: "a free call is never capped",
+      resolution: notActive("settled", { funding: "free", reservedUnits: 0, chargedUnits: 0 }),
+      input: settle(5),
+      expected: { outcome: "settled", capped: false },
+    },
+    {
+      name: "a settle of unknown cost is not capped",
+      resolution: notActive("settled"),
+      input: settle(undefined),
+      expected: { outcome: "settled", capped: false },
+    },
+    {
+      name: "a settle finding it released: not its own",
+      resolution: notActive("released"),
+      input: settle(1_234),
+      expected: { outcome: "not_active", status: "released" },
+    },
+    {
+      name: "a release finding it settled: not its own",
+      resolution: notActive("settled"),
+      input: release,
+      expected: { outcome: "not_active", status: "settled" },
+    },
+    {
+      name: "a settle finding it expired: not its own",
+      resolution: notActive("expired"),
+      input: settle(1_234),
+      expected: { outcome: "not_active", status: "expired" },
+    },
+    {
+      name: "not found stays not found",
+      resolution: { outcome: "not_found", requestId: "r1" },
+      input: settle(1_234),
+      expected: { outcome: "not_found" },
+    },
+  ])("$name", ({ resolution, input, expected }) => {
+    const own = asOwnOutcome(resolution, input);
+    expect(own).toMatchObject(expected);
+    if (own.outcome !== "not_active" && own.outcome !== "not_found") expect(own).not.toHaveProperty("status");
+  });
+});
+
+/** The error pg raises when the server's side of the connection goes away (a Node system error: https://nodejs.org/api/errors.html#common-system-errors). */
+const connectionReset = () => Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET", errno: -104, syscall: "read" });
+
+/** A statement that answers each attempt from `answers` in turn: an error to throw or a resolution to return. */
+function statementAnswering(answers: (Error | Resolution)[]) {
+  const attempts: ResolveInput[] = [];
+  const statement = async (input: ResolveInput) => {
+    attempts.push(input);
+    const answer = answers.shift();
+    if (answer === undefined) throw new Error("no answer left");
+    if (answer instanceof Error) throw answer;
+    return answer;
+  };
+  return { statement, attempts };
+}
+
+describe("resolveWithRetry", () => {
+  it("a first attempt that finds the request settled did not settle it: answered as found", async () => {
+    const { statement } = statementAnswering([notActive("settled")]);
+    expect(await resolveWithRetry(statement, settle(1_234), [0])).toMatchObject({ outcome: "not_active", status: "settled" });
+  });
+
+  it("a retry after a lost connection that finds it settled found its own earlier attempt", async () => {
+    const { statement, attempts } = statementAnswering([connectionReset(), connectionReset(), notActive("settled")]);
+    expect(await resolveWithRetry(statement, settle(1_234), [0, 0])).toMatchObject({ outcome: "settled", ...account });
+    expect(attempts).toHaveLength(3);
+  });
+
+  it("gives up after the last delay with the database's error", async () => {
+    const { statement, attempts } = statementAnswering([connectionReset(), connectionReset(), connectionReset()]);
+    await expect(resolveWithRetry(statement, settle(1_234), [0, 0])).rejects.toThrow("ECONNRESET");
+    expect(attempts).toHaveLength(3);
+  });
+
+  it("never retries an error of the statement itself", async () => {
+    const { statement, attempts } = statementAnswering([new Error("metering_resolve: actual must be >= 0, got -1"), notActive("settled")]);
+    await expect(resolveWithRetry(statement, settle(-1), [0, 0])).rejects.toThrow("actual must be");
+    expect(attempts).toHaveLength(1);
+  });
+});
