@@ -12,9 +12,10 @@ import {
   type MethodImplSpec,
 } from "@connectrpc/connect";
 import { compressedFlag, compressionNegotiate, encodeEnvelope, invokeUnaryImplementation, type Compression } from "@connectrpc/connect/protocol";
-import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
+import { setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
 import { RECURSION_LIMIT, type GatedBody } from "./body-gate.js";
+import { grpcTimeoutMs } from "./grpc-timeout.js";
 import { headerRecord, requestHeaders } from "./node-headers.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
@@ -94,9 +95,7 @@ export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
       const contentType = req.headers["content-type"];
       if (contentType !== "application/grpc" && contentType !== "application/grpc+proto") return false;
       const encoding = req.headers["grpc-encoding"];
-      if (encoding !== undefined && encoding !== "identity") return false;
-      const timeout = req.headers["grpc-timeout"];
-      return parseTimeout(typeof timeout === "string" ? timeout : null, Number.MAX_SAFE_INTEGER).error === undefined;
+      return encoding === undefined || encoding === "identity";
     },
 
     requestOf(req, res) {
@@ -126,7 +125,8 @@ export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
         protocolName: "grpc",
         requestMethod: request.method,
         url: request.url,
-        timeoutMs: parseTimeout(request.header.get("grpc-timeout"), Number.MAX_SAFE_INTEGER).timeoutMs,
+        // The gate left only a deadline a timer can hold (or none).
+        timeoutMs: grpcTimeoutMs(request.header.get("grpc-timeout")),
         shutdownSignal: options.shutdownSignal,
         requestSignal: request.signal,
         requestHeader: request.header,

@@ -5,7 +5,7 @@ import type { Metrics } from "../metrics.js";
 import { kBodyProblem } from "./body-gate.js";
 import { kCallPhases, phaseLogFields, type CallPhases } from "./call-phases.js";
 import { kRequestId } from "./context.js";
-import crypto from "node:crypto";
+import { createRequestId } from "../request/request-id.js";
 
 /**
  * Logs one line per call and makes every error safe to return: unknown
@@ -57,7 +57,7 @@ export function createObserveInterceptor(observer: CallObserver): Interceptor {
     if (req.stream) return next(req);
     let requestId = req.contextValues.get(kRequestId);
     if (!requestId) {
-      requestId = crypto.randomUUID();
+      requestId = createRequestId();
       req.contextValues.set(kRequestId, requestId);
     }
     const id = requestId;
@@ -79,7 +79,11 @@ export function createObserveInterceptor(observer: CallObserver): Interceptor {
       return res;
     } catch (err) {
       // Connect sends error metadata as response headers (gRPC: trailers), so every answer names its request.
-      if (err instanceof ConnectError) err.metadata.set("x-request-id", id);
+      if (err instanceof ConnectError) {
+        // A problem the gate found may carry headers its protocol asks for (the accepted encodings).
+        bodyProblem?.metadata.forEach((value, name) => err.metadata.set(name, value));
+        err.metadata.set("x-request-id", id);
+      }
       throw err;
     }
   };
