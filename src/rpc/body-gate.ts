@@ -8,7 +8,7 @@ import { drainBody, payloadTooLarge, readBodyUpTo } from "../request/body.js";
 import { compressionNamed, decompressBody, undecompressable, unsupportedEncoding } from "../request/compression.js";
 import { findJsonViolation, parseJsonBody } from "../request/json-body.js";
 import { throwIfInvalid } from "../validation.js";
-import { takeDeadlineProblem } from "./grpc-timeout.js";
+import { dropUnholdableDeadline, takeDeadlineProblem } from "./grpc-timeout.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
 
@@ -76,9 +76,9 @@ export interface BodyGateOptions {
 /**
  * Reads the request of a unary RPC before Connect does, so every bad request
  * is a typed 4xx on gRPC, gRPC-Web and Connect as it is on the gateway. In
- * this order: the deadline header (too large is no deadline, malformed is
- * INVALID_ARGUMENT); the body's encoding (one the server does not accept is
- * UNSUPPORTED_ENCODING, with the accepted ones); the API key's shape (without
+ * this order: the body's encoding (one the server does not accept is
+ * UNSUPPORTED_ENCODING, with the accepted ones); the deadline header (too
+ * large is no deadline, malformed is INVALID_ARGUMENT); the API key's shape (without
  * one the body is never read: UNAUTHENTICATED); the body's size on the wire;
  * then decompression, bounded by the same limit (PAYLOAD_TOO_LARGE past it,
  * INVALID_ARGUMENT when it does not decompress); then the message itself (one
@@ -101,7 +101,7 @@ export async function gateBody(
 ): Promise<UniversalRequest | ConnectError> {
   if (method.methodKind !== "unary" || request.method !== "POST") {
     // Streaming calls are Connect's alone; only a deadline its timer cannot hold is taken off.
-    takeDeadlineProblem(request.header, request.header.get("content-type")?.startsWith("application/grpc") ?? false);
+    dropUnholdableDeadline(request.header, request.header.get("content-type")?.startsWith("application/grpc") ?? false);
     return request;
   }
   const format = wireFormat(request.header.get("content-type"));
@@ -113,22 +113,21 @@ export async function gateBody(
     return unsupportedMediaType();
   }
   const contextValues = request.contextValues ?? createContextValues();
-  const refuse = (problem: ConnectError, stripEncoding = !format.enveloped) => {
+  const encoding = request.header.get(format.encodingHeader);
+  const compression = compressionNamed(encoding);
+  const refuse = (problem: ConnectError) => {
     contextValues.set(kBodyProblem, problem);
     // The empty message in the body's place is not compressed: an envelope says so in its flag, a bare body only by
-    // its header (whose removal changes nothing else: an error answer is too small to be compressed).
-    if (stripEncoding) request.header.delete(format.encodingHeader);
+    // its header (whose removal changes nothing else: an error answer is too small to be compressed). An encoding
+    // Connect's handler does not accept goes too: it would refuse it before any interceptor runs, without our detail.
+    if (!format.enveloped || compression === undefined) request.header.delete(format.encodingHeader);
     return withBody({ ...request, contextValues }, emptyMessage(format));
   };
 
+  // Taken first whatever else is wrong: Connect's handler would refuse a malformed deadline before any interceptor runs.
   const deadlineProblem = takeDeadlineProblem(request.header, format.grpcFamily);
+  if (compression === undefined) return drop(), refuse(unsupportedEncoding(encoding!, format.encodingHeader, format.acceptEncodingHeader));
   if (deadlineProblem) return drop(), refuse(deadlineProblem);
-  const encoding = request.header.get(format.encodingHeader);
-  const compression = compressionNamed(encoding);
-  if (compression === undefined) {
-    // Connect's handler would refuse the encoding before any interceptor runs; the gate's error says it with the detail.
-    return drop(), refuse(unsupportedEncoding(encoding!, format.encodingHeader, format.acceptEncodingHeader), true);
-  }
   if (options.keyedServices.has(method.parent.typeName)) {
     const key = apiKeyFrom(request.header.get("authorization"));
     if ("error" in key) return drop(), refuse(key.error);

@@ -58,6 +58,18 @@ export function takeDeadlineProblem(header: Headers, grpcFamily: boolean): Conne
   return apiError("INVALID_ARGUMENT", `${deadline.name}: must be ${deadline.rule}`, { field: deadline.name, rule: deadline.rule });
 }
 
+/**
+ * For calls Connect's handler reads alone (streaming): removes a deadline too
+ * long for a timer and leaves any other value to Connect, which refuses a
+ * malformed one itself.
+ */
+export function dropUnholdableDeadline(header: Headers, grpcFamily: boolean): void {
+  const deadline = grpcFamily ? GRPC_DEADLINE : CONNECT_DEADLINE;
+  const value = header.get(deadline.name);
+  const timeoutMs = value === null ? undefined : deadline.parse(value);
+  if (timeoutMs !== undefined && timeoutMs > MAX_TIMER_MS) header.delete(deadline.name);
+}
+
 /** The timeout in milliseconds of a grpc-timeout value already checked by takeDeadlineProblem (undefined: no deadline). */
 export function grpcTimeoutMs(value: string | null): number | undefined {
   return value === null ? undefined : GRPC_DEADLINE.parse(value);
