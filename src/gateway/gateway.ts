@@ -27,7 +27,7 @@ export interface RpcRoute<I extends DescMessage = DescMessage, O extends DescMes
   method: DescMethodUnary<I, O>;
   impl: (request: MessageShape<I>, ctx: HandlerContext) => MessageInitShape<O> | Promise<MessageInitShape<O>>;
   /** Final touches on the JSON of `data` (e.g. nulls the contract promises). */
-  finishData?: (data: Record<string, unknown>) => void;
+  reshapeAnswerJson?: (data: Record<string, unknown>) => void;
 }
 
 export interface GatewayOptions {
@@ -138,7 +138,7 @@ export function createGateway(options: GatewayOptions) {
         const request = route.httpMethod === "POST" ? await parseBody(route, req) : create(route.method.input);
         const output = create(route.method.output, await route.impl(request, ctx));
         const json = toJson(route.method.output, output, { useProtoFieldName: true, alwaysEmitImplicit: true }) as Record<string, unknown>;
-        route.finishData?.(json);
+        route.reshapeAnswerJson?.(json);
         return json;
       });
       sendEnvelope(res, 200, { code: 0, message: "ok", data }, responseHeaders(ctx, requestId, phases, started));

@@ -36,7 +36,7 @@ export function apiRoutes(services: ServedService[]): RpcRoute[] {
       if (method.methodKind !== "unary") throw new Error(`${method.parent.typeName}.${method.name}: an HTTP binding needs a unary RPC`);
       if (handler === undefined) throw new Error(`${method.parent.typeName}.${method.name}: has an HTTP binding but no implementation`);
       const touches = jsonTouchesOf(method);
-      routes.push({ ...binding, method: method as DescMethodUnary, impl: handler.bind(impl), finishData: touches?.finishData });
+      routes.push({ ...binding, method: method as DescMethodUnary, impl: handler.bind(impl), reshapeAnswerJson: touches?.reshapeAnswerJson });
     }
   }
   return routes;
@@ -67,7 +67,7 @@ export function httpBindingOf(method: DescMethod): HttpBinding | undefined {
  * schemas (by message type name). Rules of the request's JSON are the request
  * contract's, the same on every door.
  */
-export interface JsonTouches extends Pick<RpcRoute, "finishData"> {
+export interface JsonTouches extends Pick<RpcRoute, "reshapeAnswerJson"> {
   documentData?: (schemas: Record<string, Record<string, unknown>>) => void;
 }
 
@@ -78,11 +78,11 @@ export function jsonTouchesOf(method: DescMethod): JsonTouches | undefined {
 
 const jsonTouches: Record<string, JsonTouches> = {
   [`${DecisionService.typeName}.${DecisionService.method.decide.name}`]: {
-    finishData: dropEmptyAnswerFields,
+    reshapeAnswerJson: dropEmptyAnswerFields,
     documentData: (schemas) => notRequired(schemas["typesafe.decision.v1.Answer"], ["probabilities", "legend"]),
   },
   [`${SearchService.typeName}.${SearchService.method.search.name}`]: {
-    finishData: nullMissingDates,
+    reshapeAnswerJson: nullMissingDates,
     documentData: (schemas) => requiredOrNull(schemas["typesafe.search.v1.Result"], ["published_at", "discussion_url"]),
   },
 };

@@ -1,6 +1,6 @@
 import type http from "node:http";
 import http2 from "node:http2";
-import { ConnectError, createConnectRouter, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
+import { Code, ConnectError, createConnectRouter, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
 import { errorToJsonBytes } from "@connectrpc/connect/protocol-connect";
 import { universalRequestFromNodeRequest, universalResponseToNodeResponse } from "@connectrpc/connect-node";
 import { REASONS, describeError } from "../errors.js";
@@ -69,8 +69,11 @@ export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest,
       })
       .catch((err: unknown) => {
         options.logger.warn("rpc handler failed", { procedure: handler.requestPath, error: err instanceof Error ? err.message : String(err) });
-        if (!res.headersSent) res.writeHead(500);
-        res.end();
+        if (res.headersSent) return void res.end();
+        // Nothing answered yet: Connect's error JSON, which every client reads, without the failure's text.
+        const body = errorToJsonBytes(new ConnectError("internal error", Code.Internal), {});
+        res.writeHead(500, { "content-type": "application/json", "content-length": String(body.byteLength) });
+        res.end(body);
       });
   };
 }

@@ -17,7 +17,7 @@ type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
  * interceptor so it travels like every other error (typed detail, log line,
  * the protocol's own error format).
  */
-export const kBodyProblem = createContextKey<ConnectError | undefined>(undefined, { description: "body problem" });
+export const kRequestProblem = createContextKey<ConnectError | undefined>(undefined, { description: "request problem found by the body gate" });
 
 /**
  * Deep enough that the 32-level rule on free-form JSON (each level of a
@@ -116,7 +116,7 @@ export async function gateBody(
   const encoding = request.header.get(format.encodingHeader);
   const compression = compressionNamed(encoding);
   const refuse = (problem: ConnectError) => {
-    contextValues.set(kBodyProblem, problem);
+    contextValues.set(kRequestProblem, problem);
     // The empty message in the body's place is not compressed: an envelope says so in its flag, a bare body only by
     // its header (whose removal changes nothing else: an error answer is too small to be compressed). An encoding
     // Connect's handler does not accept goes too: it would refuse it before any interceptor runs, without our detail.
@@ -201,7 +201,7 @@ function malformed(decoderMessage: string): ConnectError {
 
 /** True when the gate refused the request's body for its size (its Connect answer must then say 413, as the gateway does). */
 export function isPayloadTooLarge(request: UniversalRequest): boolean {
-  const problem = request.contextValues?.get(kBodyProblem);
+  const problem = request.contextValues?.get(kRequestProblem);
   return problem !== undefined && describeError(problem).reason === "PAYLOAD_TOO_LARGE";
 }
 

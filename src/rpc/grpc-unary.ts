@@ -37,11 +37,13 @@ const COMPRESS_MIN_BYTES = 1024;
  * grpc-timeout, the caller's and the shutdown's signals), the same
  * interceptors and implementation (invokeUnaryImplementation), the same
  * response compression negotiation and trailer status (setTrailerStatus).
- * Everything else (gRPC-Web, Connect, JSON codecs, compressed requests, an
- * unparsable grpc-timeout, streaming methods) stays on Connect's handler.
- * Those parts are exported by @connectrpc/connect but marked internal (no
- * semver promise): the version is pinned, and test/rpc/grpc-unary.test.ts
- * sends each call both ways and fails on any difference after an upgrade.
+ * Everything else (gRPC-Web, Connect, JSON codecs, compressed requests,
+ * streaming methods) stays on Connect's handler. Whatever is wrong with a
+ * request (its frame, flag, encoding, deadline or message) the body gate has
+ * already answered the same way for both. Those parts are exported by
+ * @connectrpc/connect but marked internal (no semver promise): the version is
+ * pinned, and test/rpc/grpc-unary.test.ts and the fuzz suite send each call
+ * both ways and fail on any difference after an upgrade.
  */
 export interface GrpcUnaryPath {
   /** Registers services on the router as usual and remembers their unary implementations. */

@@ -21,7 +21,7 @@ describe("routes from google.api.http", () => {
       ["GET", "/api/v1/sources", "ListSources"],
     ]);
     // The touches on answers stay attached to their RPC.
-    expect(routes.map((r) => r.finishData !== undefined)).toEqual([true, true, false]);
+    expect(routes.map((r) => r.reshapeAnswerJson !== undefined)).toEqual([true, true, false]);
   });
 
   it("an annotated RPC added to a service gets its path; one without an annotation gets none", async () => {

@@ -104,9 +104,12 @@ describe("Connect errors are Connect's error JSON whatever the content type", ()
     ["text/plain", "text/plain", new TextEncoder().encode("q=x"), 415, "UNSUPPORTED_MEDIA_TYPE", "invalid_argument"],
     ["application/json; charset=utf-8 with an oversized body", "application/json; charset=utf-8", new TextEncoder().encode(`{"q":"${"x".repeat(200 * 1024)}"}`), 413, "PAYLOAD_TOO_LARGE", "resource_exhausted"],
     ["application/json;charset=UTF-8 nested past the depth rule", "application/json;charset=UTF-8", new TextEncoder().encode(`{"model":"typesafe/service-1.13","state":${'{"a":'.repeat(60)}1${"}".repeat(60)},"questions":{"q":{"type":"noul","instructions":"ok?"}}}`), 400, "INVALID_ARGUMENT", "invalid_argument"],
+    ["application/json; charset=utf-8 without a key", "application/json; charset=utf-8", new TextEncoder().encode('{"q":"x"}'), 401, "UNAUTHENTICATED", "unauthenticated"],
+    ["application/proto without a key", "application/proto", validSearch, 401, "UNAUTHENTICATED", "unauthenticated"],
+    ["application/json; charset=utf-8 for a service that is not configured", "application/json; charset=utf-8", new TextEncoder().encode('{"q":"x"}'), 400, "NOT_CONFIGURED", "failed_precondition"],
   ] as const)("%s → %i with code, message and the typed detail", async (_name, contentType, body, status, reason, code) => {
     const path = reason === "INVALID_ARGUMENT" ? "/typesafe.decision.v1.DecisionService/Decide" : SEARCH;
-    const answer = await callConnect(service.url, path, body, { apiKey, contentType });
+    const answer = await callConnect(service.url, path, body, { apiKey: reason === "UNAUTHENTICATED" ? undefined : apiKey, contentType });
     expect({ status: answer.status, reason: answer.reason, code: answer.connectCode }).toEqual({ status, reason, code });
     expect(answer.headers?.["content-type"]).toBe("application/json");
     expect(answer.requestId).toMatch(/^[0-9a-f-]{36}$/);
