@@ -67,8 +67,9 @@ export const binaryCase = fc
 const ENCODINGS = ["gzip", "br", "identity", "zstd"] as const;
 type Encoding = (typeof ENCODINGS)[number];
 const COMPRESS: Partial<Record<Encoding, (bytes: Uint8Array) => Uint8Array>> = { gzip: (b) => zlib.gzipSync(b), br: (b) => zlib.brotliCompressSync(b) };
-/** A body of a few KB that inflates past the 96 KB limit. */
-const BOMB = new Uint8Array(2 * 1024 * 1024);
+/** Bodies of a few KB at most that inflate past the 96 KB limit, compressed once on first use (brotli takes a while). */
+const bombs: Partial<Record<Encoding, Uint8Array>> = {};
+const bombOf = (encoding: Encoding, compress: (bytes: Uint8Array) => Uint8Array) => (bombs[encoding] ??= compress(new Uint8Array(2 * 1024 * 1024)));
 
 /**
  * A compressed body: a mutated message (binaryCase) compressed with an
@@ -80,7 +81,7 @@ export const compressedCase = fc
   .tuple(binaryCase, fc.constantFrom<Encoding | undefined>(...ENCODINGS, undefined), fc.nat(4), fc.nat(), fc.nat(255))
   .map(([{ rpc, bytes }, encoding, damage, at, value]) => {
     const compress = encoding ? COMPRESS[encoding] : undefined;
-    let body = compress ? compress(damage === 1 ? BOMB : bytes) : bytes;
+    let body = compress ? (damage === 1 ? bombOf(encoding!, compress) : compress(bytes)) : bytes;
     if (compress && damage === 2 && body.length > 0) (body = Uint8Array.from(body))[at % body.length] = value;
     if (compress && damage === 3) body = body.subarray(0, at % Math.max(1, body.length));
     // The flag says compressed when an encoding compressed it, and in one case in five when none did.
