@@ -47,14 +47,13 @@ const GRPC_JSON: WireFormat = { ...GRPC_BINARY, binary: false };
 /** The content types Connect's handlers serve, as connect-es matches them (protocol-connect, protocol-grpc and protocol-grpc-web content-type.js). */
 const CONNECT_UNARY_TYPE = /^application\/(?:(json)(?:; ?charset=utf-?8)?|proto)$/i;
 const GRPC_TYPE = /^application\/grpc(?:-web)?(?:\+(?:(json)(?:; ?charset=utf-?8)?|proto))?$/i;
-const GRPC_WEB_TEXT_TYPE = /^application\/grpc-web-text(?:\+(?:json(?:; ?charset=utf-?8)?|proto))?$/i;
 
 /**
- * The wire format of a unary request; "text" for gRPC-Web's base64 text
- * form, which Connect's handler reads itself; undefined when no protocol
- * serves the content type.
+ * The wire format of a unary request; undefined when no protocol serves the
+ * content type (gRPC-Web's base64 text form included: Connect's handler
+ * refuses it too).
  */
-function wireFormat(contentType: string | null): WireFormat | "text" | undefined {
+function wireFormat(contentType: string | null): WireFormat | undefined {
   // The content types every generated client sends, before any pattern.
   if (contentType === "application/grpc" || contentType === "application/grpc+proto") return GRPC_BINARY;
   if (contentType === "application/proto") return CONNECT_BINARY;
@@ -64,7 +63,7 @@ function wireFormat(contentType: string | null): WireFormat | "text" | undefined
   if (connect) return connect[1] ? CONNECT_JSON : CONNECT_BINARY;
   const grpc = GRPC_TYPE.exec(contentType);
   if (grpc) return grpc[1] ? GRPC_JSON : GRPC_BINARY;
-  return GRPC_WEB_TEXT_TYPE.test(contentType) ? "text" : undefined;
+  return undefined;
 }
 
 export interface BodyGateOptions {
@@ -105,7 +104,6 @@ export async function gateBody(
     return request;
   }
   const format = wireFormat(request.header.get("content-type"));
-  if (format === "text") return request;
   const body = (request.body as AsyncIterable<Uint8Array>)[Symbol.asyncIterator]();
   const drop = () => drainBody(body, options.maxBodyBytes, abandonBody);
   if (format === undefined) {

@@ -102,13 +102,16 @@ describe("Connect errors are Connect's error JSON whatever the content type", ()
   it.each([
     ["application/proto; charset=utf-8 (no Connect content type) with an oversized body", "application/proto; charset=utf-8", new Uint8Array(200 * 1024), 415, "UNSUPPORTED_MEDIA_TYPE", "invalid_argument"],
     ["text/plain", "text/plain", new TextEncoder().encode("q=x"), 415, "UNSUPPORTED_MEDIA_TYPE", "invalid_argument"],
+    ["gRPC-Web's text form (Connect serves none)", "application/grpc-web-text", new TextEncoder().encode("AAAAAAA="), 415, "UNSUPPORTED_MEDIA_TYPE", "invalid_argument"],
+    ["a Connect streaming content type on a unary method", "application/connect+json", new TextEncoder().encode("{}"), 415, "UNSUPPORTED_MEDIA_TYPE", "invalid_argument"],
+    ["APPLICATION/JSON in capitals (served, as Connect matches it)", "APPLICATION/JSON", new TextEncoder().encode('{"q":"x","s":[]}'), 400, "INVALID_ARGUMENT", "invalid_argument"],
     ["application/json; charset=utf-8 with an oversized body", "application/json; charset=utf-8", new TextEncoder().encode(`{"q":"${"x".repeat(200 * 1024)}"}`), 413, "PAYLOAD_TOO_LARGE", "resource_exhausted"],
     ["application/json;charset=UTF-8 nested past the depth rule", "application/json;charset=UTF-8", new TextEncoder().encode(`{"model":"typesafe/service-1.13","state":${'{"a":'.repeat(60)}1${"}".repeat(60)},"questions":{"q":{"type":"noul","instructions":"ok?"}}}`), 400, "INVALID_ARGUMENT", "invalid_argument"],
     ["application/json; charset=utf-8 without a key", "application/json; charset=utf-8", new TextEncoder().encode('{"q":"x"}'), 401, "UNAUTHENTICATED", "unauthenticated"],
     ["application/proto without a key", "application/proto", validSearch, 401, "UNAUTHENTICATED", "unauthenticated"],
     ["application/json; charset=utf-8 for a service that is not configured", "application/json; charset=utf-8", new TextEncoder().encode('{"q":"x"}'), 400, "NOT_CONFIGURED", "failed_precondition"],
   ] as const)("%s → %i with code, message and the typed detail", async (_name, contentType, body, status, reason, code) => {
-    const path = reason === "INVALID_ARGUMENT" ? "/typesafe.decision.v1.DecisionService/Decide" : SEARCH;
+    const path = reason === "INVALID_ARGUMENT" && !contentType.startsWith("APPLICATION") ? "/typesafe.decision.v1.DecisionService/Decide" : SEARCH;
     const answer = await callConnect(service.url, path, body, { apiKey: reason === "UNAUTHENTICATED" ? undefined : apiKey, contentType });
     expect({ status: answer.status, reason: answer.reason, code: answer.connectCode }).toEqual({ status, reason, code });
     expect(answer.headers?.["content-type"]).toBe("application/json");
