@@ -77,8 +77,9 @@ export interface BodyGateOptions {
  * is a typed 4xx on gRPC, gRPC-Web and Connect as it is on the gateway. In
  * this order: the body's encoding (one the server does not accept is
  * UNSUPPORTED_ENCODING, with the accepted ones); the deadline header (too
- * large is no deadline, malformed is INVALID_ARGUMENT); the API key's shape (without
- * one the body is never read: UNAUTHENTICATED); the body's size on the wire;
+ * large is no deadline, malformed is INVALID_ARGUMENT); the API key's shape
+ * (without one the body is never read: UNAUTHENTICATED); the body's size on
+ * the wire;
  * then decompression, bounded by the same limit (PAYLOAD_TOO_LARGE past it,
  * INVALID_ARGUMENT when it does not decompress); then the message itself (one
  * whole envelope; a message that does not decode is MALFORMED_MESSAGE; JSON
@@ -135,7 +136,10 @@ export async function gateBody(
   const limit = options.maxBodyBytes + (format.enveloped ? 5 : 0);
   const bytes = await readBodyUpTo(body, limit, options.maxBodyBytes, abandonBody);
   if (bytes === undefined) return refuse(payloadTooLarge(options.maxBodyBytes));
-  const message = await messageBytes(bytes, format, compression, options.maxBodyBytes);
+  const framed = messageOf(bytes, format, compression);
+  if (!("payload" in framed)) return refuse(framed);
+  // Only a compressed body waits for the inflater; the common plain one goes on at once.
+  const message = framed.compressed ? await decompressBody(compression!, framed.payload, options.maxBodyBytes) : framed.payload;
   if (!(message instanceof Uint8Array)) return refuse(message);
   const checked = checkMessage(method.input, message, format);
   if ("problem" in checked) return refuse(checked.problem);
@@ -149,26 +153,22 @@ function unsupportedMediaType(): ConnectError {
 }
 
 /**
- * The message's bytes, out of their envelope and decompressed, or the
- * caller's error: the body must be exactly one envelope; a compressed flag
- * needs an encoding (grpc-go refuses it the same way, "compressed flag set
- * with identity or empty encoding"); nothing decompresses past maxBytes.
+ * The message's bytes out of their envelope, and whether they are
+ * compressed; or the caller's error: the body must be exactly one envelope,
+ * and a compressed flag needs an encoding (grpc-go refuses it the same way,
+ * "compressed flag set with identity or empty encoding").
  */
-async function messageBytes(body: Uint8Array, format: WireFormat, compression: Compression | null, maxBytes: number): Promise<Uint8Array | ConnectError> {
-  let message = body;
-  let compressed = compression !== null;
-  if (format.enveloped) {
-    const view = new DataView(body.buffer, body.byteOffset, body.byteLength);
-    const length = body.byteLength >= 5 ? view.getUint32(1) : -1;
-    if (length < 0 || body.byteLength !== 5 + length) {
-      return malformed(`the request must be exactly one enveloped message; got ${body.byteLength} bytes for a message of ${Math.max(length, 0)}`);
-    }
-    // Only the lowest flag bit means anything in a request (compressed); Connect's handler ignores the others too.
-    compressed = (body[0]! & 1) === 1;
-    if (compressed && compression === null) return undecompressable("identity", "compressed flag set with identity or empty encoding");
-    message = body.subarray(5);
+function messageOf(body: Uint8Array, format: WireFormat, compression: Compression | null): { payload: Uint8Array; compressed: boolean } | ConnectError {
+  if (!format.enveloped) return { payload: body, compressed: compression !== null };
+  const view = new DataView(body.buffer, body.byteOffset, body.byteLength);
+  const length = body.byteLength >= 5 ? view.getUint32(1) : -1;
+  if (length < 0 || body.byteLength !== 5 + length) {
+    return malformed(`the request must be exactly one enveloped message; got ${body.byteLength} bytes for a message of ${Math.max(length, 0)}`);
   }
-  return compressed ? decompressBody(compression!, message, maxBytes) : message;
+  // Only the lowest flag bit means anything in a request (compressed); Connect's handler ignores the others too.
+  const compressed = (body[0]! & 1) === 1;
+  if (compressed && compression === null) return undecompressable("identity", "compressed flag set with identity or empty encoding");
+  return { payload: body.subarray(5), compressed };
 }
 
 /** The message's problem, or what it decodes to (binary bodies; JSON is left to Connect's decoder after its checks). */
