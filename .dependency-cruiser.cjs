@@ -14,8 +14,8 @@
  * imported from any room. No module imports itself back through others, and
  * nothing in src/ imports test/ or bench/.
  *
- * .dependency-cruiser-known-violations.json lists the arrows still against
- * these rules (`--ignore-known`); delete an entry once its arrow is gone.
+ * A rule that must bend for a while gets a `.dependency-cruiser-known-violations.json`
+ * (`depcruise --output-type baseline`) and `--ignore-known`; today there is none.
  *
  * Only config.ts reads process.env: dependency-cruiser cannot see that, so
  * test/config/environment-reader.test.ts checks it.

@@ -10,8 +10,7 @@ import { createMetrics } from "./metrics.js";
 import { apiRoutes, served } from "./gateway/routes.js";
 import { readOpenApiDocument } from "./openapi/served.js";
 import { DecisionService } from "./gen/typesafe/decision/v1/decision_service_pb.js";
-import { SearchRequestSchema, SearchService } from "./gen/typesafe/search/v1/search_service_pb.js";
-import { findSearchJsonViolation } from "./search/validate.js";
+import { SearchService } from "./gen/typesafe/search/v1/search_service_pb.js";
 import type { Logger } from "./logger.js";
 import { file_typesafe_error_v1_error } from "./gen/typesafe/error/v1/error_pb.js";
 import { file_google_rpc_error_details } from "./gen/google/rpc/error_details_pb.js";
@@ -80,7 +79,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
         interceptors: [createObserveInterceptor(observer)],
         maxBodyBytes: config.maxBodyBytes,
         keyedServices: new Set([DecisionService.typeName, SearchService.typeName]),
-        jsonRules: { [SearchRequestSchema.typeName]: findSearchJsonViolation },
+        grpcShortPath: config.grpcShortPath,
         logger,
         shutdown,
         connections: config.connections,

@@ -24,6 +24,8 @@ export interface Config {
   /** Maximum body size of the JSON gateway and of RPC messages. */
   maxBodyBytes: number;
   connections: ConnectionLimits;
+  /** Unary gRPC over HTTP/2 on its short path (TYPESAFE_GRPC_SHORT_PATH=off sends it through Connect's handler, to compare the two). */
+  grpcShortPath: boolean;
   metering: MeteringConfig;
   llm: LlmConfig;
   search: SearchConfig;
@@ -105,6 +107,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   }
   const metrics = str("TYPESAFE_METRICS") ?? "on";
   if (metrics !== "on" && metrics !== "off") problems.push(`TYPESAFE_METRICS: must be on or off, got "${metrics}"`);
+  const grpcShortPath = str("TYPESAFE_GRPC_SHORT_PATH") ?? "on";
+  if (grpcShortPath !== "on" && grpcShortPath !== "off") problems.push(`TYPESAFE_GRPC_SHORT_PATH: must be on or off, got "${grpcShortPath}"`);
   const llmBaseUrl = str("TYPESAFE_LLM_BASE_URL");
   if (llmBaseUrl && !/^https?:\/\/[^/]/.test(llmBaseUrl)) {
     problems.push(`TYPESAFE_LLM_BASE_URL: must be an http(s) URL, got "${llmBaseUrl}"`);
@@ -142,6 +146,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       idleTimeoutMs: int("TYPESAFE_IDLE_TIMEOUT_MS", 75_000, 100, 3_600_000),
       maxConnections: int("TYPESAFE_MAX_CONNECTIONS", 4_096, 1, 1_000_000),
     },
+    grpcShortPath: grpcShortPath !== "off",
     metering: {
       defaultFreeRequests: int("TYPESAFE_DEFAULT_FREE_REQUESTS", 0),
       leaseMarginMs: int("TYPESAFE_LEASE_MARGIN_MS", 30_000, 1_000),

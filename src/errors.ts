@@ -22,6 +22,7 @@ export const REASONS = {
   IDEMPOTENCY_IN_PROGRESS: { grpc: Code.Aborted, http: 409, envelope: 40901, meaning: "A request with this Idempotency-Key is still in flight." },
   PAYLOAD_TOO_LARGE: { grpc: Code.ResourceExhausted, http: 413, envelope: 41301, meaning: "The body exceeds 96 KB." },
   UNSUPPORTED_MEDIA_TYPE: { grpc: Code.InvalidArgument, http: 415, envelope: 41501, meaning: "The body must be application/json." },
+  UNSUPPORTED_ENCODING: { grpc: Code.Unimplemented, http: 415, envelope: 41502, meaning: "The body's encoding is not one the server accepts (identity, gzip, br); the answer lists them." },
   IDEMPOTENCY_MISMATCH: { grpc: Code.FailedPrecondition, http: 422, envelope: 42201, meaning: "The Idempotency-Key was used with a different body." },
   RATE_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42901, meaning: "More than 60 calls in a rolling minute." },
   CONCURRENCY_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42902, meaning: "More than 5 calls in flight." },

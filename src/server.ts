@@ -22,7 +22,7 @@ export interface ServerOptions {
   maxBodyBytes: number;
   /** Services whose calls need an API key (their body is not read without one). */
   keyedServices: ReadonlySet<string>;
-  jsonRules?: RpcHandlerOptions["jsonRules"];
+  grpcShortPath?: boolean;
   logger: Logger;
   /** Aborted when the grace period of a shutdown ends; the gateway listens to it too. */
   shutdown: AbortController;
@@ -58,7 +58,7 @@ export async function startServer(options: ServerOptions, host: string, port: nu
     interceptors: options.interceptors,
     maxBodyBytes: options.maxBodyBytes,
     keyedServices: options.keyedServices,
-    jsonRules: options.jsonRules,
+    grpcShortPath: options.grpcShortPath,
     shutdownSignal: shutdown.signal,
     logger: options.logger,
   });

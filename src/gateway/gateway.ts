@@ -1,17 +1,18 @@
-import crypto from "node:crypto";
 import { create, fromJson, toJson, type DescMessage, type DescMethodUnary, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
-import { apiError, toPublicError } from "../errors.js";
+import { apiError, describeError, toPublicError } from "../errors.js";
 import type { Logger } from "../logger.js";
 import { kCallPhases, serverTimingHeader, type CallPhases } from "../rpc/call-phases.js";
 import { kRequestId } from "../rpc/context.js";
 import { observeCall, type CallObserver } from "../rpc/observe.js";
 import type { Metrics } from "../metrics.js";
-import { throwIfInvalid, type Violation } from "../validation.js";
-import { requireApiKey } from "../rpc/auth.js";
+import { throwIfInvalid } from "../validation.js";
+import { requireApiKey } from "../request/api-key.js";
+import { drainNodeBody, readNodeBody } from "../request/body.js";
+import { ACCEPTED_ENCODING_NAMES, compressionNamed, decompressBody, unsupportedEncoding } from "../request/compression.js";
+import { findJsonViolation, parseJsonBody } from "../request/json-body.js";
+import { createRequestId } from "../request/request-id.js";
 import { headerRecord, requestHeaders } from "../rpc/node-headers.js";
-import { discardBody, readBody } from "./body.js";
-import { findShapeViolation } from "./json-shape.js";
 import { sendEnvelope, sendError, sendOk, type NodeRequest, type NodeResponse } from "./envelope.js";
 
 /**
@@ -25,10 +26,8 @@ export interface RpcRoute<I extends DescMessage = DescMessage, O extends DescMes
   path: string;
   method: DescMethodUnary<I, O>;
   impl: (request: MessageShape<I>, ctx: HandlerContext) => MessageInitShape<O> | Promise<MessageInitShape<O>>;
-  /** Rules of the JSON body that the message cannot express (e.g. an explicit empty list). */
-  checkBody?: (json: Record<string, unknown>) => Violation | undefined;
   /** Final touches on the JSON of `data` (e.g. nulls the contract promises). */
-  finishData?: (data: Record<string, unknown>) => void;
+  reshapeAnswerJson?: (data: Record<string, unknown>) => void;
 }
 
 export interface GatewayOptions {
@@ -54,7 +53,7 @@ export function createGateway(options: GatewayOptions) {
   for (const route of options.routes) byPath.set(route.path, [...(byPath.get(route.path) ?? []), route]);
 
   return (req: NodeRequest, res: NodeResponse): void => {
-    const requestId = crypto.randomUUID();
+    const requestId = createRequestId();
     void handle(req, res, requestId).catch((err: unknown) => {
       options.logger.error("gateway failure", { request_id: requestId, error: err instanceof Error ? err : String(err) });
       sendError(res, toPublicError(err, requestId), { "x-request-id": requestId });
@@ -105,7 +104,7 @@ export function createGateway(options: GatewayOptions) {
     try {
       await observeCall(observer, { requestId, procedure, protocol: "gateway" }, () => Promise.reject(error));
     } catch (err) {
-      discardBody(req, options.maxBodyBytes);
+      drainNodeBody(req, options.maxBodyBytes);
       sendError(res, err, { ...headers, "x-request-id": requestId });
     }
   }
@@ -139,13 +138,16 @@ export function createGateway(options: GatewayOptions) {
         const request = route.httpMethod === "POST" ? await parseBody(route, req) : create(route.method.input);
         const output = create(route.method.output, await route.impl(request, ctx));
         const json = toJson(route.method.output, output, { useProtoFieldName: true, alwaysEmitImplicit: true }) as Record<string, unknown>;
-        route.finishData?.(json);
+        route.reshapeAnswerJson?.(json);
         return json;
       });
       sendEnvelope(res, 200, { code: 0, message: "ok", data }, responseHeaders(ctx, requestId, phases, started));
     } catch (err) {
-      if (req.readableFlowing === null) discardBody(req, options.maxBodyBytes);
-      sendError(res, err, responseHeaders(ctx, requestId, phases, started));
+      if (req.readableFlowing === null) drainNodeBody(req, options.maxBodyBytes);
+      const headers = responseHeaders(ctx, requestId, phases, started);
+      // A 415 for the body's encoding lists the accepted ones (RFC 9110, Accept-Encoding in a response).
+      if (describeError(err).reason === "UNSUPPORTED_ENCODING") headers["accept-encoding"] = ACCEPTED_ENCODING_NAMES;
+      sendError(res, err, headers);
     }
   }
 
@@ -157,17 +159,18 @@ export function createGateway(options: GatewayOptions) {
         rule: "must be application/json",
       });
     }
-    const body = await readBody(req, options.maxBodyBytes);
-    let json: unknown;
-    try {
-      json = JSON.parse(body.toString("utf8"));
-    } catch {
-      throw apiError("MALFORMED_JSON", "body: must be valid JSON", { field: "body", rule: "valid JSON" });
+    const encoding = req.headers["content-encoding"];
+    const compression = compressionNamed(encoding);
+    if (compression === undefined) throw unsupportedEncoding(String(encoding), "content-encoding", "accept-encoding");
+    let body: Uint8Array = await readNodeBody(req, options.maxBodyBytes);
+    if (compression !== null) {
+      const decompressed = await decompressBody(compression, body, options.maxBodyBytes);
+      if (!(decompressed instanceof Uint8Array)) throw decompressed;
+      body = decompressed;
     }
-    const violation = findShapeViolation(route.method.input, json);
+    const json = parseJsonBody(body);
+    const violation = findJsonViolation(route.method.input, json);
     throwIfInvalid(violation ? [violation] : []);
-    const bodyViolation = route.checkBody?.(json as Record<string, unknown>);
-    throwIfInvalid(bodyViolation ? [bodyViolation] : []);
     try {
       return fromJson(route.method.input, json as JsonValue);
     } catch (err) {

@@ -3,7 +3,6 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { http } from "../gen/google/api/annotations_pb.js";
 import { DecisionService } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchService } from "../gen/typesafe/search/v1/search_service_pb.js";
-import { findSearchJsonViolation } from "../search/validate.js";
 import type { RpcRoute } from "./gateway.js";
 
 /** A service and its implementation, as registered on the Connect router. */
@@ -37,7 +36,7 @@ export function apiRoutes(services: ServedService[]): RpcRoute[] {
       if (method.methodKind !== "unary") throw new Error(`${method.parent.typeName}.${method.name}: an HTTP binding needs a unary RPC`);
       if (handler === undefined) throw new Error(`${method.parent.typeName}.${method.name}: has an HTTP binding but no implementation`);
       const touches = jsonTouchesOf(method);
-      routes.push({ ...binding, method: method as DescMethodUnary, impl: handler.bind(impl), checkBody: touches?.checkBody, finishData: touches?.finishData });
+      routes.push({ ...binding, method: method as DescMethodUnary, impl: handler.bind(impl), reshapeAnswerJson: touches?.reshapeAnswerJson });
     }
   }
   return routes;
@@ -63,11 +62,12 @@ export function httpBindingOf(method: DescMethod): HttpBinding | undefined {
 }
 
 /**
- * What the JSON surface of an RPC adds to its messages: rules of the body the
- * message cannot express, touches on the answer's `data`, and the same touches
- * described in the OpenAPI document's schemas (by message type name).
+ * What the JSON surface of an RPC adds to its answers: touches on the
+ * answer's `data`, and the same touches described in the OpenAPI document's
+ * schemas (by message type name). Rules of the request's JSON are the request
+ * contract's, the same on every door.
  */
-export interface JsonTouches extends Pick<RpcRoute, "checkBody" | "finishData"> {
+export interface JsonTouches extends Pick<RpcRoute, "reshapeAnswerJson"> {
   documentData?: (schemas: Record<string, Record<string, unknown>>) => void;
 }
 
@@ -78,12 +78,11 @@ export function jsonTouchesOf(method: DescMethod): JsonTouches | undefined {
 
 const jsonTouches: Record<string, JsonTouches> = {
   [`${DecisionService.typeName}.${DecisionService.method.decide.name}`]: {
-    finishData: dropEmptyAnswerFields,
+    reshapeAnswerJson: dropEmptyAnswerFields,
     documentData: (schemas) => notRequired(schemas["typesafe.decision.v1.Answer"], ["probabilities", "legend"]),
   },
   [`${SearchService.typeName}.${SearchService.method.search.name}`]: {
-    checkBody: findSearchJsonViolation,
-    finishData: nullMissingDates,
+    reshapeAnswerJson: nullMissingDates,
     documentData: (schemas) => requiredOrNull(schemas["typesafe.search.v1.Result"], ["published_at", "discussion_url"]),
   },
 };

@@ -488,7 +488,7 @@ export interface components {
                 };
             };
         };
-        /** @description UNSUPPORTED_MEDIA_TYPE: The body must be application/json. */
+        /** @description UNSUPPORTED_MEDIA_TYPE: The body must be application/json. UNSUPPORTED_ENCODING: The body's encoding is not one the server accepts (identity, gzip, br); the answer lists them. */
         Error415: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -498,11 +498,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 41501;
+                    code: 41501 | 41502;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "UNSUPPORTED_MEDIA_TYPE";
+                        reason?: "UNSUPPORTED_MEDIA_TYPE" | "UNSUPPORTED_ENCODING";
                     };
                 };
             };

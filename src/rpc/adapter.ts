@@ -1,10 +1,15 @@
 import type http from "node:http";
 import http2 from "node:http2";
-import { createConnectRouter, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
-import { compressionBrotli, compressionGzip, universalRequestFromNodeRequest, universalResponseToNodeResponse } from "@connectrpc/connect-node";
+import { Code, ConnectError, createConnectRouter, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
+import { errorToJsonBytes } from "@connectrpc/connect/protocol-connect";
+import { universalRequestFromNodeRequest, universalResponseToNodeResponse } from "@connectrpc/connect-node";
+import { REASONS, describeError } from "../errors.js";
 import type { Logger } from "../logger.js";
-import { gateBody, gatedBody, isConnectPayloadTooLarge, RECURSION_LIMIT, type BodyGateOptions } from "./body-gate.js";
+import { ACCEPTED_COMPRESSIONS } from "../request/compression.js";
+import { createRequestId } from "../request/request-id.js";
+import { gateBody, gatedBody, isPayloadTooLarge, RECURSION_LIMIT, type BodyGateOptions } from "./body-gate.js";
 import { createGrpcUnaryPath } from "./grpc-unary.js";
+import { observeCall, type CallObserver } from "./observe.js";
 
 type NodeRequest = http.IncomingMessage | http2.Http2ServerRequest;
 type NodeResponse = http.ServerResponse | http2.Http2ServerResponse;
@@ -16,6 +21,8 @@ export interface RpcHandlerOptions extends BodyGateOptions {
   interceptors: Interceptor[];
   shutdownSignal: AbortSignal;
   logger: Logger;
+  /** Serve unary binary gRPC over HTTP/2 on the short path (grpc-unary.ts); off sends every call through Connect's handler. Default on. */
+  grpcShortPath?: boolean;
 }
 
 /**
@@ -24,13 +31,14 @@ export interface RpcHandlerOptions extends BodyGateOptions {
  * reports a body it cannot decode as INTERNAL, so the gate reads and checks
  * the body first. Unary binary gRPC over HTTP/2 then takes a shorter path
  * (grpc-unary.ts). Otherwise the same as connectNodeAdapter: one universal
- * handler per RPC path, gzip and brotli accepted.
+ * handler per RPC path, the same encodings accepted as the gate decompresses.
  */
 export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest, res: NodeResponse) => void {
-  const acceptCompression = [compressionGzip, compressionBrotli];
+  const acceptCompression = [...ACCEPTED_COMPRESSIONS];
+  const observer: CallObserver = { logger: options.logger };
   const router = createConnectRouter({
     interceptors: options.interceptors,
-    // The gate enforces the contract's limit with a typed error; this only bounds what Connect decompresses.
+    // The gate enforces the contract's limit with a typed error, before and after decompression; this is a backstop.
     readMaxBytes: 16 * options.maxBodyBytes,
     // Connect ignores unknown JSON fields by default; the contract rejects them on every surface.
     jsonOptions: { ignoreUnknownFields: false },
@@ -39,7 +47,7 @@ export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest,
     shutdownSignal: options.shutdownSignal,
   });
   const grpcUnary = createGrpcUnaryPath({ interceptors: options.interceptors, acceptCompression, shutdownSignal: options.shutdownSignal });
-  options.routes(grpcUnary.recording(router));
+  options.routes(options.grpcShortPath === false ? router : grpcUnary.recording(router));
   const handlers = new Map(router.handlers.map((handler) => [handler.requestPath, handler]));
 
   return (req, res) => {
@@ -51,19 +59,40 @@ export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest,
       : universalRequestFromNodeRequest(req as http.IncomingMessage, res as http.ServerResponse, undefined, undefined);
     gateBody(handler.method, request, options, () => abandonBody(req, res))
       .then(async (gated) => {
+        if (gated instanceof ConnectError) return refuseOutsideProtocol(observer, handler.requestPath, gated, res);
         const body = short ? gatedBody(gated) : undefined;
         if (body) return grpcUnary.serve(handler.requestPath, gated, body, res as http2.Http2ServerResponse);
         const response = await handler(gated);
         // The Connect protocol maps RESOURCE_EXHAUSTED to 429; an oversized body is a 413 like on the gateway.
-        if (isConnectPayloadTooLarge(gated)) response.status = 413;
+        if (isPayloadTooLarge(gated) && response.status === 429) response.status = 413;
         await universalResponseToNodeResponse(response, res);
       })
       .catch((err: unknown) => {
         options.logger.warn("rpc handler failed", { procedure: handler.requestPath, error: err instanceof Error ? err.message : String(err) });
-        if (!res.headersSent) res.writeHead(500);
-        res.end();
+        if (res.headersSent) return void res.end();
+        // Nothing answered yet: Connect's error JSON, which every client reads, without the failure's text.
+        const body = errorToJsonBytes(new ConnectError("internal error", Code.Internal), {});
+        res.writeHead(500, { "content-type": "application/json", "content-length": String(body.byteLength) });
+        res.end(body);
       });
   };
+}
+
+/**
+ * Answers a request no protocol serves (its content type names none) with
+ * the reason's HTTP status and Connect's error JSON, the one error format a
+ * plain HTTP client can read too; logged and given a request id like any call.
+ */
+async function refuseOutsideProtocol(observer: CallObserver, procedure: string, error: ConnectError, res: NodeResponse): Promise<void> {
+  const requestId = createRequestId();
+  const publicError = await observeCall(observer, { requestId, procedure, protocol: "unknown" }, () => Promise.reject(error)).catch((err: ConnectError) => err);
+  const body = errorToJsonBytes(publicError, {});
+  res.writeHead(REASONS[describeError(publicError).reason].http, {
+    "content-type": "application/json",
+    "content-length": String(body.byteLength),
+    "x-request-id": requestId,
+  });
+  res.end(body);
 }
 
 /** Ends a request body nobody will read, once the answer is out: HTTP/2 resets the stream with NO_ERROR (RFC 9113 §8.1), HTTP/1.1 closes the connection. */

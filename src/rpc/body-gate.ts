@@ -1,19 +1,23 @@
 import { fromBinary, type DescMessage, type DescMethod, type Message } from "@bufbuild/protobuf";
 import { createContextKey, createContextValues, type ConnectError } from "@connectrpc/connect";
-import { bearerToken, isWellFormedApiKey } from "../accounts/api-keys.js";
-import { apiError } from "../errors.js";
-import { findShapeViolation } from "../gateway/json-shape.js";
-import { throwIfInvalid, type Violation } from "../validation.js";
+import type { Compression } from "@connectrpc/connect/protocol";
 import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
+import { apiError, describeError } from "../errors.js";
+import { apiKeyFrom, kApiKey } from "../request/api-key.js";
+import { drainBody, payloadTooLarge, readBodyUpTo } from "../request/body.js";
+import { compressionNamed, decompressBody, undecompressable, unsupportedEncoding } from "../request/compression.js";
+import { findJsonViolation, parseJsonBody } from "../request/json-body.js";
+import { throwIfInvalid } from "../validation.js";
+import { dropUnholdableDeadline, takeDeadlineProblem } from "./grpc-timeout.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
 
 /**
- * The problem the body gate found with a request's body, raised by the
- * observe interceptor so it travels like every other error (typed detail,
- * log line, the protocol's own error format).
+ * The problem the body gate found with a request, raised by the observe
+ * interceptor so it travels like every other error (typed detail, log line,
+ * the protocol's own error format).
  */
-export const kBodyProblem = createContextKey<ConnectError | undefined>(undefined, { description: "body problem" });
+export const kRequestProblem = createContextKey<ConnectError | undefined>(undefined, { description: "request problem found by the body gate" });
 
 /**
  * Deep enough that the 32-level rule on free-form JSON (each level of a
@@ -22,50 +26,71 @@ export const kBodyProblem = createContextKey<ConnectError | undefined>(undefined
  */
 export const RECURSION_LIMIT = 2 * 64 + 8;
 
-/** Protocols and encodings of a unary request, read from its content type. */
+/** How a unary request's body is carried, read from its content type. */
 interface WireFormat {
+  /** gRPC or gRPC-Web: the deadline is grpc-timeout, the encoding grpc-encoding. */
+  grpcFamily: boolean;
   binary: boolean;
   /** gRPC and gRPC-Web frame the message in a 5-byte envelope; Connect unary sends it bare. */
   enveloped: boolean;
+  /** The header naming the body's compression. */
+  encodingHeader: string;
+  /** The header that lists the encodings a server accepts, in this protocol. */
+  acceptEncodingHeader: string;
 }
 
+const CONNECT_BINARY: WireFormat = { grpcFamily: false, binary: true, enveloped: false, encodingHeader: "content-encoding", acceptEncodingHeader: "accept-encoding" };
+const CONNECT_JSON: WireFormat = { ...CONNECT_BINARY, binary: false };
+const GRPC_BINARY: WireFormat = { grpcFamily: true, binary: true, enveloped: true, encodingHeader: "grpc-encoding", acceptEncodingHeader: "grpc-accept-encoding" };
+const GRPC_JSON: WireFormat = { ...GRPC_BINARY, binary: false };
+
+/** The content types Connect's handlers serve, as connect-es matches them (protocol-connect, protocol-grpc and protocol-grpc-web content-type.js). */
+const CONNECT_UNARY_TYPE = /^application\/(?:(json)(?:; ?charset=utf-?8)?|proto)$/i;
+const GRPC_TYPE = /^application\/grpc(?:-web)?(?:\+(?:(json)(?:; ?charset=utf-?8)?|proto))?$/i;
+
+/**
+ * The wire format of a unary request; undefined when no protocol serves the
+ * content type (gRPC-Web's base64 text form included: Connect's handler
+ * refuses it too).
+ */
 function wireFormat(contentType: string | null): WireFormat | undefined {
-  const type = contentType?.split(";")[0]?.trim().toLowerCase();
-  switch (type) {
-    case "application/proto":
-      return { binary: true, enveloped: false };
-    case "application/json":
-      return { binary: false, enveloped: false };
-    case "application/grpc":
-    case "application/grpc+proto":
-    case "application/grpc-web":
-    case "application/grpc-web+proto":
-      return { binary: true, enveloped: true };
-    case "application/grpc+json":
-    case "application/grpc-web+json":
-      return { binary: false, enveloped: true };
-    default:
-      return undefined;
-  }
+  // The content types every generated client sends, before any pattern.
+  if (contentType === "application/grpc" || contentType === "application/grpc+proto") return GRPC_BINARY;
+  if (contentType === "application/proto") return CONNECT_BINARY;
+  if (contentType === "application/json") return CONNECT_JSON;
+  if (contentType === null) return undefined;
+  const connect = CONNECT_UNARY_TYPE.exec(contentType);
+  if (connect) return connect[1] ? CONNECT_JSON : CONNECT_BINARY;
+  const grpc = GRPC_TYPE.exec(contentType);
+  if (grpc) return grpc[1] ? GRPC_JSON : GRPC_BINARY;
+  return undefined;
 }
 
 export interface BodyGateOptions {
   maxBodyBytes: number;
   /** Services whose methods need an API key: without a well-formed one their body is never read. */
   keyedServices: ReadonlySet<string>;
-  /** Rules of a request's JSON form that its message cannot express, by message type (the gateway applies the same). */
-  jsonRules?: Readonly<Record<string, (json: Record<string, unknown>) => Violation | undefined>>;
 }
 
 /**
- * Reads the body of a unary RPC before Connect does, so a bad body is a
- * typed 4xx on gRPC and Connect as it is on the gateway: a message that does
- * not decode is MALFORMED_MESSAGE, JSON that breaks a shape rule names its
- * field (the gateway's own checks), an oversized one is PAYLOAD_TOO_LARGE
- * with the limit. The problem is put in the context and the handler gets an
- * empty message in its place, so the interceptor raises it through the
- * protocol's own error path. A call without a well-formed key is answered 401
- * without its body being read. Compressed bodies pass through to Connect.
+ * Reads the request of a unary RPC before Connect does, so every bad request
+ * is a typed 4xx on gRPC, gRPC-Web and Connect as it is on the gateway. In
+ * this order: the body's encoding (one the server does not accept is
+ * UNSUPPORTED_ENCODING, with the accepted ones); the deadline header (too
+ * large is no deadline, malformed is INVALID_ARGUMENT); the API key's shape
+ * (without one the body is never read: UNAUTHENTICATED); the body's size on
+ * the wire;
+ * then decompression, bounded by the same limit (PAYLOAD_TOO_LARGE past it,
+ * INVALID_ARGUMENT when it does not decompress); then the message itself (one
+ * whole envelope; a message that does not decode is MALFORMED_MESSAGE; JSON
+ * that breaks a shape rule names its field).
+ *
+ * The problem is put in the context and the handler gets an empty message in
+ * its place, so the interceptor raises it through the protocol's own error
+ * path. A body that passes is handed on as it came (Connect decompresses and
+ * decodes it again), with the message it decoded to when it is binary.
+ * Answers an error instead of a request when no protocol serves the content
+ * type: the caller answers that one itself.
  */
 export async function gateBody(
   method: DescMethod,
@@ -73,70 +98,93 @@ export async function gateBody(
   options: BodyGateOptions,
   /** Stops the rest of a body that is being dropped (after the answer, on HTTP/2 a reset with NO_ERROR). */
   abandonBody: () => void,
-): Promise<UniversalRequest> {
-  if (method.methodKind !== "unary" || request.method !== "POST") return request;
-  const format = wireFormat(request.header.get("content-type"));
-  if (!format || isCompressed(request.header, format)) return request;
-  const body = request.body as AsyncIterable<Uint8Array>;
-  const dropRest = (iterator: AsyncIterator<Uint8Array>) => drop(iterator, 16 * options.maxBodyBytes, abandonBody);
-  if (options.keyedServices.has(method.parent.typeName) && !hasWellFormedKey(request.header)) {
-    dropRest(body[Symbol.asyncIterator]());
-    return withBody(request, emptyMessage(format));
+): Promise<UniversalRequest | ConnectError> {
+  if (method.methodKind !== "unary" || request.method !== "POST") {
+    // Streaming calls are Connect's alone; only a deadline its timer cannot hold is taken off.
+    dropUnholdableDeadline(request.header, request.header.get("content-type")?.startsWith("application/grpc") ?? false);
+    return request;
   }
-  const limit = options.maxBodyBytes + (format.enveloped ? 5 : 0);
-  const bytes = await readUpTo(body, limit, dropRest);
-  const checked =
-    bytes === undefined ? { problem: payloadTooLarge(options.maxBodyBytes) } : checkBody(method.input, bytes, format, options.jsonRules?.[method.input.typeName]);
-  if ("problem" in checked) {
-    const contextValues = request.contextValues ?? createContextValues();
-    contextValues.set(kBodyProblem, checked.problem);
+  const format = wireFormat(request.header.get("content-type"));
+  const body = (request.body as AsyncIterable<Uint8Array>)[Symbol.asyncIterator]();
+  const drop = () => drainBody(body, options.maxBodyBytes, abandonBody);
+  if (format === undefined) {
+    drop();
+    return unsupportedMediaType();
+  }
+  const contextValues = request.contextValues ?? createContextValues();
+  const encoding = request.header.get(format.encodingHeader);
+  const compression = compressionNamed(encoding);
+  const refuse = (problem: ConnectError) => {
+    contextValues.set(kRequestProblem, problem);
+    // The empty message in the body's place is not compressed: an envelope says so in its flag, a bare body only by
+    // its header (whose removal changes nothing else: an error answer is too small to be compressed). An encoding
+    // Connect's handler does not accept goes too: it would refuse it before any interceptor runs, without our detail.
+    if (!format.enveloped || compression === undefined) request.header.delete(format.encodingHeader);
     return withBody({ ...request, contextValues }, emptyMessage(format));
+  };
+
+  // Taken first whatever else is wrong: Connect's handler would refuse a malformed deadline before any interceptor runs.
+  const deadlineProblem = takeDeadlineProblem(request.header, format.grpcFamily);
+  if (compression === undefined) return drop(), refuse(unsupportedEncoding(encoding!, format.encodingHeader, format.acceptEncodingHeader));
+  if (deadlineProblem) return drop(), refuse(deadlineProblem);
+  if (options.keyedServices.has(method.parent.typeName)) {
+    const key = apiKeyFrom(request.header.get("authorization"));
+    if ("error" in key) return drop(), refuse(key.error);
+    contextValues.set(kApiKey, key.key);
   }
-  return withBody(request, bytes!, checked.decoded);
+
+  const limit = options.maxBodyBytes + (format.enveloped ? 5 : 0);
+  const bytes = await readBodyUpTo(body, limit, options.maxBodyBytes, abandonBody);
+  if (bytes === undefined) return refuse(payloadTooLarge(options.maxBodyBytes));
+  const framed = messageOf(bytes, format, compression);
+  if (!("payload" in framed)) return refuse(framed);
+  // Only a compressed body waits for the inflater; the common plain one goes on at once.
+  const message = framed.compressed ? await decompressBody(compression!, framed.payload, options.maxBodyBytes) : framed.payload;
+  if (!(message instanceof Uint8Array)) return refuse(message);
+  const checked = checkMessage(method.input, message, format);
+  if ("problem" in checked) return refuse(checked.problem);
+  return withBody({ ...request, contextValues }, bytes, checked.decoded);
 }
 
-/** True when the gate answered for an oversized body on the Connect protocol, whose status must say 413. */
-export function isConnectPayloadTooLarge(request: UniversalRequest): boolean {
-  const problem = request.contextValues?.get(kBodyProblem);
-  const format = wireFormat(request.header.get("content-type"));
-  return problem !== undefined && format?.enveloped === false && problem.rawMessage.startsWith(TOO_LARGE_PREFIX);
+/** The error for a content type no protocol serves, answered in Connect's error format by the caller. */
+function unsupportedMediaType(): ConnectError {
+  const rule = "application/proto or application/json (Connect), application/grpc[+proto|+json] or application/grpc-web[+proto|+json]";
+  return apiError("UNSUPPORTED_MEDIA_TYPE", `content-type: must be ${rule}`, { field: "content-type", rule });
 }
 
-/** The body's problem, or the message it decodes to (binary bodies; JSON is left to Connect's decoder). */
-function checkBody(
-  desc: DescMessage,
-  body: Uint8Array,
-  format: WireFormat,
-  jsonRule: ((json: Record<string, unknown>) => Violation | undefined) | undefined,
-): { problem: ConnectError } | { decoded?: Message } {
-  const refuse = (problem: ConnectError) => ({ problem });
-  let message = body;
-  if (format.enveloped) {
-    const view = new DataView(body.buffer, body.byteOffset, body.byteLength);
-    const length = body.byteLength >= 5 ? view.getUint32(1) : -1;
-    if (length < 0 || body.byteLength !== 5 + length) {
-      return refuse(malformed(`the request must be exactly one enveloped message; got ${body.byteLength} bytes for a message of ${Math.max(length, 0)}`));
-    }
-    message = body.subarray(5);
+/**
+ * The message's bytes out of their envelope, and whether they are
+ * compressed; or the caller's error: the body must be exactly one envelope,
+ * and a compressed flag needs an encoding (grpc-go refuses it the same way,
+ * "compressed flag set with identity or empty encoding").
+ */
+function messageOf(body: Uint8Array, format: WireFormat, compression: Compression | null): { payload: Uint8Array; compressed: boolean } | ConnectError {
+  if (!format.enveloped) return { payload: body, compressed: compression !== null };
+  const view = new DataView(body.buffer, body.byteOffset, body.byteLength);
+  const length = body.byteLength >= 5 ? view.getUint32(1) : -1;
+  if (length < 0 || body.byteLength !== 5 + length) {
+    return malformed(`the request must be exactly one enveloped message; got ${body.byteLength} bytes for a message of ${Math.max(length, 0)}`);
   }
+  // Only the lowest flag bit means anything in a request (compressed); Connect's handler ignores the others too.
+  const compressed = (body[0]! & 1) === 1;
+  if (compressed && compression === null) return undecompressable("identity", "compressed flag set with identity or empty encoding");
+  return { payload: body.subarray(5), compressed };
+}
+
+/** The message's problem, or what it decodes to (binary bodies; JSON is left to Connect's decoder after its checks). */
+function checkMessage(desc: DescMessage, message: Uint8Array, format: WireFormat): { problem: ConnectError } | { decoded?: Message } {
   if (format.binary) {
     try {
       return { decoded: fromBinary(desc, message, { readUnknownFields: true, recursionLimit: RECURSION_LIMIT }) };
     } catch (err) {
-      return refuse(malformed(err instanceof Error ? err.message : String(err)));
+      return { problem: malformed(err instanceof Error ? err.message : String(err)) };
     }
   }
-  let json: unknown;
   try {
-    json = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(message));
-  } catch {
-    return refuse(apiError("MALFORMED_JSON", "body: must be valid JSON", { field: "body", rule: "valid JSON" }));
-  }
-  const violation = findShapeViolation(desc, json) ?? jsonRule?.(json as Record<string, unknown>);
-  try {
+    const violation = findJsonViolation(desc, parseJsonBody(message));
     throwIfInvalid(violation ? [violation] : []);
   } catch (err) {
-    return refuse(err as ConnectError);
+    return { problem: err as ConnectError };
   }
   return {};
 }
@@ -149,65 +197,10 @@ function malformed(decoderMessage: string): ConnectError {
   });
 }
 
-const TOO_LARGE_PREFIX = "body: must be at most";
-
-function payloadTooLarge(maxBytes: number): ConnectError {
-  return apiError("PAYLOAD_TOO_LARGE", `${TOO_LARGE_PREFIX} ${maxBytes / 1024} KB`, {
-    field: "body",
-    rule: `at most ${maxBytes} bytes`,
-    metadata: { max_bytes: String(maxBytes) },
-  });
-}
-
-function isCompressed(header: Headers, format: WireFormat): boolean {
-  const encoding = header.get(format.enveloped ? "grpc-encoding" : "content-encoding");
-  return encoding !== null && encoding !== "identity";
-}
-
-function hasWellFormedKey(header: Headers): boolean {
-  const authorization = header.get("authorization");
-  const key = authorization ? bearerToken(authorization) : undefined;
-  return key !== undefined && isWellFormedApiKey(key);
-}
-
-/** The whole body, or undefined once it passes `limit` bytes (the rest is then dropped). */
-async function readUpTo(
-  body: AsyncIterable<Uint8Array>,
-  limit: number,
-  dropRest: (iterator: AsyncIterator<Uint8Array>) => void,
-): Promise<Uint8Array | undefined> {
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  const iterator = body[Symbol.asyncIterator]();
-  for (;;) {
-    const next = await iterator.next();
-    if (next.done) break;
-    total += next.value.byteLength;
-    if (total > limit) {
-      dropRest(iterator);
-      return undefined;
-    }
-    chunks.push(next.value);
-  }
-  return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, total);
-}
-
-/**
- * Reads and discards the rest of a refused body, so it occupies neither an
- * HTTP/1.1 connection nor an HTTP/2 session's flow-control window and memory
- * (refused bodies left unread there end in ENHANCE_YOUR_CALM for every later
- * stream); past `maxBytes` the body is abandoned instead.
- */
-function drop(iterator: AsyncIterator<Uint8Array>, maxBytes: number, abandon: () => void): void {
-  void (async () => {
-    let dropped = 0;
-    for (;;) {
-      const next = await iterator.next();
-      if (next.done) return;
-      dropped += next.value.byteLength;
-      if (dropped > maxBytes) return abandon();
-    }
-  })().catch(() => undefined);
+/** True when the gate refused the request's body for its size (its Connect answer must then say 413, as the gateway does). */
+export function isPayloadTooLarge(request: UniversalRequest): boolean {
+  const problem = request.contextValues?.get(kRequestProblem);
+  return problem !== undefined && describeError(problem).reason === "PAYLOAD_TOO_LARGE";
 }
 
 function emptyMessage(format: WireFormat): Uint8Array {

@@ -1,5 +1,5 @@
-import crypto from "node:crypto";
 import { createContextKey, type HandlerContext } from "@connectrpc/connect";
+import { createRequestId } from "../request/request-id.js";
 
 /** The id of one call, shared by the log line, the error detail and the billing record. */
 export const kRequestId = createContextKey<string>("", { description: "request id" });
@@ -8,7 +8,7 @@ export const kRequestId = createContextKey<string>("", { description: "request i
 export function requestIdOf(ctx: HandlerContext): string {
   let id = ctx.values.get(kRequestId);
   if (!id) {
-    id = crypto.randomUUID();
+    id = createRequestId();
     ctx.values.set(kRequestId, id);
   }
   return id;

@@ -12,9 +12,10 @@ import {
   type MethodImplSpec,
 } from "@connectrpc/connect";
 import { compressedFlag, compressionNegotiate, encodeEnvelope, invokeUnaryImplementation, type Compression } from "@connectrpc/connect/protocol";
-import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
+import { setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
 import { RECURSION_LIMIT, type GatedBody } from "./body-gate.js";
+import { grpcTimeoutMs } from "./grpc-timeout.js";
 import { headerRecord, requestHeaders } from "./node-headers.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
@@ -36,11 +37,13 @@ const COMPRESS_MIN_BYTES = 1024;
  * grpc-timeout, the caller's and the shutdown's signals), the same
  * interceptors and implementation (invokeUnaryImplementation), the same
  * response compression negotiation and trailer status (setTrailerStatus).
- * Everything else (gRPC-Web, Connect, JSON codecs, compressed requests, an
- * unparsable grpc-timeout, streaming methods) stays on Connect's handler.
- * Those parts are exported by @connectrpc/connect but marked internal (no
- * semver promise): the version is pinned, and test/rpc/grpc-unary.test.ts
- * sends each call both ways and fails on any difference after an upgrade.
+ * Everything else (gRPC-Web, Connect, JSON codecs, compressed requests,
+ * streaming methods) stays on Connect's handler. Whatever is wrong with a
+ * request (its frame, flag, encoding, deadline or message) the body gate has
+ * already answered the same way for both. Those parts are exported by
+ * @connectrpc/connect but marked internal (no semver promise): the version is
+ * pinned, and test/rpc/grpc-unary.test.ts and the fuzz suite send each call
+ * both ways and fail on any difference after an upgrade.
  */
 export interface GrpcUnaryPath {
   /** Registers services on the router as usual and remembers their unary implementations. */
@@ -94,9 +97,7 @@ export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
       const contentType = req.headers["content-type"];
       if (contentType !== "application/grpc" && contentType !== "application/grpc+proto") return false;
       const encoding = req.headers["grpc-encoding"];
-      if (encoding !== undefined && encoding !== "identity") return false;
-      const timeout = req.headers["grpc-timeout"];
-      return parseTimeout(typeof timeout === "string" ? timeout : null, Number.MAX_SAFE_INTEGER).error === undefined;
+      return encoding === undefined || encoding === "identity";
     },
 
     requestOf(req, res) {
@@ -126,7 +127,8 @@ export function createGrpcUnaryPath(options: GrpcUnaryOptions): GrpcUnaryPath {
         protocolName: "grpc",
         requestMethod: request.method,
         url: request.url,
-        timeoutMs: parseTimeout(request.header.get("grpc-timeout"), Number.MAX_SAFE_INTEGER).timeoutMs,
+        // The gate left only a deadline a timer can hold (or none).
+        timeoutMs: grpcTimeoutMs(request.header.get("grpc-timeout")),
         shutdownSignal: options.shutdownSignal,
         requestSignal: request.signal,
         requestHeader: request.header,

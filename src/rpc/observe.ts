@@ -2,10 +2,10 @@ import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import { REASONS, describeError, toPublicError } from "../errors.js";
 import { withStack, type Logger } from "../logger.js";
 import type { Metrics } from "../metrics.js";
-import { kBodyProblem } from "./body-gate.js";
+import { kRequestProblem } from "./body-gate.js";
 import { kCallPhases, phaseLogFields, type CallPhases } from "./call-phases.js";
 import { kRequestId } from "./context.js";
-import crypto from "node:crypto";
+import { createRequestId } from "../request/request-id.js";
 
 /**
  * Logs one line per call and makes every error safe to return: unknown
@@ -57,11 +57,11 @@ export function createObserveInterceptor(observer: CallObserver): Interceptor {
     if (req.stream) return next(req);
     let requestId = req.contextValues.get(kRequestId);
     if (!requestId) {
-      requestId = crypto.randomUUID();
+      requestId = createRequestId();
       req.contextValues.set(kRequestId, requestId);
     }
     const id = requestId;
-    const bodyProblem = req.contextValues.get(kBodyProblem);
+    const requestProblem = req.contextValues.get(kRequestProblem);
     const phases: CallPhases = {};
     req.contextValues.set(kCallPhases, phases);
     try {
@@ -73,13 +73,17 @@ export function createObserveInterceptor(observer: CallObserver): Interceptor {
           protocol: req.header.get("content-type") ?? "",
           phases,
         },
-        () => (bodyProblem ? Promise.reject(bodyProblem) : next(req)),
+        () => (requestProblem ? Promise.reject(requestProblem) : next(req)),
       );
       res.header.set("x-request-id", id);
       return res;
     } catch (err) {
       // Connect sends error metadata as response headers (gRPC: trailers), so every answer names its request.
-      if (err instanceof ConnectError) err.metadata.set("x-request-id", id);
+      if (err instanceof ConnectError) {
+        // A problem the gate found may carry headers its protocol asks for (the accepted encodings).
+        requestProblem?.metadata.forEach((value, name) => err.metadata.set(name, value));
+        err.metadata.set("x-request-id", id);
+      }
       throw err;
     }
   };

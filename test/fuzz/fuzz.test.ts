@@ -3,7 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestAccount, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { runToExit } from "../support/process.js";
-import { binaryCase, jsonCase, sendBinary, sendJson } from "./cases.js";
+import { callGrpc } from "../support/wire.js";
+import { binaryCase, comparableVerdicts, compressedCase, grpcCase, grpcOutcome, jsonCase, problemOf, sendBinary, sendCompressed, sendJson } from "./cases.js";
 
 /**
  * Property-based fuzzing of every surface in `npm test`: seeded and bounded
@@ -12,14 +13,18 @@ import { binaryCase, jsonCase, sendBinary, sendJson } from "./cases.js";
  */
 let database: TestDatabase;
 let service: TestApp;
+/** The same service with unary gRPC on Connect's handler only: the reference the short path must match. */
+let reference: TestApp;
 let apiKey: string;
 
 beforeAll(async () => {
   database = await createTestDatabase(4);
   service = await startTestApp(database);
+  reference = await startTestApp(database, { TYPESAFE_GRPC_SHORT_PATH: "off" });
   ({ apiKey } = await createTestAccount(database.db, { units: 1_000_000 }));
 });
 afterAll(async () => {
+  await reference?.stop();
   await service?.stop();
   await database?.close();
 });
@@ -45,6 +50,33 @@ describe("fuzzing every surface", () => {
         const verdicts = await sendBinary(service.url, apiKey, rpc, bytes);
         expect(verdicts.flatMap((v) => (v.problem ? [`${v.surface}: ${v.problem}`] : []))).toEqual([]);
         expect(sameVerdict(verdicts), JSON.stringify(verdicts)).toBe(true);
+      }),
+      settings,
+    );
+  });
+});
+
+describe("fuzzing compressed bodies", () => {
+  it("gzip, br, an unknown encoding, bombs, damaged data, a flag without encoding: no 5xx of ours on gRPC, gRPC-Web and Connect, the same verdict on each", async () => {
+    await fc.assert(
+      fc.asyncProperty(compressedCase, async (c) => {
+        const verdicts = await sendCompressed(service.url, apiKey, c);
+        expect(verdicts.flatMap((v) => (v.problem ? [`${v.surface}: ${v.problem}`] : []))).toEqual([]);
+        expect(new Set(comparableVerdicts(c, verdicts)).size, JSON.stringify(verdicts)).toBe(1);
+      }),
+      settings,
+    );
+  });
+});
+
+describe("the gRPC short path against Connect's handler", () => {
+  it("every generated unary gRPC request gets the same status, reason and detail on both (encodings, flags, deadlines, cut frames, trailing bytes, two messages)", async () => {
+    await fc.assert(
+      fc.asyncProperty(grpcCase, async ({ rpc, frame, headers }) => {
+        const short = await callGrpc(service.url, rpc, frame, { apiKey, raw: true, headers });
+        const connect = await callGrpc(reference.url, rpc, frame, { apiKey, raw: true, headers });
+        expect(grpcOutcome(short)).toBe(grpcOutcome(connect));
+        expect(problemOf({ ...short, grpc: true, text: grpcOutcome(short) })).toBeUndefined();
       }),
       settings,
     );

@@ -1,7 +1,8 @@
 /**
  * npm run fuzz [-- --seconds 600 --seed 7]
  *
- * The fuzz cases of `npm test` for as long as asked, against the real service
+ * The fuzz cases of `npm test` (JSON, binary, and compressed bodies on gRPC,
+ * gRPC-Web and Connect) for as long as asked, against the real service
  * (in this process, on a scratch database: DATABASE_URL's server, or an
  * embedded store in a temp folder). Prints counts by class, surface and
  * reason, and every broken rule; exits 1 when any rule broke. Loopback only.
@@ -15,7 +16,7 @@ import { startApp } from "../../src/app.js";
 import { loadConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
 import { createTestAccount } from "../support/app.js";
-import { binaryCase, jsonCase, sendBinary, sendJson, type Verdict } from "./cases.js";
+import { binaryCase, comparableVerdicts, compressedCase, jsonCase, sendBinary, sendCompressed, sendJson, type Verdict } from "./cases.js";
 
 const { values } = parseArgs({ options: { seconds: { type: "string", default: "60" }, seed: { type: "string", default: "1" } } });
 const seconds = Math.max(1, Number(values.seconds));
@@ -29,14 +30,14 @@ async function main(): Promise<void> {
   const problems: string[] = [];
   let broken = 0;
   let disagreements = 0;
-  const record = (kind: string, verdicts: Verdict[], input: unknown) => {
+  const record = (kind: string, verdicts: Verdict[], input: unknown, comparable = verdicts.map((v) => `${v.reason}|${v.field}`)) => {
     for (const v of verdicts) {
       const key = `${kind.padEnd(6)} ${v.surface.padEnd(13)} ${String(v.status).padEnd(4)} ${v.reason ?? "OK"}`;
       counts.set(key, (counts.get(key) ?? 0) + 1);
       if (v.problem) broken++;
       if (v.problem && problems.length < 50) problems.push(`${v.surface}: ${v.problem} ← ${JSON.stringify(input).slice(0, 200)}`);
     }
-    if (new Set(verdicts.map((v) => `${v.reason}|${v.field}`)).size > 1) {
+    if (new Set(comparable).size > 1) {
       disagreements++;
       if (problems.length < 50) problems.push(`surfaces disagree: ${JSON.stringify(verdicts)} ← ${JSON.stringify(input).slice(0, 200)}`);
     }
@@ -47,12 +48,17 @@ async function main(): Promise<void> {
     const seed = Number(values.seed) * 1_000_003 + batch;
     const jsons = fc.sample(jsonCase, { seed, numRuns: 20 });
     const binaries = fc.sample(binaryCase, { seed, numRuns: 20 });
+    const compressed = fc.sample(compressedCase, { seed, numRuns: 20 });
     for (let i = 0; i < 20 && Date.now() < deadline; i++) {
       const json = jsons[i]!;
       record("json", await sendJson(app.server.url, apiKey, json.rpc, json.body), json);
       const binary = binaries[i]!;
       record("binary", await sendBinary(app.server.url, apiKey, binary.rpc, binary.bytes), { rpc: binary.rpc, bytes: Buffer.from(binary.bytes).toString("hex") });
-      calls += 4;
+      const c = compressed[i]!;
+      const input = { rpc: c.rpc, encoding: c.encoding, flag: c.flag, body: Buffer.from(c.body.subarray(0, 64)).toString("hex") };
+      const verdicts = await sendCompressed(app.server.url, apiKey, c);
+      record("zipped", verdicts, input, comparableVerdicts(c, verdicts));
+      calls += 7;
     }
   }
   await app.stop();

@@ -20,12 +20,8 @@ describe("routes from google.api.http", () => {
       ["POST", "/api/v1/search", "Search"],
       ["GET", "/api/v1/sources", "ListSources"],
     ]);
-    // The JSON-only rules stay attached to their RPC.
-    expect(routes.map((r) => [r.checkBody !== undefined, r.finishData !== undefined])).toEqual([
-      [false, true],
-      [true, true],
-      [false, false],
-    ]);
+    // The touches on answers stay attached to their RPC.
+    expect(routes.map((r) => r.reshapeAnswerJson !== undefined)).toEqual([true, true, false]);
   });
 
   it("an annotated RPC added to a service gets its path; one without an annotation gets none", async () => {

@@ -215,6 +215,59 @@ describe("unary gRPC answers the same on the short path as on Connect's handler"
     await assertInvariants(database.db, accountId);
   });
 
+  it("grpc-timeout 99999999H (the largest the format allows) is no practical deadline: the call runs to its answer on both paths, no timer overflows", async () => {
+    const { apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    const overflows: string[] = [];
+    const onWarning = (warning: Error) => void (warning.name === "TimeoutOverflowWarning" && overflows.push(warning.message));
+    process.on("warning", onWarning);
+    const release = deferred();
+    const reached = deferred();
+    fake.setHandler((r) => (isProbe(r.body) ? PROBE_OK : (reached.resolve(), { ...logprobsReply({ yes: 0.9, no: 0.1 }), hold: release.promise })));
+    try {
+      const headers = { authorization: `Bearer ${apiKey}`, "grpc-timeout": "99999999H" };
+      const answers = Promise.all([call(DECIDE, decide(1), "short", headers), call(DECIDE, decide(1), "connect", headers)]);
+      // A deadline that fired at once would end both calls before the upstream is reached.
+      await Promise.race([reached.promise, answers]);
+      release.resolve();
+      const [short, connect] = await answers;
+      expect(shape(short)).toEqual(shape(connect));
+      expect(shape(short)).toMatchObject({ grpcStatus: "0" });
+      // A warning is emitted on the next tick after the timer is set; both calls set theirs long before now.
+      expect(overflows).toEqual([]);
+    } finally {
+      process.off("warning", onWarning);
+      release.resolve();
+      fake.setHandler(defaultHandler);
+    }
+  });
+
+  it("grpc-timeout 1n (the smallest) ends the call at once on both paths, nothing charged", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 1_000_000 });
+    const start = await balanceUnits(database.db, accountId);
+    const release = deferred();
+    fake.setHandler((r) => (isProbe(r.body) ? PROBE_OK : { ...logprobsReply({ yes: 0.9, no: 0.1 }), hold: release.promise }));
+    try {
+      const headers = { authorization: `Bearer ${apiKey}`, "grpc-timeout": "1n" };
+      const [short, connect] = await Promise.all([call(DECIDE, decide(1), "short", headers), call(DECIDE, decide(1), "connect", headers)]);
+      expect(shape(short)).toEqual(shape(connect));
+      expect(shape(short)).toMatchObject({ grpcStatus: "1", reason: "CANCELLED" });
+    } finally {
+      release.resolve();
+      fake.setHandler(defaultHandler);
+    }
+    await waitFor(async () => (await database.db("requests").where({ account_id: accountId, status: "active" })).length === 0, "holds released");
+    expect(await balanceUnits(database.db, accountId)).toBe(start);
+  });
+
+  it.each(["junk", "123456789S", "1h", "-1S", "1.5S", "S", "1 S"])("grpc-timeout %j is refused on both paths as connect-es refuses it: INVALID_ARGUMENT naming the header", async (timeout) => {
+    const { apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    const headers = { authorization: `Bearer ${apiKey}`, "grpc-timeout": timeout };
+    const short = await call(DECIDE, decide(1), "short", headers);
+    const connect = await call(DECIDE, decide(1), "connect", headers);
+    expect(shape(short)).toEqual(shape(connect));
+    expect(shape(short)).toMatchObject({ grpcStatus: "3", reason: "INVALID_ARGUMENT", field: "grpc-timeout" });
+  });
+
   it("a caller that resets its stream mid-call: the upstream call is dropped, the hold released, nothing charged", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 1_000_000 });
     const start = await balanceUnits(database.db, accountId);
