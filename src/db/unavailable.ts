@@ -12,5 +12,5 @@ export function isDatabaseUnavailable(err: unknown): boolean {
     if (/^E[A-Z]+$/.test(code)) return true; // a Node system error: ECONNREFUSED, ECONNRESET, EPIPE...
     if (/^[0-9A-Z]{5}$/.test(code)) return ["08", "40", "53", "57", "58"].includes(code.slice(0, 2));
   }
-  return err instanceof StatementTimeoutError || err.name === "KnexTimeoutError" || /connection terminated|client was closed|connection.*(ended|closed)|unable to acquire a connection/i.test(err.message);
+  return err instanceof StatementTimeoutError || err.name === "KnexTimeoutError" || /connection terminated|not queryable|timeout exceeded when trying to connect|connection.*(ended|closed)|unable to acquire a connection/i.test(err.message);
 }
