@@ -98,7 +98,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         });
       }
       const member = await findMemberByEmail(db, email);
-      dummyHash ??= createDummyHash();
+      dummyHash ??= createDummyHash(scryptParams);
       // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
       const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash));
       const at = now();

@@ -58,10 +58,11 @@ export async function verifyPassword(password: string, stored: string): Promise<
 
 /**
  * A stored form of a password nobody knows, for verifying against when the
- * email is unknown: the answer then takes as long as for a known email.
+ * email is unknown: with the parameters new passwords get, the answer then
+ * takes as long as for a known email.
  */
-export function createDummyHash(): Promise<string> {
-  return hashPassword(crypto.randomBytes(32).toString("base64url"));
+export function createDummyHash(params: ScryptParams = SCRYPT_PARAMS): Promise<string> {
+  return hashPassword(crypto.randomBytes(32).toString("base64url"), params);
 }
 
 const STORED = /^scrypt\$(\d+)\$(\d+)\$(\d+)\$([A-Za-z0-9_-]+)\$([A-Za-z0-9_-]+)$/;
