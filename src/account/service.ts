@@ -100,7 +100,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       const member = await findMemberByEmail(db, email);
       dummyHash ??= createDummyHash(scryptParams);
       // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
-      const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash));
+      const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash), scryptParams);
       const at = now();
       if (!member || member.password_hash === null || !matches) {
         deps.metrics?.recordSignIn("failed");

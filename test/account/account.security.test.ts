@@ -2,6 +2,7 @@ import { Code } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { hashToken } from "../../src/accounts/secret-tokens.js";
+import { SCRYPT_PARAMS } from "../../src/accounts/passwords.js";
 import { admit, resolve } from "../../src/metering/ledger.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -267,6 +268,34 @@ describe("sign-in", () => {
     expect(jar.cookies.get("typesafe_session")).not.toBe(member.jar.cookies.get("typesafe_session"));
     const kinds = await database.db("account_activity").where({ account_id: member.accountId }).orderBy("id").pluck("kind");
     expect(kinds).toEqual(["invite_accepted", "sign_in_failed", "signed_in"]);
+  });
+
+  it("with the production password cost, an unknown email takes as long as a wrong password (within a factor of 3)", async () => {
+    const real = await startAccountApp(database, {}, { scryptParams: SCRYPT_PARAMS });
+    try {
+      const { accountId } = await createTestAccount(database.db);
+      const email = uniqueEmail("timed");
+      const { token } = await inviteMember(database.db, accountId, email, real.clock.now());
+      const { client } = accountClient(real.url);
+      await client.acceptInvite({ inviteToken: token, password: PASSWORD });
+      const timed = async (signInEmail: string) => {
+        const started = performance.now();
+        expect((await refusal(client.signIn({ email: signInEmail, password: "not the password" }))).reason).toBe("SIGN_IN_FAILED");
+        return performance.now() - started;
+      };
+      await timed(uniqueEmail("warm-up"));
+      const known: number[] = [];
+      const unknown: number[] = [];
+      for (let i = 0; i < 2; i++) {
+        known.push(await timed(email));
+        unknown.push(await timed(uniqueEmail("unknown")));
+      }
+      const ratio = Math.min(...unknown) / Math.min(...known);
+      expect(ratio).toBeGreaterThan(1 / 3);
+      expect(ratio).toBeLessThan(3);
+    } finally {
+      await real.stop();
+    }
   });
 
   it("a member invited but not yet signed up cannot sign in with any password", async () => {
