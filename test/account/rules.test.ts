@@ -1,6 +1,9 @@
 import { describe, expect, it } from "vitest";
 import { clearSessionCookie, readSessionToken, sessionCookieFor, setSessionCookie } from "../../src/account/cookie.js";
 import { isCrossSite } from "../../src/account/origin.js";
+import { kMember, memberOf } from "../../src/account/door.js";
+import { createHandlerContext } from "@connectrpc/connect";
+import { AccountService } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
 import { csvField } from "../../src/account/usage-csv.js";
 import { callCursor, decodePageToken, encodePageToken, pageSize, usageFilter } from "../../src/account/usage-query.js";
 import { emailProblem, normalizeEmail } from "../../src/accounts/members.js";
@@ -148,6 +151,22 @@ describe("cross-site requests", () => {
     [{ "sec-fetch-site": "cross-site", origin: "https://api.example.com" }, undefined, true],
   ])("%j sent to %s -> cross-site %s", (headers, host, crossSite) => {
     expect(isCrossSite(new Headers(headers as Record<string, string>), publicOrigin, host)).toBe(crossSite);
+  });
+});
+
+describe("the door", () => {
+  it("memberOf refuses a context the door did not sign in", () => {
+    const ctx = createHandlerContext({
+      service: AccountService,
+      method: AccountService.method.getAccount,
+      protocolName: "test",
+      requestMethod: "POST",
+      url: "http://localhost/",
+    });
+    expect(() => memberOf(ctx)).toThrow(/^\[unauthenticated\] not signed in, or the session ended: sign in to the account area$/);
+    const member = { memberId: "m", accountId: "a", email: "e" };
+    ctx.values.set(kMember, member);
+    expect(memberOf(ctx)).toBe(member);
   });
 });
 
