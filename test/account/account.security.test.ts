@@ -85,6 +85,8 @@ describe("pages of other sites", () => {
         code: Code.PermissionDenied,
         reason: "CROSS_SITE_REFUSED",
         message: "origin: calls to the account area must come from its own pages",
+        field: "origin",
+        rule: "the service's own origin",
       });
     }
     expect((await member.client.listKeys({})).keys).toHaveLength(1);
@@ -281,6 +283,15 @@ describe("sessions end", () => {
     expect((await refusal(accountClient(service.url).client.signIn({ email: member.email, password: PASSWORD }))).reason).toBe("SIGN_IN_FAILED");
   });
 
+  it("a new invite of one member leaves other members' invites working", async () => {
+    const { accountId } = await createTestAccount(database.db);
+    const first = uniqueEmail("first");
+    await inviteMember(database.db, accountId, first, service.clock.now());
+    const other = await inviteMember(database.db, accountId, uniqueEmail("other"), service.clock.now());
+    await inviteMember(database.db, accountId, first, service.clock.now());
+    await accountClient(service.url).client.acceptInvite({ inviteToken: other.token, password: PASSWORD });
+  });
+
   it("a removed member's pending invite no longer works, even if it was never marked used", async () => {
     const { accountId } = await createTestAccount(database.db);
     const { token, memberId } = await inviteMember(database.db, accountId, uniqueEmail("gone"), service.clock.now());
@@ -375,6 +386,9 @@ describe("sign-in", () => {
     const email = uniqueEmail("ghost");
     const { client } = accountClient(service.url);
     for (let i = 0; i < 5; i++) await refusal(client.signIn({ email, password: "whatever it is" }));
+    // Another email's successful sign-in forgets only its own failures.
+    const member = await signedInMember();
+    await accountClient(service.url).client.signIn({ email: member.email, password: PASSWORD });
     expect((await refusal(client.signIn({ email, password: "whatever it is" }))).reason).toBe("SIGN_IN_THROTTLED");
   });
 });

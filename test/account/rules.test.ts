@@ -67,6 +67,18 @@ describe("passwords", () => {
     expect(await verifyPassword("anything at all", stored, TEST_SCRYPT)).toBe(false);
   });
 
+  it("the right password does not verify against a stored form with text around it or parameters out of range", async () => {
+    const stored = await hashPassword("correct horse battery", TEST_SCRYPT);
+    expect(await verifyPassword("correct horse battery", `x${stored}`, TEST_SCRYPT)).toBe(false);
+    expect(await verifyPassword("correct horse battery", `${stored}$x`, TEST_SCRYPT)).toBe(false);
+    for (const params of [
+      { N: 16, r: 1, p: 17, keyBytes: 32, saltBytes: 16 },
+      { N: 16, r: 1, p: 1, keyBytes: 15, saltBytes: 16 },
+    ]) {
+      expect(await verifyPassword("correct horse battery", await hashPassword("correct horse battery", params), TEST_SCRYPT)).toBe(false);
+    }
+  });
+
   it("a stored form with odd but valid parameters verifies when it was made with them", async () => {
     const stored = await hashPassword("correct horse battery", { N: 2, r: 1, p: 1, keyBytes: 16, saltBytes: 8 });
     expect(await verifyPassword("correct horse battery", stored)).toBe(true);

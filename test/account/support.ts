@@ -122,12 +122,15 @@ export async function inviteMember(db: Knex, accountId: string, email: string, n
 }
 
 /** The reason and status of a refused call, for assertions. */
-export async function refusal(call: Promise<unknown>): Promise<{ code: number; reason: string; message: string; metadata: Headers }> {
+export async function refusal(
+  call: Promise<unknown>,
+): Promise<{ code: number; reason: string; message: string; field: string; rule: string; metadata: Headers }> {
   try {
     await call;
   } catch (err) {
     if (!(err instanceof ConnectError)) throw err;
-    return { code: err.code, reason: err.findDetails(ErrorDetailSchema)[0]?.reason ?? "", message: err.rawMessage, metadata: err.metadata };
+    const detail = err.findDetails(ErrorDetailSchema)[0];
+    return { code: err.code, reason: detail?.reason ?? "", message: err.rawMessage, field: detail?.field ?? "", rule: detail?.rule ?? "", metadata: err.metadata };
   }
   throw new Error("the call succeeded");
 }
