@@ -24,7 +24,12 @@ export interface Metrics {
   recordConnectionTimeout(timeout: ConnectionTimeout): void;
   /** One client connection closed on accept because the server held as many as it may. */
   recordConnectionRefused(): void;
+  /** One sign-in to the account area: ok, failed (wrong email or password) or throttled. */
+  recordSignIn(outcome: SignInOutcome): void;
 }
+
+const SIGN_IN_OUTCOMES = ["ok", "failed", "throttled"] as const;
+export type SignInOutcome = (typeof SIGN_IN_OUTCOMES)[number];
 
 /** Bound label children of recordCall kept per raw procedure, protocol and reason. */
 const MAX_CACHED_CALL_SERIES = 256;
@@ -49,7 +54,12 @@ const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, strin
 ];
 
 /** The registry and its recorders; the meter's and the pool's figures are read at scrape time. */
-export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
+export function createMetrics(deps: {
+  meter: Meter;
+  db: Knex;
+  /** Account-area sessions live now, read from the database at scrape time. */
+  liveSessions?: () => Promise<number>;
+}): Metrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });
 
@@ -182,6 +192,26 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
     help: "Client connections closed on accept because the service held TYPESAFE_MAX_CONNECTIONS already.",
     registers: [registry],
   });
+  const signIns = new Counter({
+    name: "typesafe_account_sign_ins_total",
+    help: "Sign-ins to the account area by outcome: ok, failed (wrong email or password), throttled.",
+    labelNames: ["outcome"] as const,
+    registers: [registry],
+  });
+  for (const outcome of SIGN_IN_OUTCOMES) signIns.labels({ outcome }).inc(0);
+  const { liveSessions } = deps;
+  if (liveSessions) {
+    new Gauge({
+      name: "typesafe_account_sessions_active",
+      help: "Account-area sessions live now (not signed out, idle or expired), across replicas.",
+      registers: [registry],
+      async collect() {
+        // An unreachable database must not fail the whole scrape: the gauge keeps its last value.
+        const count = await liveSessions().catch(() => undefined);
+        if (count !== undefined) this.set(count);
+      },
+    });
+  }
 
   const llmOutcomes = Object.fromEntries(LLM_CALL_OUTCOMES.map((outcome) => [outcome, llmCalls.labels({ outcome })])) as Record<
     LlmCallOutcome,
@@ -231,6 +261,9 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
     },
     recordConnectionRefused() {
       connectionsRefused.inc();
+    },
+    recordSignIn(outcome) {
+      signIns.labels({ outcome }).inc();
     },
   };
 }
