@@ -40,6 +40,9 @@ export const REASONS = {
 
 export type Reason = keyof typeof REASONS;
 
+/** Reasons only the account area gives; the /api/v1 surface and its OpenAPI document never carry them. */
+export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>(["SIGNED_OUT", "SIGN_IN_FAILED", "CROSS_SITE_REFUSED", "INVITE_INVALID", "SIGN_IN_THROTTLED"]);
+
 export interface ApiErrorInit {
   field?: string;
   rule?: string;

@@ -374,7 +374,7 @@ export interface components {
                 };
             };
         };
-        /** @description UNAUTHENTICATED: Missing, malformed, unknown or revoked API key. SIGNED_OUT: Account area: no live session (never an API key); sign in. SIGN_IN_FAILED: Account area: wrong email or password (the same answer for both). */
+        /** @description UNAUTHENTICATED: Missing, malformed, unknown or revoked API key. */
         Error401: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -384,11 +384,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 40101 | 40102 | 40103;
+                    code: 40101;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "UNAUTHENTICATED" | "SIGNED_OUT" | "SIGN_IN_FAILED";
+                        reason?: "UNAUTHENTICATED";
                     };
                 };
             };
@@ -408,25 +408,6 @@ export interface components {
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
                         reason?: "INSUFFICIENT_BALANCE";
-                    };
-                };
-            };
-        };
-        /** @description CROSS_SITE_REFUSED: Account area: the call came from another site's page (its Origin). */
-        Error403: {
-            headers: {
-                /** @description The id of this call, also in the service log. */
-                "x-request-id": string;
-                [name: string]: unknown;
-            };
-            content: {
-                "application/json": {
-                    /** @enum {integer} */
-                    code: 40301;
-                    message: string;
-                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
-                        /** @enum {string} */
-                        reason?: "CROSS_SITE_REFUSED";
                     };
                 };
             };
@@ -488,25 +469,6 @@ export interface components {
                 };
             };
         };
-        /** @description INVITE_INVALID: Account area: the invite is unknown, used or expired; ask the operator for a new one. */
-        Error410: {
-            headers: {
-                /** @description The id of this call, also in the service log. */
-                "x-request-id": string;
-                [name: string]: unknown;
-            };
-            content: {
-                "application/json": {
-                    /** @enum {integer} */
-                    code: 41001;
-                    message: string;
-                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
-                        /** @enum {string} */
-                        reason?: "INVITE_INVALID";
-                    };
-                };
-            };
-        };
         /** @description PAYLOAD_TOO_LARGE: The body exceeds 96 KB. */
         Error413: {
             headers: {
@@ -564,7 +526,7 @@ export interface components {
                 };
             };
         };
-        /** @description RATE_LIMITED: More than 60 calls in a rolling minute. CONCURRENCY_LIMITED: More than 5 calls in flight. SIGN_IN_THROTTLED: Account area: 5 failed sign-ins for this email within 15 minutes; wait Retry-After. */
+        /** @description RATE_LIMITED: More than 60 calls in a rolling minute. CONCURRENCY_LIMITED: More than 5 calls in flight. */
         Error429: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -582,11 +544,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 42901 | 42902 | 42903;
+                    code: 42901 | 42902;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "RATE_LIMITED" | "CONCURRENCY_LIMITED" | "SIGN_IN_THROTTLED";
+                        reason?: "RATE_LIMITED" | "CONCURRENCY_LIMITED";
                     };
                 };
             };
@@ -724,11 +686,9 @@ export interface operations {
             400: components["responses"]["Error400"];
             401: components["responses"]["Error401"];
             402: components["responses"]["Error402"];
-            403: components["responses"]["Error403"];
             404: components["responses"]["Error404"];
             405: components["responses"]["Error405"];
             409: components["responses"]["Error409"];
-            410: components["responses"]["Error410"];
             413: components["responses"]["Error413"];
             415: components["responses"]["Error415"];
             422: components["responses"]["Error422"];
@@ -783,11 +743,9 @@ export interface operations {
             400: components["responses"]["Error400"];
             401: components["responses"]["Error401"];
             402: components["responses"]["Error402"];
-            403: components["responses"]["Error403"];
             404: components["responses"]["Error404"];
             405: components["responses"]["Error405"];
             409: components["responses"]["Error409"];
-            410: components["responses"]["Error410"];
             413: components["responses"]["Error413"];
             415: components["responses"]["Error415"];
             422: components["responses"]["Error422"];
@@ -827,11 +785,9 @@ export interface operations {
             400: components["responses"]["Error400"];
             401: components["responses"]["Error401"];
             402: components["responses"]["Error402"];
-            403: components["responses"]["Error403"];
             404: components["responses"]["Error404"];
             405: components["responses"]["Error405"];
             409: components["responses"]["Error409"];
-            410: components["responses"]["Error410"];
             413: components["responses"]["Error413"];
             415: components["responses"]["Error415"];
             422: components["responses"]["Error422"];

@@ -1,5 +1,5 @@
 import { ScalarType, type DescEnum, type DescField, type DescMessage, type DescMethod, type Registry } from "@bufbuild/protobuf";
-import { REASONS, type Reason } from "../errors.js";
+import { ACCOUNT_AREA_REASONS, REASONS, type Reason } from "../errors.js";
 import { MAX_NESTING_DEPTH } from "../validation.js";
 import { httpBindingOf, jsonTouchesOf } from "../gateway/routes.js";
 import { REQUEST_RULES } from "./request-rules.js";
@@ -137,8 +137,11 @@ function successEnvelope(data: JsonSchema): JsonSchema {
   };
 }
 
+/** The reasons the documented surface can answer: the account area's own stay out of it. */
+const apiReasons = (Object.keys(REASONS) as Reason[]).filter((reason) => !ACCOUNT_AREA_REASONS.has(reason));
+
 /** HTTP statuses of the error table, lowest first. */
-const errorStatuses = [...new Set(Object.values(REASONS).map((entry) => entry.http))].sort((a, b) => a - b);
+const errorStatuses = [...new Set(apiReasons.map((reason) => REASONS[reason].http))].sort((a, b) => a - b);
 
 const errorResponseRefs: Record<string, JsonSchema> = Object.fromEntries(
   errorStatuses.map((status) => [String(status), { $ref: `#/components/responses/Error${status}` }]),
@@ -147,8 +150,9 @@ const errorResponseRefs: Record<string, JsonSchema> = Object.fromEntries(
 /** One response per HTTP status of the error table, listing its reasons. */
 function errorResponses(): Record<string, JsonSchema> {
   const byStatus = new Map<number, Reason[]>();
-  for (const [reason, entry] of Object.entries(REASONS) as [Reason, (typeof REASONS)[Reason]][]) {
-    byStatus.set(entry.http, [...(byStatus.get(entry.http) ?? []), reason]);
+  for (const reason of apiReasons) {
+    const status = REASONS[reason].http;
+    byStatus.set(status, [...(byStatus.get(status) ?? []), reason]);
   }
   const responses: Record<string, JsonSchema> = {};
   for (const [status, reasons] of byStatus) {
