@@ -20,6 +20,7 @@ import { createObserveInterceptor } from "./rpc/observe.js";
 import { registerReflection } from "./rpc/reflection.js";
 import { createSearchService } from "./search/service.js";
 import { startServer, type RunningServer } from "./server.js";
+import { withAccountPage } from "./web/account-page.js";
 
 export interface App {
   server: RunningServer;
@@ -68,7 +69,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
     server = await startServer(
       {
         routes,
-        fallback: createGateway({
+        fallback: withAccountPage(createGateway({
           routes: apiRoutes([served(DecisionService, decision), served(SearchService, search)]),
           logger,
           maxBodyBytes: config.maxBodyBytes,
@@ -76,7 +77,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
           shutdownSignal: shutdown.signal,
           metrics,
           openApiDocument: readOpenApiDocument(),
-        }),
+        })),
         interceptors: [createObserveInterceptor(observer)],
         maxBodyBytes: config.maxBodyBytes,
         keyedServices: new Set([DecisionService.typeName, SearchService.typeName]),
