@@ -182,7 +182,11 @@ byId("sign-out", HTMLButtonElement).addEventListener("click", () => {
   );
 });
 
-window.addEventListener("hashchange", () => void route(true));
+window.addEventListener("hashchange", () => {
+  // A message belongs to the view it was said in.
+  status.textContent = "";
+  void route(true);
+});
 
 if (new URLSearchParams(location.search).has("invite")) show("invite", false);
 else void resume(false);
