@@ -20,6 +20,13 @@ import { createObserveInterceptor } from "./rpc/observe.js";
 import { registerReflection } from "./rpc/reflection.js";
 import { createSearchService } from "./search/service.js";
 import { startServer, type RunningServer } from "./server.js";
+import { createAccountService } from "./account/service.js";
+import { sessionCookieFor } from "./account/cookie.js";
+import { createAccountDoorInterceptor, type AccountDoorOptions } from "./account/door.js";
+import { createUsageCsvHandler, USAGE_CSV_PATH } from "./account/usage-csv.js";
+import { countLiveSessions } from "./accounts/sessions.js";
+import type { ScryptParams } from "./accounts/passwords.js";
+import { AccountService } from "./gen/typesafe/account/v1/account_service_pb.js";
 import { withAccountPage } from "./web/account-page.js";
 
 export interface App {
@@ -30,12 +37,18 @@ export interface App {
   stop(): Promise<void>;
 }
 
+/** What tests may put in place of the real thing: the account area's clock and password cost. */
+export interface AppOverrides {
+  now?: () => Date;
+  scryptParams?: ScryptParams;
+}
+
 /**
  * The composition root: builds every dependency once, registers the services
  * on one router for gRPC/Connect/gRPC-Web and on the JSON gateway, and
  * listens. Nothing here runs on import.
  */
-export async function startApp(config: Config, logger: Logger): Promise<App> {
+export async function startApp(config: Config, logger: Logger, overrides: AppOverrides = {}): Promise<App> {
   const database = await openDatabase({
     databaseUrl: config.databaseUrl,
     dataDir: config.dataDir,
@@ -45,11 +58,17 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
   const { db } = database;
   await prepareStatementsOn(db);
   const meter = createMeter({ db, config: config.metering, logger });
-  const metrics = config.metrics ? createMetrics({ meter, db }) : undefined;
+  const now = overrides.now ?? (() => new Date());
+  const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
+  const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
   const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics });
   const search = createSearchService({ db, meter, config: config.search, logger, metrics });
 
   const observer = { logger, metrics };
+  const sessionCookie = sessionCookieFor(config.account.publicUrl);
+  const accountDoor: AccountDoorOptions = { db, cookie: sessionCookie, policy: sessionPolicy, publicOrigin: new URL(config.account.publicUrl).origin, now };
+  const account = createAccountService({ db, cookie: sessionCookie, policy: sessionPolicy, now, metrics, scryptParams: overrides.scryptParams });
+  const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
 
   const isReady = async () => {
     await db.raw("SELECT 1");
@@ -59,26 +78,29 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
     registerReflection(router, [file_typesafe_error_v1_error, file_google_rpc_error_details]);
     router.service(DecisionService, decision);
     router.service(SearchService, search);
+    router.service(AccountService, account);
     registerHealth(router, isReady);
   };
   const shutdown = new AbortController();
   // Every call in flight listens for the end of a shutdown's grace period.
   setMaxListeners(0, shutdown.signal);
+  const gateway = createGateway({
+    routes: apiRoutes([served(DecisionService, decision), served(SearchService, search)]),
+    logger,
+    maxBodyBytes: config.maxBodyBytes,
+    isReady,
+    shutdownSignal: shutdown.signal,
+    metrics,
+    openApiDocument: readOpenApiDocument(),
+  });
   let server: RunningServer;
   try {
     server = await startServer(
       {
         routes,
-        fallback: withAccountPage(createGateway({
-          routes: apiRoutes([served(DecisionService, decision), served(SearchService, search)]),
-          logger,
-          maxBodyBytes: config.maxBodyBytes,
-          isReady,
-          shutdownSignal: shutdown.signal,
-          metrics,
-          openApiDocument: readOpenApiDocument(),
-        })),
-        interceptors: [createObserveInterceptor(observer)],
+        fallback: withAccountPage((req, res) => ((req.url ?? "").split("?", 1)[0] === USAGE_CSV_PATH ? usageCsv(req, res) : gateway(req, res))),
+        // The account door runs inside the observer, so its refusals are logged and typed like any error.
+        interceptors: [createObserveInterceptor(observer), createAccountDoorInterceptor(accountDoor)],
         maxBodyBytes: config.maxBodyBytes,
         keyedServices: new Set([DecisionService.typeName, SearchService.typeName]),
         jsonRules: { [SearchRequestSchema.typeName]: findSearchJsonViolation },

@@ -23,6 +23,7 @@ export interface Config {
   /** Maximum body size of the JSON gateway and of RPC messages. */
   maxBodyBytes: number;
   metering: MeteringConfig;
+  account: AccountAreaConfig;
   llm: LlmConfig;
   search: SearchConfig;
 }
@@ -36,6 +37,19 @@ export interface MeteringConfig {
   sweepIntervalMs: number;
   /** Client-side deadline of one metering statement; a lost reply ends here and the call asks again. */
   statementTimeoutMs: number;
+}
+
+export interface AccountAreaConfig {
+  /**
+   * Where people reach this service (TYPESAFE_PUBLIC_URL): invite links start
+   * with it, its origin is the one site whose pages may make state-changing
+   * calls, and when it is https the session cookie is Secure.
+   */
+  publicUrl: string;
+  /** A session unused this long ends (OWASP suggests 15-30 minutes for low-risk sites). */
+  sessionIdleMs: number;
+  /** A session ends this long after sign-in, however busy. */
+  sessionAbsoluteMs: number;
 }
 
 export interface LlmConfig {
@@ -94,6 +108,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   if (llmBaseUrl && !/^https?:\/\/[^/]/.test(llmBaseUrl)) {
     problems.push(`TYPESAFE_LLM_BASE_URL: must be an http(s) URL, got "${llmBaseUrl}"`);
   }
+  const publicUrl = str("TYPESAFE_PUBLIC_URL");
+  if (publicUrl !== undefined && publicUrlProblem(publicUrl)) {
+    problems.push(`TYPESAFE_PUBLIC_URL: ${publicUrlProblem(publicUrl)}, got "${publicUrl}"`);
+  }
   const databaseUrl = str("DATABASE_URL");
   if (databaseUrl !== undefined) {
     const problem = databaseUrlProblem(databaseUrl);
@@ -111,9 +129,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     problems.push(...err.problems);
   }
 
+  const host = str("HOST") ?? "127.0.0.1";
+  const port = int("PORT", 8080, 0, 65535);
   const config: Config = {
-    host: str("HOST") ?? "127.0.0.1",
-    port: int("PORT", 8080, 0, 65535),
+    host,
+    port,
     databaseUrl,
     dataDir: path.resolve(cwd, str("TYPESAFE_DATA_DIR") ?? ".typesafe-data"),
     dbPoolMax: int("TYPESAFE_DB_POOL_MAX", 10, 2, 1000),
@@ -126,6 +146,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       leaseMarginMs: int("TYPESAFE_LEASE_MARGIN_MS", 30_000, 1_000),
       sweepIntervalMs: int("TYPESAFE_SWEEP_INTERVAL_MS", 5_000, 100),
       statementTimeoutMs: int("TYPESAFE_DB_STATEMENT_TIMEOUT_MS", 5_000, 100, 60_000),
+    },
+    account: {
+      publicUrl: (publicUrl && !publicUrlProblem(publicUrl) ? publicUrl : `http://${host.includes(":") ? `[${host}]` : host}:${port}`).replace(/\/+$/, ""),
+      sessionIdleMs: int("TYPESAFE_SESSION_IDLE_MINUTES", 30, 1, 24 * 60) * 60_000,
+      sessionAbsoluteMs: int("TYPESAFE_SESSION_ABSOLUTE_HOURS", 12, 1, 24 * 30) * 3_600_000,
     },
     llm: {
       baseUrl: llmBaseUrl?.replace(/\/+$/, ""),
@@ -144,6 +169,18 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return config;
+}
+
+/** Why a TYPESAFE_PUBLIC_URL cannot be used (an http(s) origin, optionally with a path), or undefined. */
+function publicUrlProblem(raw: string): string | undefined {
+  try {
+    const url = new URL(raw);
+    if (url.protocol !== "http:" && url.protocol !== "https:") return "must be an http:// or https:// URL";
+    if (url.search !== "" || url.hash !== "" || url.username !== "" || url.password !== "") return "must have no query, fragment or credentials";
+    return undefined;
+  } catch {
+    return "must be an http:// or https:// URL";
+  }
 }
 
 /** Why a DATABASE_URL cannot be used, without echoing it (it may hold a password); undefined when fine. */

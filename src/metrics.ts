@@ -18,7 +18,12 @@ export interface Metrics {
   recordDecision(tokens: { input: number; cachedInput: number; output: number }, methods: string[]): void;
   /** One search source's part in a search: its reported status, latency and whether the cache answered. */
   recordSearchSource(source: string, status: string, seconds: number, cached: boolean): void;
+  /** One sign-in to the account area: ok, failed (wrong email or password) or throttled. */
+  recordSignIn(outcome: SignInOutcome): void;
 }
+
+const SIGN_IN_OUTCOMES = ["ok", "failed", "throttled"] as const;
+export type SignInOutcome = (typeof SIGN_IN_OUTCOMES)[number];
 
 /** Bound label children of recordCall kept per raw procedure, protocol and reason. */
 const MAX_CACHED_CALL_SERIES = 256;
@@ -37,7 +42,12 @@ const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, strin
   ["cappedCharges", "typesafe_meter_capped_charges_total", "Actual costs above the reservation, charged at the reservation."],
 ];
 
-export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
+export function createMetrics(deps: {
+  meter: Meter;
+  db: Knex;
+  /** Account-area sessions live now, read from the database at scrape time. */
+  liveSessions?: () => Promise<number>;
+}): Metrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });
 
@@ -146,6 +156,27 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
     },
   });
 
+  const signIns = new Counter({
+    name: "typesafe_account_sign_ins_total",
+    help: "Sign-ins to the account area by outcome: ok, failed (wrong email or password), throttled.",
+    labelNames: ["outcome"] as const,
+    registers: [registry],
+  });
+  for (const outcome of SIGN_IN_OUTCOMES) signIns.labels({ outcome }).inc(0);
+  const { liveSessions } = deps;
+  if (liveSessions) {
+    new Gauge({
+      name: "typesafe_account_sessions_active",
+      help: "Account-area sessions live now (not signed out, idle or expired), across replicas.",
+      registers: [registry],
+      async collect() {
+        // An unreachable database must not fail the whole scrape: the gauge keeps its last value.
+        const count = await liveSessions().catch(() => undefined);
+        if (count !== undefined) this.set(count);
+      },
+    });
+  }
+
   const llmOutcomes = Object.fromEntries(LLM_CALL_OUTCOMES.map((outcome) => [outcome, llmCalls.labels({ outcome })])) as Record<
     LlmCallOutcome,
     ReturnType<typeof llmCalls.labels>
@@ -185,6 +216,9 @@ export function createMetrics(deps: { meter: Meter; db: Knex }): Metrics {
       searchSources.inc({ source, status });
       searchSeconds.observe({ source }, seconds);
       if (cached) searchCacheHits.inc({ source });
+    },
+    recordSignIn(outcome) {
+      signIns.labels({ outcome }).inc();
     },
   };
 }

@@ -18,8 +18,19 @@ export interface DbApiKeyRow {
   id: string;
   account_id: string;
   display_prefix: string;
+  /** The name its creator gave it, or empty. */
+  name: string;
+  /** The key's last 4 characters; empty for keys made before they were kept. */
+  last4: string;
+  /** The email of the member who made it, or "operator". */
+  created_by: string;
   created_at: Date;
   revoked_at: Date | null;
+}
+
+/** A key as the account area lists it: its row and when a call last used it. */
+export interface AccountKeyRow extends DbApiKeyRow {
+  last_used_at: Date | null;
 }
 
 /** Creates an account and grants its opening credits and free requests, with ledger rows. */
@@ -55,15 +66,52 @@ export async function findAccount(db: Knex | Knex.Transaction, accountId: string
 export async function createApiKey(
   db: Knex | Knex.Transaction,
   accountId: string,
-): Promise<{ keyId: string; apiKey: string }> {
+  init: { name?: string; createdBy?: string } = {},
+): Promise<{ keyId: string; apiKey: string; row: DbApiKeyRow }> {
   const apiKey = generateApiKey();
-  const [row] = await db("api_keys")
-    .insert({ account_id: accountId, key_hash: hashApiKey(apiKey), display_prefix: displayPrefix(apiKey) })
-    .returning("id");
-  return { keyId: row!.id as string, apiKey };
+  const [row] = await db<DbApiKeyRow>("api_keys")
+    .insert({
+      account_id: accountId,
+      key_hash: hashApiKey(apiKey),
+      display_prefix: displayPrefix(apiKey),
+      name: init.name ?? "",
+      last4: apiKey.slice(-4),
+      created_by: init.createdBy ?? "operator",
+    } as Partial<DbApiKeyRow>)
+    .returning(KEY_COLUMNS);
+  return { keyId: row!.id, apiKey, row: row! };
 }
 
-/** Revokes a key from the next request on: nothing caches keys. Returns false for an unknown key id. */
+const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at"] as const;
+
+/** The account's keys, newest first, each with the time of its newest call (the requests' key index). */
+export async function listAccountKeys(db: Knex | Knex.Transaction, accountId: string): Promise<AccountKeyRow[]> {
+  if (!isUuid(accountId)) return [];
+  return db("api_keys as k")
+    .select(KEY_COLUMNS.map((c) => `k.${c}`))
+    .select(db.raw("(SELECT max(r.created_at) FROM requests r WHERE r.key_id = k.id) AS last_used_at"))
+    .where("k.account_id", accountId)
+    .orderBy([{ column: "k.created_at", order: "desc" }, { column: "k.id", order: "desc" }]);
+}
+
+/**
+ * Revokes a key of this account; another account's key, an unknown id and a
+ * malformed one are all undefined alike. Revoking twice keeps the first time
+ * (`revokedNow` is then false).
+ */
+export async function revokeAccountKey(
+  db: Knex | Knex.Transaction,
+  accountId: string,
+  keyId: string,
+  now: Date,
+): Promise<{ key: AccountKeyRow; revokedNow: boolean } | undefined> {
+  if (!isUuid(keyId) || !isUuid(accountId)) return undefined;
+  const updated = await db("api_keys").where({ id: keyId, account_id: accountId }).whereNull("revoked_at").update({ revoked_at: now }).returning("id");
+  const key = (await listAccountKeys(db, accountId)).find((k) => k.id === keyId);
+  return key && { key, revokedNow: updated.length > 0 };
+}
+
+/** Revokes a key from the next request on: nothing caches keys. Returns false for an unknown key id (the operator's revoke, of any account). */
 export async function revokeApiKey(db: Knex | Knex.Transaction, keyId: string): Promise<boolean> {
   if (!isUuid(keyId)) return false;
   const updated = await db("api_keys")
@@ -73,9 +121,10 @@ export async function revokeApiKey(db: Knex | Knex.Transaction, keyId: string): 
   return updated.length > 0;
 }
 
+/** The account's keys, oldest first (the operator's listing). */
 export async function listApiKeys(db: Knex | Knex.Transaction, accountId: string): Promise<DbApiKeyRow[]> {
   return db<DbApiKeyRow>("api_keys")
-    .select("id", "account_id", "display_prefix", "created_at", "revoked_at")
+    .select([...KEY_COLUMNS] as (keyof DbApiKeyRow)[])
     .where({ account_id: accountId })
     .orderBy("created_at");
 }
@@ -86,6 +135,7 @@ export async function findAccountIdByKeyHash(db: Knex | Knex.Transaction, keyHas
   return row?.account_id as string | undefined;
 }
 
-function isUuid(text: string): boolean {
+/** True for a uuid in its text form: anything else is refused before it reaches a uuid column (which would raise). */
+export function isUuid(text: string): boolean {
   return /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(text);
 }

@@ -2,7 +2,12 @@ import { parseArgs } from "node:util";
 import type { Knex } from "knex";
 import { ConfigError, loadConfig } from "../config.js";
 import { createKnex, migrate, openDatabase, readPublishedSocket } from "../db/database.js";
-import { createAccount, createApiKey, findAccount, grant, listApiKeys, revokeApiKey, type DbAccountRow } from "../accounts/store.js";
+import { createAccount, createApiKey, findAccount, grant, isUuid, listApiKeys, revokeApiKey, type DbAccountRow } from "../accounts/store.js";
+import { OPERATOR, recordActivity } from "../accounts/activity.js";
+import { createInvite } from "../accounts/invites.js";
+import { emailProblem, ensureMember, listMembers, markMemberRemoved, normalizeEmail } from "../accounts/members.js";
+import { endMemberSessions } from "../accounts/sessions.js";
+import { readAccountMoney, type AccountMoney } from "../metering/account-views.js";
 import { createLogger } from "../logger.js";
 import { parseCredits, unitsToCredits } from "../units.js";
 import { listUsage } from "./usage.js";
@@ -11,11 +16,14 @@ const USAGE = `usage: npm run --silent admin -- <command>
 
   accounts create [--name N] [--credits C] [--free-requests F]
   accounts show --account ID
-  keys create --account ID
+  keys create --account ID [--name N]
   keys list --account ID
   keys revoke --key KEY_ID
   credits grant --account ID --credits C
   usage --account ID [--limit N]
+  members invite --account ID --email E
+  members list --account ID
+  members remove --member MEMBER_ID
 
 Prints one JSON object on stdout. Credits are decimals (1 credit = 1,000,000 input tokens).`;
 
@@ -41,7 +49,7 @@ async function main(argv: string[]): Promise<number> {
   const logger = createLogger("silent");
   const store = await openStore(config.databaseUrl, config.dataDir, logger);
   try {
-    const output = await run(store.db, command, values, config.metering.defaultFreeRequests);
+    const output = await run(store.db, command, values, { defaultFreeRequests: config.metering.defaultFreeRequests, publicUrl: config.account.publicUrl });
     process.stdout.write(JSON.stringify(output) + "\n");
     return 0;
   } finally {
@@ -67,6 +75,8 @@ function parseCommandLine(argv: string[]) {
         "free-requests": { type: "string" },
         account: { type: "string" },
         key: { type: "string" },
+        email: { type: "string" },
+        member: { type: "string" },
         limit: { type: "string" },
         help: { type: "boolean", short: "h" },
       },
@@ -82,47 +92,122 @@ function isParseArgsError(err: unknown): err is Error {
   return err instanceof Error && typeof code === "string" && code.startsWith("ERR_PARSE_ARGS_");
 }
 
-async function run(db: Knex, command: string, options: Options, defaultFreeRequests: number): Promise<unknown> {
+/** Where invite links point: the account page reads the token from its query. */
+export const INVITE_PATH = "/account/?invite=";
+
+async function run(db: Knex, command: string, options: Options, settings: { defaultFreeRequests: number; publicUrl: string }): Promise<unknown> {
+  const now = new Date();
   switch (command) {
     case "accounts create": {
       const account = await createAccount(db, {
         name: stringOption(options, "name") ?? "",
         units: credits("credits", stringOption(options, "credits") ?? "0"),
-        freeRequests: integerOption(options, "free-requests") ?? defaultFreeRequests,
+        freeRequests: integerOption(options, "free-requests") ?? settings.defaultFreeRequests,
       });
       const { apiKey, keyId } = await createApiKey(db, account.id);
       return { ...accountJson(account), api_key: apiKey, key_id: keyId };
     }
-    case "accounts show":
-      return accountJson(await requireAccount(db, requiredOption(options, "account")));
+    case "accounts show": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      return moneyJson((await readAccountMoney(db, account.id))!);
+    }
     case "keys create": {
       const account = await requireAccount(db, requiredOption(options, "account"));
-      const { keyId, apiKey } = await createApiKey(db, account.id);
-      return { key_id: keyId, api_key: apiKey, account_id: account.id };
+      const name = stringOption(options, "name") ?? "";
+      const { keyId, apiKey, row } = await db.transaction(async (tx) => {
+        const created = await createApiKey(tx, account.id, { name, createdBy: OPERATOR });
+        await recordActivity(tx, { accountId: account.id, kind: "key_created", actor: OPERATOR, detail: `${created.row.display_prefix}…${created.row.last4}`, at: now });
+        return created;
+      });
+      return { key_id: keyId, api_key: apiKey, account_id: account.id, name: row.name };
     }
     case "keys list": {
       const account = await requireAccount(db, requiredOption(options, "account"));
       const keys = await listApiKeys(db, account.id);
       return {
         account_id: account.id,
-        keys: keys.map((k) => ({ key_id: k.id, prefix: k.display_prefix, created_at: k.created_at, revoked: k.revoked_at !== null })),
+        keys: keys.map((k) => ({
+          key_id: k.id,
+          prefix: k.display_prefix,
+          name: k.name,
+          last4: k.last4,
+          created_by: k.created_by,
+          created_at: k.created_at,
+          revoked: k.revoked_at !== null,
+        })),
       };
     }
     case "keys revoke": {
       const keyId = requiredOption(options, "key");
-      if (!(await revokeApiKey(db, keyId))) throw new UsageError(`no key with id ${keyId}`);
+      const revoked = await db.transaction(async (tx) => {
+        const key = isUuid(keyId) ? await tx("api_keys").where({ id: keyId }).first("account_id", "display_prefix", "last4", "revoked_at") : undefined;
+        if (!key || !(await revokeApiKey(tx, keyId))) return false;
+        if (key.revoked_at === null) {
+          await recordActivity(tx, { accountId: key.account_id, kind: "key_revoked", actor: OPERATOR, detail: `${key.display_prefix}…${key.last4}`, at: now });
+        }
+        return true;
+      });
+      if (!revoked) throw new UsageError(`no key with id ${keyId}`);
       return { revoked: true, key_id: keyId };
     }
     case "credits grant": {
       const accountId = requiredOption(options, "account");
       const units = credits("credits", requiredOption(options, "credits"));
-      const account = await grant(db, accountId, units, 0);
+      const account = await db.transaction(async (tx) => {
+        const granted = await grant(tx, accountId, units, 0);
+        if (granted) await recordActivity(tx, { accountId, kind: "credits_granted", actor: OPERATOR, detail: `${unitsToCredits(units)} credits`, at: now });
+        return granted;
+      });
       if (!account) throw new UsageError(`no account with id ${accountId}`);
       return accountJson(account);
     }
     case "usage": {
       const account = await requireAccount(db, requiredOption(options, "account"));
       return { account_id: account.id, calls: await listUsage(db, account.id, integerOption(options, "limit") ?? 50) };
+    }
+    case "members invite": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      const email = normalizeEmail(requiredOption(options, "email"));
+      const problem = emailProblem(email);
+      if (problem) throw new UsageError(`--email must be ${problem}, got "${email}"`);
+      const invited = await db.transaction(async (tx) => {
+        const member = await ensureMember(tx, account.id, email);
+        if (!member) return undefined;
+        const invite = await createInvite(tx, member.id, now);
+        await recordActivity(tx, { accountId: account.id, kind: "member_invited", actor: OPERATOR, detail: email, at: now });
+        return { member, invite };
+      });
+      if (!invited) throw new UsageError(`${email} is already a member of another account; remove them there first`);
+      return {
+        member_id: invited.member.id,
+        account_id: account.id,
+        email,
+        invite_url: `${settings.publicUrl}${INVITE_PATH}${invited.invite.token}`,
+        invite_token: invited.invite.token,
+        expires_at: invited.invite.expiresAt.toISOString(),
+      };
+    }
+    case "members list": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      const members = await listMembers(db, account.id);
+      return {
+        account_id: account.id,
+        members: members.map((m) => ({ member_id: m.id, email: m.email, created_at: m.created_at, invite_accepted: m.password_hash !== null })),
+      };
+    }
+    case "members remove": {
+      const memberId = requiredOption(options, "member");
+      const removed = await db.transaction(async (tx) => {
+        const member = await markMemberRemoved(tx, memberId, now);
+        if (!member) return undefined;
+        // Their sessions end in the same transaction: no call is served for them after this commits.
+        const sessionsEnded = await endMemberSessions(tx, member.id, now);
+        await tx("member_invites").where({ member_id: member.id }).whereNull("used_at").update({ used_at: now });
+        await recordActivity(tx, { accountId: member.account_id, kind: "member_removed", actor: OPERATOR, detail: member.email, at: now });
+        return { member, sessionsEnded };
+      });
+      if (!removed) throw new UsageError(`no member with id ${memberId}`);
+      return { removed: true, member_id: removed.member.id, account_id: removed.member.account_id, email: removed.member.email, sessions_ended: removed.sessionsEnded };
     }
     default:
       throw new UsageError(`unknown command "${command}"\n\n${USAGE}`);
@@ -139,6 +224,22 @@ function accountJson(account: DbAccountRow) {
     free_requests_remaining: account.free_remaining - account.free_reserved,
     free_requests_held: account.free_reserved,
     in_flight: account.in_flight,
+  };
+}
+
+/** The account as the account area's GetAccount reads it (metering's view), with the operator's names. */
+function moneyJson(money: AccountMoney) {
+  return {
+    account_id: money.id,
+    name: money.name,
+    balance_credits: unitsToCredits(money.balanceUnits),
+    held_credits: unitsToCredits(money.heldUnits),
+    available_credits: unitsToCredits(money.balanceUnits - money.heldUnits),
+    free_requests_remaining: money.freeRemaining - money.freeHeld,
+    free_requests_held: money.freeHeld,
+    in_flight: money.inFlight,
+    max_in_flight: money.maxInFlight,
+    requests_per_minute: Math.round((money.rateLimit * 60_000) / money.rateWindowMs),
   };
 }
 

@@ -5,6 +5,9 @@ import { FINITE_RULE, MAX_NESTING_DEPTH, PROTO_KEY_RULE, UNICODE_RULE, hasLoneSu
 /** Well-known types whose JSON is free-form: any keys, any nesting. */
 const FREE_FORM_TYPES = new Set(["google.protobuf.Value", "google.protobuf.Struct", "google.protobuf.ListValue"]);
 
+/** Well-known types whose JSON is a string (RFC 3339 time, "1.5s", "a,b"), parsed by fromJson. */
+const STRING_FORM_TYPES = new Set(["google.protobuf.Timestamp", "google.protobuf.Duration", "google.protobuf.FieldMask"]);
+
 /**
  * Walks a parsed JSON body along a message descriptor and names the first
  * unknown field, wrong JSON type, `__proto__` key, lone surrogate, infinite
@@ -15,6 +18,7 @@ const FREE_FORM_TYPES = new Set(["google.protobuf.Value", "google.protobuf.Struc
  */
 export function findShapeViolation(desc: DescMessage, json: unknown, path = ""): Violation | undefined {
   if (FREE_FORM_TYPES.has(desc.typeName)) return findFreeFormViolation(json, path || "body", path || "body", 0);
+  if (STRING_FORM_TYPES.has(desc.typeName)) return typeof json === "string" ? checkText(json, path || "body") : { field: path || "body", rule: "must be a string" };
   if (!isObject(json)) return { field: path || "body", rule: "must be a JSON object" };
   for (const [key, value] of Object.entries(json)) {
     const at = pathOf(path, key);

@@ -63,7 +63,7 @@ describe("logs say what happened, at the level it deserves", () => {
 });
 
 describe("usage", () => {
-  it("lists calls by the settle time it shows, newest first", async () => {
+  it("lists finished calls newest start first, each with the time it finished", async () => {
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 10 * 32_000 });
     const at = (ms: number) => new Date(Date.UTC(2031, 0, 1, 0, 0, 0, ms) + 0.5);
     const held = async (ms: number) => {
@@ -76,7 +76,7 @@ describe("usage", () => {
     await resolve(database.db, { requestId: startedSecond, success: true, actualUnits: 10, now: at(3_029) });
     await resolve(database.db, { requestId: startedFirst, success: true, actualUnits: 20, now: at(4_553) });
     const usage = await listUsage(database.db, accountId, 10);
-    expect(usage.map((u) => u.request_id)).toEqual([startedFirst, startedSecond]);
-    expect(usage[0]!.at.getTime()).toBeGreaterThan(usage[1]!.at.getTime());
+    expect(usage.map((u) => u.request_id)).toEqual([startedSecond, startedFirst]);
+    expect(usage.map((u) => u.at.getTime())).toEqual([at(3_029).getTime(), at(4_553).getTime()]);
   });
 });

@@ -5,6 +5,8 @@ import * as refuseAbandonedAdmissions from "./20261125000000_refuse_abandoned_ad
 import * as meteringRulesAsDomains from "./20261125100000_metering_rules_as_domains.js";
 import * as expireHoldsOnlyWhenDue from "./20261125110000_expire_holds_only_when_due.js";
 import * as batchMeteringStatements from "./20261125120000_batch_metering_statements.js";
+import * as createAccountArea from "./20261126000000_create_account_area.js";
+import * as recordKeyOfEachCall from "./20261126000100_record_key_of_each_call.js";
 
 /**
  * Every migration in order. Listed statically so that they load the same way
@@ -17,6 +19,8 @@ const migrations: Record<string, Knex.Migration> = {
   "20261125100000_metering_rules_as_domains": meteringRulesAsDomains,
   "20261125110000_expire_holds_only_when_due": expireHoldsOnlyWhenDue,
   "20261125120000_batch_metering_statements": batchMeteringStatements,
+  "20261126000000_create_account_area": createAccountArea,
+  "20261126000100_record_key_of_each_call": recordKeyOfEachCall,
 };
 
 export const migrationSource: Knex.MigrationSource<string> = {

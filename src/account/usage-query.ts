@@ -1,0 +1,58 @@
+import { throwIfInvalid, type Violation } from "../validation.js";
+import type { Endpoint } from "../metering/ledger.js";
+import type { CallCursor, CallFilter } from "../metering/account-views.js";
+
+/** Page sizes of the account area's lists: 1 to MAX_PAGE_SIZE, 0 meaning DEFAULT_PAGE_SIZE. */
+export const DEFAULT_PAGE_SIZE = 50;
+export const MAX_PAGE_SIZE = 500;
+
+const ENDPOINTS: readonly string[] = ["decide", "search"];
+
+/** The usage filter of a request (RPC or CSV query), checked: a bad field is a 400 naming it. */
+export function usageFilter(input: { endpoint: string; since?: Date; until?: Date }): CallFilter {
+  const violations: Violation[] = [];
+  if (input.endpoint !== "" && !ENDPOINTS.includes(input.endpoint)) violations.push({ field: "endpoint", rule: 'one of "decide", "search" or empty' });
+  if (input.since && input.until && input.since.getTime() >= input.until.getTime()) violations.push({ field: "since", rule: "must be before until" });
+  throwIfInvalid(violations);
+  return { endpoint: input.endpoint === "" ? undefined : (input.endpoint as Endpoint), since: input.since, until: input.until };
+}
+
+/** The page size a request asked for, checked. */
+export function pageSize(size: number, field = "page_size"): number {
+  if (size === 0) return DEFAULT_PAGE_SIZE;
+  throwIfInvalid(size < 0 || size > MAX_PAGE_SIZE ? [{ field, rule: `from 1 to ${MAX_PAGE_SIZE}, or 0 for ${DEFAULT_PAGE_SIZE}` }] : []);
+  return size;
+}
+
+/**
+ * Page tokens are opaque to callers: the base64url of the last row's time and
+ * id. They carry no account: the query they resume is filtered by the
+ * caller's account as every other, so a token cannot reach another's rows.
+ */
+export function encodePageToken(at: Date, id: string): string {
+  return Buffer.from(JSON.stringify([at.toISOString(), id])).toString("base64url");
+}
+
+/** The position a page token names; a token this service did not make is a 400. */
+export function decodePageToken(token: string, field = "page_token"): { at: Date; id: string } | undefined {
+  if (token === "") return undefined;
+  try {
+    const parsed: unknown = JSON.parse(Buffer.from(token, "base64url").toString("utf8"));
+    if (Array.isArray(parsed) && parsed.length === 2 && typeof parsed[0] === "string" && typeof parsed[1] === "string") {
+      const at = new Date(parsed[0]);
+      if (!Number.isNaN(at.getTime()) && /^[0-9a-f-]{1,36}$/i.test(parsed[1])) return { at, id: parsed[1] };
+    }
+  } catch {
+    // falls through to the 400
+  }
+  throwIfInvalid([{ field, rule: "the next_page_token of an earlier page" }]);
+  return undefined;
+}
+
+/** A usage page token as the metering view's cursor; the id must be a request's (a uuid). */
+export function callCursor(token: string): CallCursor | undefined {
+  const position = decodePageToken(token);
+  if (!position) return undefined;
+  throwIfInvalid(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(position.id) ? [] : [{ field: "page_token", rule: "the next_page_token of an earlier page" }]);
+  return { startedAt: position.at, requestId: position.id };
+}

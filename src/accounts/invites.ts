@@ -1,0 +1,36 @@
+import type { Knex } from "knex";
+import { generateToken, hashToken, isWellFormedToken } from "./secret-tokens.js";
+
+/** How long an invite can be accepted. */
+export const INVITE_TTL_MS = 24 * 3_600_000;
+
+/**
+ * Issues an invite for a member: a random token returned this once, stored
+ * hashed, usable once before `now + INVITE_TTL_MS`. Earlier unused invites of
+ * the member stop working, so only the newest link is live.
+ */
+export async function createInvite(db: Knex.Transaction, memberId: string, now: Date): Promise<{ token: string; expiresAt: Date }> {
+  const token = generateToken();
+  const expiresAt = new Date(now.getTime() + INVITE_TTL_MS);
+  await db("member_invites").where({ member_id: memberId }).whereNull("used_at").update({ used_at: now });
+  await db("member_invites").insert({ token_hash: hashToken(token), member_id: memberId, created_at: now, expires_at: expiresAt });
+  return { token, expiresAt };
+}
+
+/**
+ * Uses an invite: the member id of a live, unused, unexpired invite of a
+ * member not removed, marked used in the same statement so that two
+ * acceptances of one token cannot both succeed. Anything else is undefined,
+ * with no hint of which rule failed.
+ */
+export async function consumeInvite(db: Knex.Transaction, token: string, now: Date): Promise<string | undefined> {
+  if (!isWellFormedToken(token)) return undefined;
+  const rows = await db("member_invites as i")
+    .update({ used_at: now })
+    .where("i.token_hash", hashToken(token))
+    .whereNull("i.used_at")
+    .where("i.expires_at", ">", now)
+    .whereExists(db("members as m").select(db.raw("1")).whereRaw("m.id = i.member_id").whereNull("m.removed_at"))
+    .returning("i.member_id");
+  return rows[0]?.member_id as string | undefined;
+}

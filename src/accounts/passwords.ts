@@ -1,0 +1,83 @@
+import crypto from "node:crypto";
+import { promisify } from "node:util";
+
+const scrypt = promisify(crypto.scrypt) as (password: string, salt: Buffer, keylen: number, options: crypto.ScryptOptions) => Promise<Buffer>;
+
+/** The shortest password a member may set (OWASP's minimum when no second factor is used). */
+export const MIN_PASSWORD_CHARS = 12;
+/** Longer passwords are refused: scrypt's cost grows with the input, and nobody types more. */
+export const MAX_PASSWORD_CHARS = 256;
+
+/** scrypt cost parameters: OWASP's recommended N=2^17, r=8, p=1, 32-byte key, 16-byte salt. */
+export const SCRYPT_PARAMS = { N: 131_072, r: 8, p: 1, keyBytes: 32, saltBytes: 16 } as const;
+
+/** scrypt needs 128 * N * r bytes; Node's default cap (32 MiB) is exactly that for these parameters, so allow some headroom. */
+const MAX_MEM = 256 * 1024 * 1024;
+
+/** Which rule a new password breaks, or undefined when it is acceptable. */
+export function passwordProblem(password: string): string | undefined {
+  const chars = [...password].length;
+  if (chars < MIN_PASSWORD_CHARS) return `at least ${MIN_PASSWORD_CHARS} characters`;
+  if (chars > MAX_PASSWORD_CHARS) return `at most ${MAX_PASSWORD_CHARS} characters`;
+  return undefined;
+}
+
+/**
+ * A password's stored form, `scrypt$N$r$p$salt$hash` (base64url): a fresh
+ * random salt per password, and the parameters beside the hash so they can
+ * be raised later without breaking stored passwords.
+ */
+export async function hashPassword(password: string, params: ScryptParams = SCRYPT_PARAMS): Promise<string> {
+  const salt = crypto.randomBytes(params.saltBytes);
+  const hash = await scrypt(password.normalize("NFC"), salt, params.keyBytes, options(params));
+  return ["scrypt", params.N, params.r, params.p, salt.toString("base64url"), hash.toString("base64url")].join("$");
+}
+
+/** The cost parameters of a stored hash. */
+export interface ScryptParams {
+  N: number;
+  r: number;
+  p: number;
+  keyBytes: number;
+  saltBytes: number;
+}
+
+/**
+ * True when the password matches the stored form, compared in constant time.
+ * A stored form this module did not write never matches (and costs the same
+ * scrypt work, so it cannot be told apart by timing).
+ */
+export async function verifyPassword(password: string, stored: string): Promise<boolean> {
+  const parsed = parseStored(stored);
+  const params = parsed?.params ?? SCRYPT_PARAMS;
+  const salt = parsed?.salt ?? Buffer.alloc(params.saltBytes);
+  const expected = parsed?.hash ?? Buffer.alloc(params.keyBytes);
+  const actual = await scrypt(password.normalize("NFC"), salt, expected.length, options(params));
+  return crypto.timingSafeEqual(actual, expected) && parsed !== undefined;
+}
+
+/**
+ * A stored form of a password nobody knows, for verifying against when the
+ * email is unknown: with the parameters new passwords get, the answer then
+ * takes as long as for a known email.
+ */
+export function createDummyHash(params: ScryptParams = SCRYPT_PARAMS): Promise<string> {
+  return hashPassword(crypto.randomBytes(32).toString("base64url"), params);
+}
+
+const STORED = /^scrypt\$(\d+)\$(\d+)\$(\d+)\$([A-Za-z0-9_-]+)\$([A-Za-z0-9_-]+)$/;
+
+function parseStored(stored: string): { params: ScryptParams; salt: Buffer; hash: Buffer } | undefined {
+  const match = STORED.exec(stored);
+  if (!match) return undefined;
+  const [N, r, p] = [Number(match[1]), Number(match[2]), Number(match[3])];
+  const salt = Buffer.from(match[4]!, "base64url");
+  const hash = Buffer.from(match[5]!, "base64url");
+  // Refuses a stored form whose parameters would be absurd to compute (a row written by something else).
+  if (N < 2 || N > 2 ** 20 || (N & (N - 1)) !== 0 || r < 1 || r > 32 || p < 1 || p > 16 || hash.length < 16) return undefined;
+  return { params: { N, r, p, keyBytes: hash.length, saltBytes: salt.length }, salt, hash };
+}
+
+function options(params: ScryptParams): crypto.ScryptOptions {
+  return { N: params.N, r: params.r, p: params.p, maxmem: MAX_MEM };
+}

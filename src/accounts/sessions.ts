@@ -1,0 +1,78 @@
+import type { Knex } from "knex";
+import { generateToken, hashToken, isWellFormedToken } from "./secret-tokens.js";
+
+/** How long sessions last: ended after `idleMs` unused, and `absoluteMs` after sign-in in any case. */
+export interface SessionPolicy {
+  idleMs: number;
+  absoluteMs: number;
+}
+
+/** The member a live session belongs to. */
+export interface SessionMember {
+  memberId: string;
+  accountId: string;
+  email: string;
+}
+
+/** Starts a session; the token goes in the cookie and only its hash is stored. */
+export async function startSession(db: Knex | Knex.Transaction, memberId: string, policy: SessionPolicy, now: Date): Promise<string> {
+  const token = generateToken();
+  await db("member_sessions").insert({
+    token_hash: hashToken(token),
+    member_id: memberId,
+    created_at: now,
+    last_seen_at: now,
+    expires_at: new Date(now.getTime() + policy.absoluteMs),
+  });
+  return token;
+}
+
+/**
+ * The member of a live session, its idle clock restarted; undefined for an
+ * unknown, ended, idle, too old session or a removed member's. One statement:
+ * the check and the touch cannot be split by a concurrent sign-out.
+ */
+export async function resumeSession(db: Knex, token: string, policy: SessionPolicy, now: Date): Promise<SessionMember | undefined> {
+  if (!isWellFormedToken(token)) return undefined;
+  const result = await db.raw(
+    `UPDATE member_sessions s
+        SET last_seen_at = :now
+       FROM members m
+      WHERE s.token_hash = :hash AND s.ended_at IS NULL
+        AND s.last_seen_at > :idleCutoff AND s.expires_at > :now
+        AND m.id = s.member_id AND m.removed_at IS NULL
+    RETURNING m.id AS member_id, m.account_id, m.email`,
+    { now, hash: hashToken(token), idleCutoff: new Date(now.getTime() - policy.idleMs) },
+  );
+  const row = result.rows[0] as { member_id: string; account_id: string; email: string } | undefined;
+  return row && { memberId: row.member_id, accountId: row.account_id, email: row.email };
+}
+
+/** Ends one session at once (sign-out); the member whose live session it was, or undefined. */
+export async function endSession(db: Knex | Knex.Transaction, token: string, now: Date): Promise<SessionMember | undefined> {
+  if (!isWellFormedToken(token)) return undefined;
+  const result = await db.raw(
+    `UPDATE member_sessions s SET ended_at = :now FROM members m
+      WHERE s.token_hash = :hash AND s.ended_at IS NULL AND m.id = s.member_id
+    RETURNING m.id AS member_id, m.account_id, m.email`,
+    { now, hash: hashToken(token) },
+  );
+  const row = result.rows[0] as { member_id: string; account_id: string; email: string } | undefined;
+  return row && { memberId: row.member_id, accountId: row.account_id, email: row.email };
+}
+
+/** Ends every session of a member at once (removal). */
+export async function endMemberSessions(db: Knex | Knex.Transaction, memberId: string, now: Date): Promise<number> {
+  return db("member_sessions").where({ member_id: memberId }).whereNull("ended_at").update({ ended_at: now });
+}
+
+/** Sessions that are live now across all accounts (for the metrics gauge). */
+export async function countLiveSessions(db: Knex, policy: SessionPolicy, now: Date): Promise<number> {
+  const row = await db("member_sessions")
+    .whereNull("ended_at")
+    .where("last_seen_at", ">", new Date(now.getTime() - policy.idleMs))
+    .where("expires_at", ">", now)
+    .count<{ count: string }[]>({ count: "*" })
+    .first();
+  return Number(row?.count ?? 0);
+}

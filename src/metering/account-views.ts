@@ -1,0 +1,146 @@
+import type { Knex } from "knex";
+import type { Endpoint, Funding } from "./ledger.js";
+
+/**
+ * What the account area and the operator's CLI read of an account's money
+ * and calls. Read-only: money is written by the ledger's functions alone.
+ * Every query names the account, so a caller can only ever read its own.
+ */
+
+/** An account's money and limits as they stand, in integer units. */
+export interface AccountMoney {
+  id: string;
+  name: string;
+  balanceUnits: number;
+  heldUnits: number;
+  freeRemaining: number;
+  freeHeld: number;
+  inFlight: number;
+  maxInFlight: number;
+  /** Calls allowed per rate window (per minute with the default window). */
+  rateLimit: number;
+  rateWindowMs: number;
+  createdAt: Date;
+}
+
+export async function readAccountMoney(db: Knex | Knex.Transaction, accountId: string): Promise<AccountMoney | undefined> {
+  const row = await db("accounts")
+    .select("id", "name", "balance", "reserved", "free_remaining", "free_reserved", "in_flight", "max_in_flight", "rate_limit", "rate_window_ms", "created_at")
+    .where({ id: accountId })
+    .first();
+  if (!row) return undefined;
+  return {
+    id: row.id,
+    name: row.name,
+    balanceUnits: Number(row.balance),
+    heldUnits: Number(row.reserved),
+    freeRemaining: Number(row.free_remaining),
+    freeHeld: Number(row.free_reserved),
+    inFlight: Number(row.in_flight),
+    maxInFlight: Number(row.max_in_flight),
+    rateLimit: Number(row.rate_limit),
+    rateWindowMs: Number(row.rate_window_ms),
+    createdAt: row.created_at,
+  };
+}
+
+/** The statuses of a finished call. */
+export const FINISHED_STATUSES = ["settled", "released", "expired"] as const;
+export type FinishedStatus = (typeof FINISHED_STATUSES)[number];
+
+/** One finished call of an account. */
+export interface FinishedCall {
+  requestId: string;
+  endpoint: Endpoint;
+  /** Empty for calls admitted before keys were recorded on them. */
+  keyId: string;
+  funding: Funding;
+  reservedUnits: number;
+  chargedUnits: number;
+  status: FinishedStatus;
+  startedAt: Date;
+  finishedAt: Date;
+}
+
+/** Which finished calls to list: an endpoint (or both), a start-time range, a page. */
+export interface CallFilter {
+  endpoint?: Endpoint;
+  /** Started at or after. */
+  since?: Date;
+  /** Started before. */
+  until?: Date;
+}
+
+/** Where a page of calls starts: after this call (exclusive), newest first. */
+export interface CallCursor {
+  startedAt: Date;
+  requestId: string;
+}
+
+/** A page of the account's finished calls, newest start first, and whether more follow. */
+export async function listFinishedCalls(
+  db: Knex | Knex.Transaction,
+  accountId: string,
+  filter: CallFilter,
+  page: { size: number; after?: CallCursor },
+): Promise<{ calls: FinishedCall[]; more: boolean }> {
+  const query = db("requests")
+    .select("id", "endpoint", "key_id", "funding", "reserved", "charged", "status", "created_at", "resolved_at")
+    .where({ account_id: accountId })
+    .whereIn("status", FINISHED_STATUSES as unknown as string[]);
+  applyFilter(query, filter);
+  if (page.after) query.whereRaw("(created_at, id) < (?, ?)", [page.after.startedAt, page.after.requestId]);
+  const rows = await query.orderBy([{ column: "created_at", order: "desc" }, { column: "id", order: "desc" }]).limit(page.size + 1);
+  const calls = rows.slice(0, page.size).map(
+    (row): FinishedCall => ({
+      requestId: row.id,
+      endpoint: row.endpoint,
+      keyId: row.key_id ?? "",
+      funding: row.funding,
+      reservedUnits: Number(row.reserved),
+      chargedUnits: Number(row.charged),
+      status: row.status,
+      startedAt: row.created_at,
+      finishedAt: row.resolved_at ?? row.created_at,
+    }),
+  );
+  return { calls, more: rows.length > page.size };
+}
+
+/** Calls and charged units of one period and endpoint. */
+export interface UsageBucketRow {
+  start: Date;
+  endpoint: Endpoint;
+  calls: number;
+  chargedUnits: number;
+}
+
+/** The account's finished calls counted per day or hour (UTC) and endpoint, oldest first. */
+export async function summarizeCalls(
+  db: Knex | Knex.Transaction,
+  accountId: string,
+  range: { since: Date; until: Date; granularity: "day" | "hour" },
+): Promise<UsageBucketRow[]> {
+  const result = await db.raw(
+    `SELECT date_trunc(:unit, created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS start, endpoint,
+            count(*)::integer AS calls, coalesce(sum(charged), 0)::bigint AS charged
+       FROM requests
+      WHERE account_id = :accountId AND status IN ('settled', 'released', 'expired')
+        AND created_at >= :since AND created_at < :until
+      GROUP BY 1, 2
+      ORDER BY 1, 2`,
+    { unit: range.granularity, accountId, since: range.since, until: range.until },
+  );
+  return (result.rows as { start: Date; endpoint: Endpoint; calls: number; charged: string }[]).map((row) => ({
+    start: row.start,
+    endpoint: row.endpoint,
+    calls: Number(row.calls),
+    chargedUnits: Number(row.charged),
+  }));
+}
+
+function applyFilter(query: Knex.QueryBuilder, filter: CallFilter): void {
+  if (filter.endpoint) query.where({ endpoint: filter.endpoint });
+  if (filter.since) query.where("created_at", ">=", filter.since);
+  if (filter.until) query.where("created_at", "<", filter.until);
+}

@@ -1,0 +1,93 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createTestAccount } from "../support/app.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { runAdmin } from "../support/process.js";
+import { accountClient, refusal, startAccountApp, uniqueEmail, type AccountTestApp } from "./support.js";
+
+/** The operator's side of the account area: members invite, list and remove, and what they leave in the activity log. */
+let database: TestDatabase;
+let service: AccountTestApp;
+const env = () => ({ DATABASE_URL: database.url, TYPESAFE_PUBLIC_URL: "https://api.example.com" });
+
+beforeAll(async () => {
+  database = await createTestDatabase();
+  service = await startAccountApp(database);
+});
+afterAll(async () => {
+  await service?.stop();
+  await database?.close();
+});
+
+describe("members from the CLI", () => {
+  it("invite prints one JSON object whose link works once; list shows the member; remove ends their session at once", async () => {
+    const { accountId } = await createTestAccount(database.db, { units: 1_000_000 });
+    const email = uniqueEmail("Ops");
+    const invited = await runAdmin(["members", "invite", "--account", accountId, "--email", email.toUpperCase()], env());
+    expect(invited.stderr).toBe("");
+    expect(invited.code).toBe(0);
+    const printed = JSON.parse(invited.stdout);
+    expect(Object.keys(printed).sort()).toEqual(["account_id", "email", "expires_at", "invite_token", "invite_url", "member_id"]);
+    expect(printed.email).toBe(email.toLowerCase());
+    expect(printed.invite_url).toBe(`https://api.example.com/account/?invite=${printed.invite_token}`);
+    const ttlMs = new Date(printed.expires_at).getTime() - Date.now();
+    expect(ttlMs).toBeGreaterThan(24 * 3_600_000 - 60_000);
+    expect(ttlMs).toBeLessThanOrEqual(24 * 3_600_000);
+
+    const { client } = accountClient(service.url);
+    await client.acceptInvite({ inviteToken: printed.invite_token, password: "twelve chars!" });
+    expect((await client.getAccount({})).account?.id).toBe(accountId);
+
+    const listed = JSON.parse((await runAdmin(["members", "list", "--account", accountId], env())).stdout);
+    expect(listed.members).toEqual([expect.objectContaining({ member_id: printed.member_id, email: email.toLowerCase(), invite_accepted: true })]);
+
+    const removed = await runAdmin(["members", "remove", "--member", printed.member_id], env());
+    expect(JSON.parse(removed.stdout)).toMatchObject({ removed: true, member_id: printed.member_id, sessions_ended: 1 });
+    expect((await refusal(client.getAccount({}))).reason).toBe("SIGNED_OUT");
+    expect(JSON.parse((await runAdmin(["members", "list", "--account", accountId], env())).stdout).members).toEqual([]);
+
+    const kinds = await database.db("account_activity").where({ account_id: accountId }).orderBy("id").pluck("kind");
+    expect(kinds).toEqual(["member_invited", "invite_accepted", "member_removed"]);
+  });
+
+  it("keys create, keys revoke and credits grant are logged as the operator's; accounts show reads the account area's view", async () => {
+    const { accountId } = await createTestAccount(database.db, { units: 0, freeRequests: 3 });
+    const key = JSON.parse((await runAdmin(["keys", "create", "--account", accountId, "--name", "batch"], env())).stdout);
+    expect(key).toMatchObject({ name: "batch" });
+    await runAdmin(["keys", "revoke", "--key", key.key_id], env());
+    await runAdmin(["keys", "revoke", "--key", key.key_id], env());
+    await runAdmin(["credits", "grant", "--account", accountId, "--credits", "2.5"], env());
+    const events = await database.db("account_activity").where({ account_id: accountId }).orderBy("id").select("kind", "actor", "detail");
+    expect(events).toEqual([
+      { kind: "key_created", actor: "operator", detail: expect.stringMatching(/^ts_live_\w{6}…\w{4}$/) },
+      { kind: "key_revoked", actor: "operator", detail: expect.stringMatching(/^ts_live_\w{6}…\w{4}$/) },
+      { kind: "credits_granted", actor: "operator", detail: "2.5 credits" },
+    ]);
+    const shown = JSON.parse((await runAdmin(["accounts", "show", "--account", accountId], env())).stdout);
+    expect(shown).toMatchObject({ balance_credits: 2.5, free_requests_remaining: 3, max_in_flight: 5, requests_per_minute: 60 });
+  });
+
+  it.each([
+    [["members", "invite", "--account", "00000000-0000-0000-0000-000000000000", "--email", "a@b.c"], /no account/],
+    [["members", "invite", "--email", "a@b.c"], /--account is required/],
+    [["members", "remove", "--member", "not-a-uuid"], /no member with id/],
+    [["members", "remove", "--member", "00000000-0000-0000-0000-000000000000"], /no member with id/],
+  ])("%j fails with a clear message and exit code 2", async (args, message) => {
+    const result = await runAdmin(args, env());
+    expect(result.code).toBe(2);
+    expect(result.stdout).toBe("");
+    expect(result.stderr).toMatch(message);
+  });
+
+  it("refuses an email that is not one, and one that is a member of another account", async () => {
+    const first = await createTestAccount(database.db);
+    const second = await createTestAccount(database.db);
+    const email = uniqueEmail("taken");
+    expect((await runAdmin(["members", "invite", "--account", first.accountId, "--email", email], env())).code).toBe(0);
+    const taken = await runAdmin(["members", "invite", "--account", second.accountId, "--email", email], env());
+    expect(taken.code).toBe(2);
+    expect(taken.stderr).toMatch(/already a member of another account/);
+    const bad = await runAdmin(["members", "invite", "--account", first.accountId, "--email", "no at sign"], env());
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/--email must be an email address/);
+  });
+});
