@@ -53,6 +53,8 @@ async function openBrowser(): Promise<void> {
   await context?.close();
   context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: service.url });
+  // A step that waits longer than this has failed; the later steps then fail fast too.
+  context.setDefaultTimeout(10_000);
   page = await context.newPage();
   page.on("console", (message) => {
     if (/Content Security Policy|Refused to/i.test(message.text())) policyViolations.push(message.text());
@@ -134,8 +136,8 @@ describe("the account area in a real browser", () => {
     await page.locator("#view-sign-in:not([hidden])").waitFor();
     await expectAccessible("sign-in");
 
-    await page.getByLabel("Email").fill(EMAIL);
-    await page.getByLabel("Password").fill("not the password at all");
+    await page.getByLabel("Email", { exact: true }).fill(EMAIL);
+    await page.getByLabel("Password", { exact: true }).fill("not the password at all");
     await page.keyboard.press("Enter");
     await page.locator("#sign-in-error:not(:empty)").waitFor();
     await expect(page.locator("#view-sign-in").isVisible()).resolves.toBe(true);
@@ -226,8 +228,9 @@ describe("the account area in a real browser", () => {
     await page.getByRole("link", { name: "Overview" }).click();
     await viewReady("overview");
     const today = new Date().toISOString().slice(0, 10);
-    const headers = await page.locator("#chart-table thead th").allInnerTexts();
-    const cells = await page.locator(`#chart-table tbody tr[data-day="${today}"] td`).allInnerTexts();
+    // The table sits in a closed <details>: read its text, not its rendering.
+    const headers = await page.locator("#chart-table thead th").allTextContents();
+    const cells = await page.locator(`#chart-table tbody tr[data-day="${today}"] td`).allTextContents();
     const column = (label: string) => cells[headers.indexOf(label) - 1];
     expect(column("Decisions: calls")).toBe("1");
     expect(column("Search: calls")).toBe("0");

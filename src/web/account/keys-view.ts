@@ -81,7 +81,7 @@ export function createKeysView(options: KeysViewOptions): { load(): Promise<void
 
   function confirmRevoke(key: ApiKey): void {
     revoking = key;
-    dialogText.textContent = `${describe(key)} stops working at once: every call made with it is refused from then on. This cannot be undone.`;
+    dialogText.textContent = `Once revoked, ${describe(key)} stops working: every call made with it is refused from then on. This cannot be undone.`;
     dialog.returnValue = "";
     dialog.showModal();
   }
