@@ -167,11 +167,18 @@ describe("the account area in a real browser", () => {
   });
 
   it("creates a key, shows its secret once with a copy button, stores it nowhere, and forgets it when dismissed", async () => {
-    await page.getByRole("link", { name: "API keys" }).click();
+    // By keyboard: the nav link, then focus on the view's heading, then Tab to the name field.
+    await page.getByRole("link", { name: "API keys" }).focus();
+    await page.keyboard.press("Enter");
     await viewReady("keys");
-    await page.getByLabel("Name (optional)").fill("ci");
-    await page.getByRole("button", { name: "Create key" }).click();
+    expect(await page.evaluate(() => document.activeElement?.id)).toBe("keys-title");
+    await page.keyboard.press("Tab");
+    expect(await page.evaluate(() => document.activeElement?.id)).toBe("key-name");
+    await page.keyboard.type("ci");
+    await page.keyboard.press("Enter");
     await page.locator("#new-key:not([hidden])").waitFor();
+    // The new key's panel takes the focus, so a screen reader reads the warning first.
+    expect(await page.evaluate(() => document.activeElement?.id)).toBe("new-key");
     secret = await text("#new-key-secret");
     expect(secret).toMatch(/^ts_live_[0-9A-Za-z]{49}$/);
     expect(await text("#new-key")).toMatch(/only time the secret is shown/);

@@ -1,5 +1,10 @@
+import fs from "node:fs/promises";
 import http from "node:http";
+import type { AddressInfo } from "node:net";
+import os from "node:os";
+import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { withAccountPage } from "../../src/web/account-page.js";
 import { bundleAccountPage } from "../../src/web/bundle-account-page.mjs";
 import { startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -116,4 +121,43 @@ describe("the account page's answers", () => {
       expect(JSON.parse(response.body)).toMatchObject({ data: { reason: "NOT_FOUND" } });
     },
   );
+});
+
+describe("withAccountPage on its own", () => {
+  /** A bare server with the page handler in front of a next handler that answers 404 "next". */
+  async function serve(dir: string): Promise<{ url: string; close(): Promise<void> }> {
+    const server = http.createServer(
+      withAccountPage((_req, res) => {
+        res.writeHead(404, { "content-type": "text/plain" });
+        res.end("next");
+      }, dir),
+    );
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const { port } = server.address() as AddressInfo;
+    return { url: `http://127.0.0.1:${port}`, close: () => new Promise((resolve) => server.close(() => resolve())) };
+  }
+
+  it("answers 503 with the build command while the page is not built, and serves it once it is, without a restart", async () => {
+    const dir = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "account-page-")), "account");
+    const server = await serve(dir);
+    try {
+      const missing = await fetch(`${server.url}/account/`);
+      expect(missing.status).toBe(503);
+      expect(await missing.text()).toContain("npm run build");
+      expect(missing.headers.get("content-security-policy")).toBe(CSP);
+      expect((await fetch(`${server.url}/account/app.js`)).status).toBe(404);
+
+      const files = bundleAccountPage({ outDir: dir });
+      const built = await fetch(`${server.url}/account/`);
+      expect(built.status).toBe(200);
+      const script = files.find((name) => name.endsWith(".js"))!;
+      const head = await fetch(`${server.url}/account/${script}`, { method: "HEAD" });
+      expect(head.status).toBe(200);
+      expect(Number(head.headers.get("content-length"))).toBe((await fs.stat(path.join(dir, script))).size);
+      expect(await head.text()).toBe("");
+    } finally {
+      await server.close();
+      await fs.rm(path.dirname(dir), { recursive: true, force: true });
+    }
+  });
 });
