@@ -1,7 +1,7 @@
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { ActivityEvent } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import type { AccountClient } from "./client.js";
-import { byId, row, timeElement } from "./dom.js";
+import { byId, emptyRow, row, timeElement } from "./dom.js";
 
 const PAGE_SIZE = 50;
 /** Event kinds as sentences; an unknown kind is shown as it is. */
@@ -45,7 +45,7 @@ export function createActivityView(options: ActivityViewOptions): { load(): Prom
       const page = await client.listActivity({ pageSize: PAGE_SIZE, pageToken: token });
       const body = table.tBodies[0]!;
       const rows = page.events.map(eventRow);
-      if (token === "") body.replaceChildren(...(rows.length > 0 ? rows : [row(["Nothing yet."])]));
+      if (token === "") body.replaceChildren(...(rows.length > 0 ? rows : [emptyRow(table, "Nothing yet.")]));
       else body.append(...rows);
       nextToken = page.nextPageToken;
       more.disabled = nextToken === "";

@@ -22,6 +22,16 @@ export function row(cells: Array<string | Node>): HTMLTableRowElement {
   return tr;
 }
 
+/** The one row of an empty table: a sentence across all its columns. */
+export function emptyRow(table: HTMLTableElement, text: string): HTMLTableRowElement {
+  const tr = document.createElement("tr");
+  const td = document.createElement("td");
+  td.colSpan = table.tHead?.rows[0]?.cells.length ?? 1;
+  td.textContent = text;
+  tr.append(td);
+  return tr;
+}
+
 /** A right-aligned cell for a figure. */
 export function numberCell(text: string): HTMLTableCellElement {
   const td = document.createElement("td");

@@ -1,7 +1,7 @@
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { ApiKey } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import type { AccountClient } from "./client.js";
-import { byId, keyLabel, row, timeElement } from "./dom.js";
+import { byId, emptyRow, keyLabel, row, timeElement } from "./dom.js";
 
 /** What the keys view needs from the page: the client and one place to send failures. */
 export interface KeysViewOptions {
@@ -119,7 +119,7 @@ export function createKeysView(options: KeysViewOptions): { load(): Promise<void
     const { keys } = await client.listKeys({});
     options.onKeys(keys);
     const body = table.tBodies[0]!;
-    body.replaceChildren(...(keys.length > 0 ? keys.map(keyRow) : [row(["No keys yet."])]));
+    body.replaceChildren(...(keys.length > 0 ? keys.map(keyRow) : [emptyRow(table, "No keys yet.")]));
   }
 
   return {

@@ -1,7 +1,7 @@
 import { timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { UsageRecord } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import type { AccountClient } from "./client.js";
-import { byId, formatCredits, numberCell, row, timeElement } from "./dom.js";
+import { byId, emptyRow, formatCredits, numberCell, row, timeElement } from "./dom.js";
 
 const PAGE_SIZE = 25;
 const DAY_MS = 86_400_000;
@@ -73,7 +73,7 @@ export function createUsageView(options: UsageViewOptions): { load(): Promise<vo
       pageToken = token;
       nextToken = page.nextPageToken;
       pageNumber = number;
-      table.tBodies[0]!.replaceChildren(...(page.records.length > 0 ? page.records.map(usageRow) : [row(["No calls in this period."])]));
+      table.tBodies[0]!.replaceChildren(...(page.records.length > 0 ? page.records.map(usageRow) : [emptyRow(table, "No calls in this period.")]));
       first.disabled = pageToken === "";
       next.disabled = nextToken === "";
       pageLabel.textContent = `Page ${pageNumber}`;
