@@ -1,8 +1,8 @@
 import { defineConfig } from "vitest/config";
 
 /**
- * The tests `npm run mutate` runs against each mutant: the metering and answer
- * math suites, on the same database setup as `npm test`.
+ * The tests `npm run mutate` runs against each mutant: the metering, answer
+ * math and account-area suites, on the same database setup as `npm test`.
  */
 export default defineConfig({
   test: {
@@ -11,6 +11,8 @@ export default defineConfig({
       "test/metering/{ledger,meter,meter-rules,metered-rpc,lost-replies,abandon-race,batch-lock-order,crash}.test.ts",
       "test/db/{pooled-statement,statement-batcher}.test.ts",
       "test/decision/answer-math*.test.ts",
+      // The account area's rules: in-process servers, so every mutant is live in them (the CLI's tests spawn processes, where none is).
+      "test/account/{rules,account.security,account.surfaces,account.happy}.test.ts",
     ],
     globalSetup: ["test/support/global-setup.ts"],
     testTimeout: 30_000,

@@ -34,8 +34,11 @@ export interface AccountDoorOptions {
  * member the call acts for (SIGNED_OUT without one). An API key is no
  * session: `Authorization` is never read here. The answer is never cached.
  */
-export async function openAccountDoor(options: AccountDoorOptions, call: { methodName: string; header: Headers; values: HandlerContext["values"] }): Promise<void> {
-  if (isCrossSite(call.header, options.publicOrigin)) {
+export async function openAccountDoor(
+  options: AccountDoorOptions,
+  call: { methodName: string; header: Headers; host: string | undefined; values: HandlerContext["values"] },
+): Promise<void> {
+  if (isCrossSite(call.header, options.publicOrigin, call.host)) {
     throw apiError("CROSS_SITE_REFUSED", "origin: calls to the account area must come from its own pages", {
       field: "origin",
       rule: "the service's own origin",
@@ -53,11 +56,22 @@ export async function openAccountDoor(options: AccountDoorOptions, call: { metho
 export function createAccountDoorInterceptor(options: AccountDoorOptions): Interceptor {
   return (next) => async (req) => {
     if (req.service.typeName !== AccountService.typeName) return next(req);
-    await openAccountDoor(options, { methodName: req.method.name, header: req.header, values: req.contextValues });
+    await openAccountDoor(options, { methodName: req.method.name, header: req.header, host: hostOf(req.url, req.header), values: req.contextValues });
     const res = await next(req);
     res.header.set("cache-control", "no-store");
     return res;
   };
+}
+
+/** The host a call was sent to: its Host header, else the authority connect-node put in its URL (HTTP/2). */
+function hostOf(url: string, header: Headers): string | undefined {
+  const host = header.get("host");
+  if (host !== null) return host;
+  try {
+    return new URL(url).host || undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /** The member a call acts for; the door has set it on every call that needs one. */

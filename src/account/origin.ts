@@ -5,10 +5,12 @@
  * recently, its relation to us in `Sec-Fetch-Site`. A request is refused when
  * either says another site: `Origin` must be the public URL's origin or name
  * the host the request was sent to (same-origin when reached directly);
- * `Origin: null` (a sandboxed or privacy-hidden page) is refused too. A
+ * `Origin: null` (a sandboxed or privacy-hidden page) and an origin not in
+ * the canonical form browsers send are refused too. The request's host is the
+ * Host header, or HTTP/2's :authority (which Fetch headers cannot hold). A
  * request with neither header (curl, a server) is not a browser's, and passes.
  */
-export function isCrossSite(headers: Headers, publicOrigin: string): boolean {
+export function isCrossSite(headers: Headers, publicOrigin: string, requestHost: string | undefined): boolean {
   const fetchSite = headers.get("sec-fetch-site");
   if (fetchSite !== null && fetchSite !== "same-origin" && fetchSite !== "none") return true;
   const origin = headers.get("origin");
@@ -22,6 +24,5 @@ export function isCrossSite(headers: Headers, publicOrigin: string): boolean {
   } catch {
     return true;
   }
-  const host = headers.get("host") ?? headers.get(":authority");
-  return host === null || host.toLowerCase() !== originHost;
+  return requestHost === undefined || requestHost.toLowerCase() !== originHost;
 }

@@ -7,7 +7,7 @@ import { KEY_PREFIX } from "../accounts/api-keys.js";
 import { consumeInvite } from "../accounts/invites.js";
 import { findMember, findMemberByEmail, MAX_EMAIL_CHARS, normalizeEmail, setPasswordHash } from "../accounts/members.js";
 import { createDummyHash, hashPassword, MAX_PASSWORD_CHARS, passwordProblem, SCRYPT_PARAMS, verifyPassword, type ScryptParams } from "../accounts/passwords.js";
-import { endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
+import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
 import { createApiKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
 import { apiError } from "../errors.js";
@@ -71,6 +71,8 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         const memberId = await consumeInvite(tx, req.inviteToken, at);
         if (!memberId) return undefined;
         await setPasswordHash(tx, memberId, passwordHash);
+        // A new password (a second invite serves as a reset) ends every session the old one started.
+        await endMemberSessions(tx, memberId, at);
         const row = (await findMember(tx, memberId))!;
         const member = { memberId: row.id, accountId: row.account_id, email: row.email };
         await recordActivity(tx, { accountId: member.accountId, kind: "invite_accepted", actor: member.email, at });
@@ -100,7 +102,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       const member = await findMemberByEmail(db, email);
       dummyHash ??= createDummyHash(scryptParams);
       // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
-      const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash));
+      const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash), scryptParams);
       const at = now();
       if (!member || member.password_hash === null || !matches) {
         deps.metrics?.recordSignIn("failed");

@@ -32,7 +32,7 @@ export function createUsageCsvHandler(deps: { db: Knex; door: AccountDoorOptions
     void observeCall(deps.observer, { requestId, procedure: USAGE_CSV_PATH, protocol: "gateway" }, async () => {
       if (req.method !== "GET") throw apiError("METHOD_NOT_ALLOWED", `${USAGE_CSV_PATH} accepts GET`, { metadata: { allow: "GET" } });
       const values = createContextValues();
-      await openAccountDoor(deps.door, { methodName: "UsageCsv", header: requestHeaders(req), values });
+      await openAccountDoor(deps.door, { methodName: "UsageCsv", header: requestHeaders(req), host: req.headers.host ?? req.headers[":authority"]?.toString(), values });
       const member = values.get(kMember)!;
       const query = new URL(req.url ?? "/", "http://localhost").searchParams;
       const filter = usageFilter({ endpoint: query.get("endpoint") ?? "", since: queryDate(query, "since"), until: queryDate(query, "until") });

@@ -44,12 +44,13 @@ export interface ScryptParams {
 
 /**
  * True when the password matches the stored form, compared in constant time.
- * A stored form this module did not write never matches (and costs the same
- * scrypt work, so it cannot be told apart by timing).
+ * A stored form this module did not write never matches, and costs the
+ * scrypt work of `fallback` (the parameters of new hashes), so it cannot be
+ * told apart by timing.
  */
-export async function verifyPassword(password: string, stored: string): Promise<boolean> {
+export async function verifyPassword(password: string, stored: string, fallback: ScryptParams = SCRYPT_PARAMS): Promise<boolean> {
   const parsed = parseStored(stored);
-  const params = parsed?.params ?? SCRYPT_PARAMS;
+  const params = parsed?.params ?? fallback;
   const salt = parsed?.salt ?? Buffer.alloc(params.saltBytes);
   const expected = parsed?.hash ?? Buffer.alloc(params.keyBytes);
   const actual = await scrypt(password.normalize("NFC"), salt, expected.length, options(params));

@@ -5,6 +5,9 @@ export const MAX_FAILED_SIGN_INS = 5;
 /** The window the failures are counted in. */
 export const SIGN_IN_WINDOW_MS = 15 * 60_000;
 
+/** Out-of-window rows each attempt deletes: more than it adds, so the table shrinks back after a burst. */
+const STALE_ROWS_DROPPED = 10;
+
 /**
  * Counts a sign-in attempt for an email, or refuses it. Attempts are recorded
  * before the password is checked and forgotten when one succeeds, so what is
@@ -26,8 +29,9 @@ export async function countSignInAttempt(db: Knex, email: string, now: Date): Pr
       return Math.max(1, oldest + SIGN_IN_WINDOW_MS - now.getTime());
     }
     await tx("sign_in_attempts").insert({ email, at: now });
-    // Older rows no longer count: dropped as they pass, so the table stays small.
-    await tx("sign_in_attempts").where({ email }).where("at", "<=", since).delete();
+    // Rows out of the window no longer count: each attempt drops a few of the oldest (of any email), so
+    // the table holds about one window's attempts however many emails are tried.
+    await tx.raw(`DELETE FROM sign_in_attempts WHERE id IN (SELECT id FROM sign_in_attempts WHERE at <= ? ORDER BY id LIMIT ?)`, [since, STALE_ROWS_DROPPED]);
     return undefined;
   });
 }

@@ -237,6 +237,16 @@ describe("sessions end", () => {
     await accountClient(service.url).client.acceptInvite({ inviteToken: token, password: PASSWORD });
   });
 
+  it("when a new invite sets a new password: the old password and every old session stop working", async () => {
+    const member = await signedInMember();
+    const { token } = await inviteMember(database.db, member.accountId, member.email, service.clock.now());
+    const { client } = accountClient(service.url);
+    await client.acceptInvite({ inviteToken: token, password: "the new password" });
+    expect((await refusal(member.client.getAccount({}))).reason).toBe("SIGNED_OUT");
+    expect((await client.getAccount({})).member?.email).toBe(member.email);
+    expect((await refusal(accountClient(service.url).client.signIn({ email: member.email, password: PASSWORD }))).reason).toBe("SIGN_IN_FAILED");
+  });
+
   it("a session whose member is removed without its sessions being ended is still refused", async () => {
     const member = await signedInMember();
     await database.db("members").where({ id: member.memberId }).update({ removed_at: service.clock.now() });
@@ -308,6 +318,16 @@ describe("sign-in", () => {
     const reasons = results.map((r) => r.reason).sort();
     expect(reasons.filter((r) => r === "SIGN_IN_FAILED")).toHaveLength(5);
     expect(reasons.filter((r) => r === "SIGN_IN_THROTTLED")).toHaveLength(7);
+  });
+
+  it("attempts out of the window are dropped as new ones come, whatever their email", async () => {
+    const { client } = accountClient(service.url);
+    const stale = uniqueEmail("stale");
+    await refusal(client.signIn({ email: stale, password: "whatever it is" }));
+    expect(await database.db("sign_in_attempts").where({ email: stale }).count({ n: "*" })).toEqual([{ n: expect.anything() }]);
+    service.clock.advance(16 * MINUTE);
+    for (let i = 0; i < 3; i++) await refusal(client.signIn({ email: uniqueEmail("fresh"), password: "whatever it is" }));
+    expect(await database.db("sign_in_attempts").where({ email: stale }).pluck("id")).toEqual([]);
   });
 
   it("unknown emails are throttled alike, so the throttle tells nothing about which exist", async () => {

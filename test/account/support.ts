@@ -6,6 +6,7 @@ import { loadConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
 import { createInvite } from "../../src/accounts/invites.js";
 import { ensureMember } from "../../src/accounts/members.js";
+import type { ScryptParams } from "../../src/accounts/passwords.js";
 import { AccountService } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
 import { ErrorDetailSchema } from "../../src/gen/typesafe/error/v1/error_pb.js";
 import type { TestDatabase } from "../support/database.js";
@@ -33,7 +34,11 @@ export interface AccountTestApp {
 }
 
 /** The real service on port 0 with a hand-moved clock for the account area. */
-export async function startAccountApp(database: TestDatabase, env: Record<string, string> = {}): Promise<AccountTestApp> {
+export async function startAccountApp(
+  database: TestDatabase,
+  env: Record<string, string> = {},
+  options: { scryptParams?: ScryptParams } = {},
+): Promise<AccountTestApp> {
   const config = loadConfig({
     PORT: "0",
     TYPESAFE_LOG_LEVEL: "info",
@@ -45,7 +50,7 @@ export async function startAccountApp(database: TestDatabase, env: Record<string
   });
   const clock = createTestClock();
   const logLines: string[] = [];
-  const app = await startApp(config, createLogger(config.logLevel, {}, (line) => logLines.push(line)), { now: clock.now, scryptParams: TEST_SCRYPT });
+  const app = await startApp(config, createLogger(config.logLevel, {}, (line) => logLines.push(line)), { now: clock.now, scryptParams: options.scryptParams ?? TEST_SCRYPT });
   return { app, url: app.server.url, clock, logLines, stop: () => app.stop() };
 }
 
