@@ -291,6 +291,25 @@ describe("the account area in a real browser", () => {
     expect(await page.locator("#view-keys").isHidden()).toBe(true);
   });
 
+  it("tells a reader whose sign-ins are throttled when to try again", async () => {
+    const email = page.getByLabel("Email", { exact: true });
+    const password = page.getByLabel("Password", { exact: true });
+    const error = page.locator("#sign-in-error");
+    let message = "";
+    // Five failures for one email are answered as wrong; the next is throttled with Retry-After.
+    for (let attempt = 1; attempt <= 6; attempt++) {
+      await email.fill("nobody@example.com");
+      await password.fill(`wrong password ${attempt}`);
+      await password.press("Enter");
+      await page.locator("#sign-in-error:not(:empty)").waitFor();
+      message = await error.innerText();
+      if (attempt < 6) expect(message).not.toMatch(/Try again in/);
+      // Emptied here, so the next non-empty message is the next answer.
+      await page.evaluate(() => (document.getElementById("sign-in-error")!.textContent = ""));
+    }
+    expect(message).toMatch(/Try again in \d+ seconds\.$/);
+  });
+
   it("ran every view under the page's own Content-Security-Policy without a refusal", () => {
     expect(policyViolations).toEqual([]);
   });
