@@ -94,21 +94,22 @@ function refuse(req: NodeRequest, res: NodeResponse, pathname: string): void {
   sendError(res, toPublicError(error, requestId), { ...ACCOUNT_PAGE_HEADERS, allow: "GET, HEAD", "x-request-id": requestId });
 }
 
-/** The built page's files by name, or undefined while it is not built (read again on the next request). */
+/**
+ * The built page's files by name, or undefined while it is not built or a
+ * build is replacing it (then it is read again on the next request).
+ */
 function readPage(dir: string): Map<string, PageFile> | undefined {
-  let names: string[];
+  const files = new Map<string, PageFile>();
   try {
-    names = fs.readdirSync(dir);
+    for (const name of fs.readdirSync(dir)) {
+      const contentType = CONTENT_TYPES[path.extname(name)];
+      if (!contentType) continue;
+      const body = fs.readFileSync(path.join(dir, name));
+      const etag = `"${crypto.createHash("sha256").update(body).digest("base64url").slice(0, 22)}"`;
+      files.set(name, { body, contentType, cacheControl: name === "index.html" ? HTML_CACHE : ASSET_CACHE, etag });
+    }
   } catch {
     return undefined;
-  }
-  const files = new Map<string, PageFile>();
-  for (const name of names) {
-    const contentType = CONTENT_TYPES[path.extname(name)];
-    if (!contentType) continue;
-    const body = fs.readFileSync(path.join(dir, name));
-    const etag = `"${crypto.createHash("sha256").update(body).digest("base64url").slice(0, 22)}"`;
-    files.set(name, { body, contentType, cacheControl: name === "index.html" ? HTML_CACHE : ASSET_CACHE, etag });
   }
   return files.has("index.html") ? files : undefined;
 }

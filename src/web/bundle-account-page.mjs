@@ -15,7 +15,8 @@ export const ACCOUNT_PAGE_DIR = path.join(root, "dist", "public", "account");
 /**
  * Builds the page into `outDir` (ACCOUNT_PAGE_DIR by default). The folder is
  * written beside its place and renamed into it, so a server never reads half
- * a build. Returns the names of the files written.
+ * a build (the server also retries a folder it could not read). Returns the
+ * names of the files written.
  */
 export function bundleAccountPage({ outDir = ACCOUNT_PAGE_DIR } = {}) {
   const staging = `${outDir}.staging-${process.pid}`;
@@ -40,7 +41,11 @@ export function bundleAccountPage({ outDir = ACCOUNT_PAGE_DIR } = {}) {
   const linked = html.replace('href="./app.css"', `href="./${style}"`).replace('src="./app.js"', `src="./${script}"`);
   if (!linked.includes(script) || !linked.includes(style)) throw new Error("account page: index.html no longer links ./app.js and ./app.css");
   fs.writeFileSync(path.join(staging, "index.html"), linked);
-  fs.rmSync(outDir, { recursive: true, force: true });
+  // The old folder steps aside just before the new one takes its name: a reader can miss it only between two renames.
+  const previous = `${outDir}.previous-${process.pid}`;
+  fs.rmSync(previous, { recursive: true, force: true });
+  if (fs.existsSync(outDir)) fs.renameSync(outDir, previous);
   fs.renameSync(staging, outDir);
+  fs.rmSync(previous, { recursive: true, force: true });
   return ["index.html", ...outputs];
 }
