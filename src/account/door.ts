@@ -7,9 +7,9 @@ import { readSessionToken, type SessionCookie } from "./cookie.js";
 import { isCrossSite } from "./origin.js";
 
 /** The signed-in member of an account-area call, set by the door; undefined on the calls that need no session. */
-export const kMember = createContextKey<SessionMember | undefined>(undefined, { description: "signed-in member" });
+export const kMember = createContextKey<SessionMember | undefined>(undefined);
 /** The session token the call's cookie carried, if any (sign-in and sign-out end it). */
-export const kSessionToken = createContextKey<string | undefined>(undefined, { description: "session token" });
+export const kSessionToken = createContextKey<string | undefined>(undefined);
 
 /** The calls that work without a session: they are how one starts or ends. */
 const SESSIONLESS: ReadonlySet<string> = new Set([

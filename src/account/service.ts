@@ -52,7 +52,8 @@ export interface AccountServiceDeps {
 export function createAccountService(deps: AccountServiceDeps): ServiceImpl<typeof AccountService> {
   const { db, cookie, policy, now } = deps;
   const scryptParams = deps.scryptParams ?? SCRYPT_PARAMS;
-  let dummyHash: Promise<string> | undefined;
+  // Made once, up front, so that even the first sign-in of an unknown email costs only the verification.
+  const dummyHash = createDummyHash(scryptParams);
 
   const signedIn = async (ctx: HandlerContext, member: SessionMember, at: Date, tx: Knex | Knex.Transaction = db): Promise<void> => {
     const token = await startSession(tx, member.memberId, policy, at);
@@ -100,7 +101,6 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         });
       }
       const member = await findMemberByEmail(db, email);
-      dummyHash ??= createDummyHash(scryptParams);
       // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
       const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash), scryptParams);
       const at = now();

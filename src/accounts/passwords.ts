@@ -11,8 +11,10 @@ export const MAX_PASSWORD_CHARS = 256;
 /** scrypt cost parameters: OWASP's recommended N=2^17, r=8, p=1, 32-byte key, 16-byte salt. */
 export const SCRYPT_PARAMS = { N: 131_072, r: 8, p: 1, keyBytes: 32, saltBytes: 16 } as const;
 
-/** scrypt needs 128 * N * r bytes; Node's default cap (32 MiB) is exactly that for these parameters, so allow some headroom. */
-const MAX_MEM = 256 * 1024 * 1024;
+/** The most memory a stored hash may ask scrypt for (128 * N * r bytes): twice what the parameters above take. */
+const MAX_SCRYPT_BYTES = 256 * 1024 * 1024;
+/** Node refuses scrypt above `maxmem` (default 32 MiB), counted with some overhead: room above MAX_SCRYPT_BYTES. */
+const MAX_MEM = 2 * MAX_SCRYPT_BYTES;
 
 /** Which rule a new password breaks, or undefined when it is acceptable. */
 export function passwordProblem(password: string): string | undefined {
@@ -75,7 +77,7 @@ function parseStored(stored: string): { params: ScryptParams; salt: Buffer; hash
   const salt = Buffer.from(match[4]!, "base64url");
   const hash = Buffer.from(match[5]!, "base64url");
   // Refuses a stored form whose parameters would be absurd to compute (a row written by something else).
-  if (N < 2 || N > 2 ** 20 || (N & (N - 1)) !== 0 || r < 1 || r > 32 || p < 1 || p > 16 || hash.length < 16) return undefined;
+  if (N < 2 || (N & (N - 1)) !== 0 || r < 1 || 128 * N * r > MAX_SCRYPT_BYTES || p < 1 || p > 16 || hash.length < 16) return undefined;
   return { params: { N, r, p, keyBytes: hash.length, saltBytes: salt.length }, salt, hash };
 }
 

@@ -42,9 +42,17 @@ describe("an API key is never a session", () => {
   it("a call with only a valid API key is SIGNED_OUT (UNAUTHENTICATED, 401), on every account RPC that needs a session", async () => {
     const { apiKey } = await signedInMember();
     const { client } = accountClient(service.url, { headers: { authorization: `Bearer ${apiKey}` } });
-    for (const call of [client.getAccount({}), client.listKeys({}), client.createKey({}), client.revokeKey({ keyId: "x" }), client.listUsage({}), client.listActivity({})]) {
+    for (const call of [
+      client.getAccount({}),
+      client.listKeys({}),
+      client.createKey({}),
+      client.revokeKey({ keyId: "x" }),
+      client.listUsage({}),
+      client.getUsageSummary({}),
+      client.listActivity({}),
+    ]) {
       const refused = await refusal(call);
-      expect(refused).toMatchObject({ code: Code.Unauthenticated, reason: "SIGNED_OUT" });
+      expect(refused).toMatchObject({ code: Code.Unauthenticated, reason: "SIGNED_OUT", message: "not signed in, or the session ended: sign in to the account area" });
     }
     const response = await fetch(`${service.url}/typesafe.account.v1.AccountService/GetAccount`, {
       method: "POST",
@@ -73,7 +81,11 @@ describe("pages of other sites", () => {
     const member = await signedInMember();
     const { client } = accountClient(service.url, { headers, jar: member.jar });
     for (const call of [client.signIn({ email: member.email, password: PASSWORD }), client.createKey({ name: "x" }), client.getAccount({})]) {
-      expect(await refusal(call)).toMatchObject({ code: Code.PermissionDenied, reason: "CROSS_SITE_REFUSED" });
+      expect(await refusal(call)).toMatchObject({
+        code: Code.PermissionDenied,
+        reason: "CROSS_SITE_REFUSED",
+        message: "origin: calls to the account area must come from its own pages",
+      });
     }
     expect((await member.client.listKeys({})).keys).toHaveLength(1);
     const response = await fetch(`${service.url}/typesafe.account.v1.AccountService/SignOut`, {

@@ -1,3 +1,4 @@
+import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { Code } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
@@ -52,6 +53,25 @@ describe("every protocol", () => {
     expect((await member.client.getAccount({})).account).toMatchObject({ id: member.accountId, balanceCredits: 10 });
     const { client } = accountClient(service.url, { protocol });
     expect(await refusal(client.listKeys({}))).toMatchObject({ code: Code.Unauthenticated, reason: "SIGNED_OUT" });
+  });
+});
+
+describe("answers", () => {
+  it("are never cached, and a refusal names its field and rule", async () => {
+    const member = await signedInMember();
+    const cookie = `typesafe_session=${member.jar.cookies.get("typesafe_session")}`;
+    const ok = await fetch(`${service.url}/typesafe.account.v1.AccountService/ListKeys`, { method: "POST", headers: { "content-type": "application/json", cookie }, body: "{}" });
+    expect(ok.status).toBe(200);
+    expect(ok.headers.get("cache-control")).toBe("no-store");
+    const crossSite = await fetch(`${service.url}/typesafe.account.v1.AccountService/ListKeys`, {
+      method: "POST",
+      headers: { "content-type": "application/json", cookie, origin: "https://evil.example" },
+      body: "{}",
+    });
+    const body = await crossSite.json();
+    expect(body.details[0]).toMatchObject({ type: "typesafe.error.v1.ErrorDetail" });
+    const refused = await refusal(accountClient(service.url, { headers: { origin: "https://evil.example" } }).client.listKeys({}));
+    expect(refused.reason).toBe("CROSS_SITE_REFUSED");
   });
 });
 
@@ -114,6 +134,7 @@ describe("usage", () => {
       until: { seconds: BigInt(at(4).getTime() / 1000) },
     });
     expect(filtered.records.map((r) => r.requestId)).toEqual([decided[2], decided[1]]);
+    expect(timestampDate(filtered.records[0]!.finishedAt!).getTime()).toBe(at(3).getTime() + 10);
     expect(filtered.records[0]).toMatchObject({ endpoint: "decide", funding: "paid", reservedCredits: 0.001, chargedCredits: 0.00025, status: "settled", keyId: member.keyId });
 
     const summary = await member.client.getUsageSummary({ since: { seconds: BigInt(base / 1000) }, until: { seconds: BigInt(at(60 * 24 * 2).getTime() / 1000) } });
@@ -156,6 +177,27 @@ describe("usage", () => {
     const posted = await fetch(`${service.url}/account/v1/usage.csv`, { method: "POST", headers: { cookie } });
     expect(posted.status).toBe(405);
     expect(posted.headers.get("allow")).toBe("GET");
+  });
+
+  it("lists released and expired calls with their status, and never a call still running", async () => {
+    const member = await signedInMember();
+    const start = (now: Date) => admit(database.db, { keyHash: hashApiKey(member.apiKey), endpoint: "decide", reserveUnits: 500, freeAllowed: false, leaseMs: 60_000, now });
+    const t0 = Date.UTC(2031, 0, 1);
+    const released = await start(new Date(t0));
+    if (released.outcome !== "admitted") throw new Error(released.outcome);
+    await resolve(database.db, { requestId: released.requestId, success: false, now: new Date(t0 + 1_000) });
+    const abandoned = await start(new Date(t0 + 10_000));
+    // Its lease has passed when the next call is admitted: that admission expires it.
+    const running = await start(new Date(t0 + 200_000));
+    if (abandoned.outcome !== "admitted" || running.outcome !== "admitted") throw new Error("not admitted");
+    const { records } = await member.client.listUsage({});
+    expect(records.map((r) => [r.requestId, r.status, r.reservedCredits, r.chargedCredits])).toEqual([
+      [abandoned.requestId, "expired", 0.0005, 0],
+      [released.requestId, "released", 0.0005, 0],
+    ]);
+    const { account } = await member.client.getAccount({});
+    expect(account).toMatchObject({ callsInFlight: 1, heldCredits: 0.0005, balanceCredits: 10, availableCredits: 9.9995 });
+    expect(timestampDate(account!.createdAt!).getTime()).toBe((await database.db("accounts").where({ id: member.accountId }).first("created_at")).created_at.getTime());
   });
 
   it("records the key of each call in its row, on the batch admission path too", async () => {
