@@ -2,13 +2,13 @@
  * The import rules of src/, checked by `npm run lint:deps` (dependency-cruiser) in CI.
  *
  * The rooms, from the outside in:
- *   doors     gateway/, rpc/, account/   take calls from the network
+ *   doors     gateway/, rpc/, account/, web/   take calls from the network
  *   features  decision/, search/         the work a call asks for
  *   metering/                            admit, settle and release money
  *   accounts/, db/                       rows, keys, the store
  * A room may import the rooms below it, never one above. upstream/ talks to
  * the outside (the LLM) and knows nothing of the work it serves. The
- * composition root (app.ts, main.ts, server.ts) wires the doors; nothing else
+ * composition root (app.ts, main.ts, server.ts, build.mjs) wires the doors; nothing else
  * imports a door, and of the doors only the gateway builds on rpc/. Shared
  * modules at the top of src/ (errors, logger, metrics, validation, ...) may be
  * imported from any room. No module imports itself back through others, and
@@ -21,8 +21,8 @@
  * test/config/environment-reader.test.ts checks it.
  */
 
-const ROOT = "^src/(app|main|server)\\.ts$";
-const DOORS = "^src/(gateway|rpc|account)/";
+const ROOT = "^src/(app\\.ts|main\\.ts|server\\.ts|build\\.mjs)$";
+const DOORS = "^src/(gateway|rpc|account|web)/";
 const FEATURES = "^src/(decision|search)/";
 const METERING = "^src/metering/";
 const STORE = "^src/(accounts|db)/";

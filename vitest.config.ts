@@ -3,8 +3,9 @@ import { defineConfig } from "vitest/config";
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
-    // Other languages' clients need Debian packages: `npm run test:polyglot` (vitest.polyglot.config.ts).
-    exclude: ["test/polyglot/**", "**/node_modules/**"],
+    // Other languages' clients need Debian packages: `npm run test:polyglot` (vitest.polyglot.config.ts);
+    // the browser test needs Debian's chromium: `npm run test:browser` (vitest.browser.config.ts).
+    exclude: ["test/polyglot/**", "test/browser/**", "**/node_modules/**"],
     globalSetup: ["test/support/global-setup.ts"],
     // Every gateway answer a test receives must match the OpenAPI document.
     setupFiles: ["test/support/openapi-conformance.setup.ts"],

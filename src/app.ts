@@ -26,6 +26,7 @@ import { createUsageCsvHandler, USAGE_CSV_PATH } from "./account/usage-csv.js";
 import { countLiveSessions } from "./accounts/sessions.js";
 import type { ScryptParams } from "./accounts/passwords.js";
 import { AccountService } from "./gen/typesafe/account/v1/account_service_pb.js";
+import { withAccountPage } from "./web/account-page.js";
 
 export interface App {
   server: RunningServer;
@@ -96,7 +97,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     server = await startServer(
       {
         routes,
-        fallback: (req, res) => ((req.url ?? "").split("?", 1)[0] === USAGE_CSV_PATH ? usageCsv(req, res) : gateway(req, res)),
+        fallback: withAccountPage((req, res) => ((req.url ?? "").split("?", 1)[0] === USAGE_CSV_PATH ? usageCsv(req, res) : gateway(req, res))),
         // The account door runs inside the observer, so its refusals are logged and typed like any error.
         interceptors: [createObserveInterceptor(observer), createAccountDoorInterceptor(accountDoor)],
         maxBodyBytes: config.maxBodyBytes,

@@ -1,5 +1,6 @@
 // Compiles src/ to dist/ (`npm run build`), then bundles the server into one
-// file, dist/bundle/main.mjs, which `npm start` runs. With --if-stale it
+// file, dist/bundle/main.mjs, which `npm start` runs, and the account page into
+// dist/public/account/, which the server serves at /account/. With --if-stale it
 // builds only when a source or the compiler settings changed since the last
 // successful build, so a start costs a start, not a compilation. Plain
 // JavaScript: it runs before anything is compiled. `npm start` imports it
@@ -9,6 +10,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 import esbuild from "esbuild";
+import { bundleAccountPage } from "./web/bundle-account-page.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
 /** Written after a build that succeeded: a failed build never counts as fresh. */
@@ -65,6 +67,7 @@ export function build({ ifStale }) {
   const tsc = spawnSync(process.execPath, [path.join(root, "node_modules/typescript/bin/tsc"), "-p", "tsconfig.build.json"], { cwd: root, stdio: "inherit" });
   if (tsc.status !== 0) return tsc.status ?? 1;
   bundleServer();
+  bundleAccountPage();
   fs.writeFileSync(stamp, new Date().toISOString() + "\n");
   return 0;
 }
