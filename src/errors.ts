@@ -39,6 +39,9 @@ export const REASONS = {
 
 export type Reason = keyof typeof REASONS;
 
+/** Reasons only the account area (its session door and sign-in) returns: never an answer of the /api/v1 paths. */
+export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>(["SIGNED_OUT", "SIGN_IN_FAILED", "CROSS_SITE_REFUSED", "INVITE_INVALID", "SIGN_IN_THROTTLED"]);
+
 export interface ApiErrorInit {
   field?: string;
   rule?: string;

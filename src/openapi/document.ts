@@ -1,5 +1,5 @@
 import { ScalarType, type DescEnum, type DescField, type DescMessage, type DescMethod, type Registry } from "@bufbuild/protobuf";
-import { REASONS, type Reason } from "../errors.js";
+import { ACCOUNT_AREA_REASONS, REASONS, type Reason } from "../errors.js";
 import { httpBindingOf, jsonTouchesOf } from "../gateway/routes.js";
 
 /** A JSON Schema (2020-12, OpenAPI 3.1's dialect) as plain data. */
@@ -124,7 +124,9 @@ function successEnvelope(data: JsonSchema): JsonSchema {
 }
 
 /** HTTP statuses of the error table, lowest first. */
-const errorStatuses = [...new Set(Object.values(REASONS).map((entry) => entry.http))].sort((a, b) => a - b);
+/** The reasons the /api/v1 paths can answer: the account area's own stay out of this document. */
+const apiReasons = (Object.entries(REASONS) as [Reason, (typeof REASONS)[Reason]][]).filter(([reason]) => !ACCOUNT_AREA_REASONS.has(reason));
+const errorStatuses = [...new Set(apiReasons.map(([, entry]) => entry.http))].sort((a, b) => a - b);
 
 const errorResponseRefs: Record<string, JsonSchema> = Object.fromEntries(
   errorStatuses.map((status) => [String(status), { $ref: `#/components/responses/Error${status}` }]),
@@ -133,7 +135,7 @@ const errorResponseRefs: Record<string, JsonSchema> = Object.fromEntries(
 /** One response per HTTP status of the error table, listing its reasons. */
 function errorResponses(): Record<string, JsonSchema> {
   const byStatus = new Map<number, Reason[]>();
-  for (const [reason, entry] of Object.entries(REASONS) as [Reason, (typeof REASONS)[Reason]][]) {
+  for (const [reason, entry] of apiReasons) {
     byStatus.set(entry.http, [...(byStatus.get(entry.http) ?? []), reason]);
   }
   const responses: Record<string, JsonSchema> = {};
