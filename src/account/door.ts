@@ -65,12 +65,11 @@ export function createAccountDoorInterceptor(options: AccountDoorOptions): Inter
 
 /**
  * The door as a gateway route's, for AccountService's JSON paths: the same
- * checks as the interceptor, on the gateway's handler context. The answer,
- * refusals included, is never cached.
+ * checks as the interceptor, on the gateway's handler context (whose
+ * envelope is never cached, refusals included).
  */
 export function accountRouteDoor(options: AccountDoorOptions): (ctx: HandlerContext) => Promise<void> {
   return async (ctx) => {
-    ctx.responseHeader.set("cache-control", "no-store");
     await openAccountDoor(options, { methodName: ctx.method.name, header: ctx.requestHeader, host: hostOf(ctx.url, ctx.requestHeader), values: ctx.values });
   };
 }

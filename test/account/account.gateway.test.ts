@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { OPENAPI_DOCUMENT_PATH } from "../../src/openapi/served.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { checkAnswersOf, checkedRequestCount } from "../support/openapi-conformance.js";
+import { checkAnswersOf, checkedRequestCount, requestViolationsOf } from "../support/openapi-conformance.js";
 import { inviteMember, startAccountApp, uniqueEmail, type AccountTestApp } from "./support.js";
 
 /**
@@ -265,6 +265,17 @@ describe("the OpenAPI document's account section", () => {
     expect(schemas["typesafe.account.v1.ListUsageRequest"].properties.page_size.anyOf[0]).toMatchObject({ minimum: 0, maximum: 500 });
     expect(schemas["typesafe.account.v1.ListActivityRequest"].properties.page_size.anyOf[0]).toMatchObject({ minimum: 0, maximum: 500 });
     expect(schemas["typesafe.account.v1.GetUsageSummaryRequest"].properties.granularity.enum).toEqual(["", "day", "hour", null]);
+  });
+
+  it("the conformance check wants the session cookie where the document does, and not where it does not", () => {
+    const sent = (path: string, headers: Record<string, string>) => ({ method: "GET", url: `http://127.0.0.1:1${path}`, headers: new Headers(headers), body: Buffer.alloc(0) });
+    const ok = { status: 200, headers: new Headers(), body: "{}" };
+    expect(requestViolationsOf(sent("/account/v1/keys", { authorization: "Bearer ts_live_x" }), ok)).toEqual([expect.stringContaining("the service served a request the document refuses (no sessionCookie)")]);
+    expect(requestViolationsOf(sent("/account/v1/keys", { cookie: "other=1; typesafe_session=abc" }), ok)).toEqual([]);
+    expect(requestViolationsOf(sent("/account/v1/keys", { cookie: "__Host-typesafe_session=abc" }), ok)).toEqual([]);
+    const post = (body: unknown) => ({ method: "POST", url: "http://127.0.0.1:1/account/v1/sign-in", headers: new Headers({ "content-type": "application/json" }), body: Buffer.from(JSON.stringify(body)) });
+    expect(requestViolationsOf(post({ email: "a@example.com", password: "x" }), ok)).toEqual([]);
+    expect(requestViolationsOf(post({ email: "a@example.com" }), ok)).toEqual([expect.stringContaining("required property 'password'")]);
   });
 
   it("the conformance check judged this file's account requests", async () => {
