@@ -133,7 +133,7 @@ export function createGateway(options: GatewayOptions) {
       method: route.method,
       protocolName: "gateway",
       requestMethod: req.method ?? "POST",
-      url: req.url ?? "",
+      url: requestUrl(req),
       requestHeader: requestHeaders(req),
       requestSignal: requestAbort.signal,
       contextValues: createContextValues().set(kRequestId, requestId).set(kCallPhases, phases),
@@ -197,6 +197,17 @@ async function sendMetrics(res: NodeResponse, metrics: Metrics, requestId: strin
   const text = await metrics.registry.metrics();
   res.writeHead(200, { "content-type": metrics.registry.contentType, "x-request-id": requestId });
   res.end(text);
+}
+
+/**
+ * The URL a call was sent to, with its host as connect-node's handler contexts
+ * have it (Host, or HTTP/2's :authority), so doors that compare the host see
+ * it on both surfaces; only the path when neither is there.
+ */
+function requestUrl(req: NodeRequest): string {
+  const path = req.url ?? "";
+  const host = req.headers.host ?? req.headers[":authority"];
+  return typeof host === "string" && host !== "" ? `http://${host}${path}` : path;
 }
 
 function methodNotAllowed(path: string, allow: string): Error {

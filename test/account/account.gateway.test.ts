@@ -1,4 +1,5 @@
 import fs from "node:fs";
+import http2 from "node:http2";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { OPENAPI_DOCUMENT_PATH } from "../../src/openapi/served.js";
 import { createTestAccount } from "../support/app.js";
@@ -180,6 +181,29 @@ describe("the account area's door, the same on JSON as on Connect", () => {
     }
     const own = await call("GET", "/account/v1/keys", { cookie, headers: { origin: service.url, "sec-fetch-site": "same-origin" } });
     expect(own.status).toBe(200);
+  });
+
+  it("over HTTP/2 (h2c) the host is :authority: the service's own origin passes there too, another site's does not", async () => {
+    const { cookie } = await signedInMember();
+    const session = http2.connect(service.url);
+    try {
+      const get = (origin: string) =>
+        new Promise<{ status: number; body: string }>((resolve, reject) => {
+          const stream = session.request({ ":method": "GET", ":path": "/account/v1/keys", cookie, origin });
+          let body = "";
+          let status = 0;
+          stream.setEncoding("utf8");
+          stream.on("response", (headers) => (status = Number(headers[":status"])));
+          stream.on("data", (chunk: string) => (body += chunk));
+          stream.on("end", () => resolve({ status, body }));
+          stream.on("error", reject);
+        });
+      expect((await get(service.url)).status).toBe(200);
+      const foreign = await get("https://evil.example");
+      expect([foreign.status, JSON.parse(foreign.body).data.reason]).toEqual([403, "CROSS_SITE_REFUSED"]);
+    } finally {
+      session.close();
+    }
   });
 
   it("another account's key id is NOT_FOUND with the very answer of a missing one, and that key lives on", async () => {
