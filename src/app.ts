@@ -21,7 +21,7 @@ import { createSearchService } from "./search/service.js";
 import { startServer, type RunningServer } from "./server.js";
 import { createAccountService } from "./account/service.js";
 import { sessionCookieFor } from "./account/cookie.js";
-import { createAccountDoorInterceptor, type AccountDoorOptions } from "./account/door.js";
+import { accountRouteDoor, createAccountDoorInterceptor, type AccountDoorOptions } from "./account/door.js";
 import { createUsageCsvHandler, USAGE_CSV_PATH } from "./account/usage-csv.js";
 import { countLiveSessions } from "./accounts/sessions.js";
 import type { ScryptParams } from "./accounts/passwords.js";
@@ -80,11 +80,14 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     router.service(AccountService, account);
     registerHealth(router, isReady);
   };
+  // The metered services' JSON paths need an API key; the account area's, the session cookie (and never a key).
+  const keyedServices = [served(DecisionService, decision), served(SearchService, search)];
+  const accountArea = served(AccountService, account, accountRouteDoor(accountDoor));
   const shutdown = new AbortController();
   // Every call in flight listens for the end of a shutdown's grace period.
   setMaxListeners(0, shutdown.signal);
   const gateway = createGateway({
-    routes: apiRoutes([served(DecisionService, decision), served(SearchService, search)]),
+    routes: apiRoutes([...keyedServices, accountArea]),
     logger,
     maxBodyBytes: config.maxBodyBytes,
     isReady,
@@ -101,7 +104,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
         // The account door runs inside the observer, so its refusals are logged and typed like any error.
         interceptors: [createObserveInterceptor(observer), createAccountDoorInterceptor(accountDoor)],
         maxBodyBytes: config.maxBodyBytes,
-        keyedServices: new Set([DecisionService.typeName, SearchService.typeName]),
+        keyedServices: new Set(keyedServices.map(({ service }) => service.typeName)),
         grpcShortPath: config.grpcShortPath,
         logger,
         shutdown,

@@ -43,6 +43,25 @@ export type Reason = keyof typeof REASONS;
 /** Reasons only the account area gives; the /api/v1 surface and its OpenAPI document never carry them. */
 export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>(["SIGNED_OUT", "SIGN_IN_FAILED", "CROSS_SITE_REFUSED", "INVITE_INVALID", "SIGN_IN_THROTTLED"]);
 
+/**
+ * Every reason the account area can answer with: its own, and those of the
+ * request contract and the store it shares with the API. Never the
+ * metering's (balance, limits, idempotency) nor the API key's.
+ */
+export const ACCOUNT_AREA_ANSWERS: ReadonlySet<Reason> = new Set<Reason>([
+  ...ACCOUNT_AREA_REASONS,
+  "INVALID_ARGUMENT",
+  "MALFORMED_JSON",
+  "NOT_FOUND",
+  "METHOD_NOT_ALLOWED",
+  "PAYLOAD_TOO_LARGE",
+  "UNSUPPORTED_MEDIA_TYPE",
+  "UNSUPPORTED_ENCODING",
+  "CANCELLED",
+  "INTERNAL",
+  "UNAVAILABLE",
+]);
+
 export interface ApiErrorInit {
   field?: string;
   rule?: string;

@@ -12,7 +12,7 @@ export const kMember = createContextKey<SessionMember | undefined>(undefined);
 export const kSessionToken = createContextKey<string | undefined>(undefined);
 
 /** The calls that work without a session: they are how one starts or ends. */
-const SESSIONLESS: ReadonlySet<string> = new Set([
+export const SESSIONLESS_METHODS: ReadonlySet<string> = new Set([
   AccountService.method.signIn.name,
   AccountService.method.acceptInvite.name,
   AccountService.method.signOut.name,
@@ -46,7 +46,7 @@ export async function openAccountDoor(
   }
   const token = readSessionToken(options.cookie, call.header.get("cookie"));
   call.values.set(kSessionToken, token);
-  if (SESSIONLESS.has(call.methodName)) return;
+  if (SESSIONLESS_METHODS.has(call.methodName)) return;
   const member = token === undefined ? undefined : await resumeSession(options.db, token, options.policy, options.now());
   if (!member) throw apiError("SIGNED_OUT", "not signed in, or the session ended: sign in to the account area");
   call.values.set(kMember, member);
@@ -60,6 +60,17 @@ export function createAccountDoorInterceptor(options: AccountDoorOptions): Inter
     const res = await next(req);
     res.header.set("cache-control", "no-store");
     return res;
+  };
+}
+
+/**
+ * The door as a gateway route's, for AccountService's JSON paths: the same
+ * checks as the interceptor, on the gateway's handler context (whose
+ * envelope is never cached, refusals included).
+ */
+export function accountRouteDoor(options: AccountDoorOptions): (ctx: HandlerContext) => Promise<void> {
+  return async (ctx) => {
+    await openAccountDoor(options, { methodName: ctx.method.name, header: ctx.requestHeader, host: hostOf(ctx.url, ctx.requestHeader), values: ctx.values });
   };
 }
 

@@ -6,12 +6,13 @@ import type { CallCursor, CallFilter } from "../metering/account-views.js";
 export const DEFAULT_PAGE_SIZE = 50;
 export const MAX_PAGE_SIZE = 500;
 
-const ENDPOINTS: readonly string[] = ["decide", "search"];
+/** The endpoints usage can be filtered by. */
+export const USAGE_ENDPOINTS: readonly string[] = ["decide", "search"];
 
 /** The usage filter of a request (RPC or CSV query), checked: a bad field is a 400 naming it. */
 export function usageFilter(input: { endpoint: string; since?: Date; until?: Date }): CallFilter {
   const violations: Violation[] = [];
-  if (input.endpoint !== "" && !ENDPOINTS.includes(input.endpoint)) violations.push({ field: "endpoint", rule: 'one of "decide", "search" or empty' });
+  if (input.endpoint !== "" && !USAGE_ENDPOINTS.includes(input.endpoint)) violations.push({ field: "endpoint", rule: 'one of "decide", "search" or empty' });
   if (input.since && input.until && input.since.getTime() >= input.until.getTime()) violations.push({ field: "since", rule: "must be before until" });
   throwIfInvalid(violations);
   return { endpoint: input.endpoint === "" ? undefined : (input.endpoint as Endpoint), since: input.since, until: input.until };

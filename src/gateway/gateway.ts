@@ -7,7 +7,6 @@ import { kRequestId } from "../rpc/context.js";
 import { observeCall, type CallObserver } from "../rpc/observe.js";
 import type { Metrics } from "../metrics.js";
 import { throwIfInvalid } from "../validation.js";
-import { requireApiKey } from "../request/api-key.js";
 import { drainNodeBody, readNodeBody } from "../request/body.js";
 import { ACCEPTED_ENCODING_NAMES, compressionNamed, decompressBody, unsupportedEncoding } from "../request/compression.js";
 import { findJsonViolation, parseJsonBody } from "../request/json-body.js";
@@ -16,7 +15,7 @@ import { headerRecord, requestHeaders } from "../rpc/node-headers.js";
 import { sendEnvelope, sendError, sendOk, type NodeRequest, type NodeResponse } from "./envelope.js";
 
 /**
- * One /api/v1 path served by a unary RPC. The gateway calls the very
+ * One JSON path served by a unary RPC. The gateway calls the very
  * implementation gRPC callers reach, with a handler context of its own, so
  * authentication, validation, limits and metering cannot drift between the
  * two surfaces (and no in-process transport is paid for).
@@ -26,9 +25,18 @@ export interface RpcRoute<I extends DescMessage = DescMessage, O extends DescMes
   path: string;
   method: DescMethodUnary<I, O>;
   impl: (request: MessageShape<I>, ctx: HandlerContext) => MessageInitShape<O> | Promise<MessageInitShape<O>>;
+  /** Who may call: checks the call's credentials (and sets its context) before its body is read; throws to refuse. */
+  door: RouteDoor;
   /** Final touches on the JSON of `data` (e.g. nulls the contract promises). */
   reshapeAnswerJson?: (data: Record<string, unknown>) => void;
 }
+
+/**
+ * The check a route's service puts in front of its calls: the API key for the
+ * metered API, the session cookie for the account area. It runs first, so a
+ * caller without the right credentials learns nothing about its body.
+ */
+export type RouteDoor = (ctx: HandlerContext) => void | Promise<void>;
 
 export interface GatewayOptions {
   routes: RpcRoute[];
@@ -46,7 +54,7 @@ export interface GatewayOptions {
 
 const OPENAPI_PATH = "/api/v1/openapi.json";
 
-/** The fallback handler of the Connect adapter: /api/v1 paths, health probes, and enveloped 404/405. */
+/** The fallback handler of the Connect adapter: the JSON paths of the routes, health probes, and enveloped 404/405. */
 export function createGateway(options: GatewayOptions) {
   const observer: CallObserver = { logger: options.logger, metrics: options.metrics };
   const byPath = new Map<string, RpcRoute[]>();
@@ -125,7 +133,7 @@ export function createGateway(options: GatewayOptions) {
       method: route.method,
       protocolName: "gateway",
       requestMethod: req.method ?? "POST",
-      url: req.url ?? "",
+      url: requestUrl(req),
       requestHeader: requestHeaders(req),
       requestSignal: requestAbort.signal,
       contextValues: createContextValues().set(kRequestId, requestId).set(kCallPhases, phases),
@@ -133,8 +141,7 @@ export function createGateway(options: GatewayOptions) {
     const procedure = `/${route.method.parent.typeName}/${route.method.name}`;
     try {
       const data = await observeCall(observer, { requestId, procedure, protocol: "gateway", phases }, async () => {
-        // Key presence and shape first, so a caller without a key learns nothing about its body.
-        requireApiKey(ctx);
+        await route.door(ctx);
         const request = route.httpMethod === "POST" ? await parseBody(route, req) : create(route.method.input);
         const output = create(route.method.output, await route.impl(request, ctx));
         const json = toJson(route.method.output, output, { useProtoFieldName: true, alwaysEmitImplicit: true }) as Record<string, unknown>;
@@ -190,6 +197,17 @@ async function sendMetrics(res: NodeResponse, metrics: Metrics, requestId: strin
   const text = await metrics.registry.metrics();
   res.writeHead(200, { "content-type": metrics.registry.contentType, "x-request-id": requestId });
   res.end(text);
+}
+
+/**
+ * The URL a call was sent to, with its host as connect-node's handler contexts
+ * have it (Host, or HTTP/2's :authority), so doors that compare the host see
+ * it on both surfaces; only the path when neither is there.
+ */
+function requestUrl(req: NodeRequest): string {
+  const path = req.url ?? "";
+  const host = req.headers.host ?? req.headers[":authority"];
+  return typeof host === "string" && host !== "" ? `http://${host}${path}` : path;
 }
 
 function methodNotAllowed(path: string, allow: string): Error {

@@ -3,17 +3,26 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { http } from "../gen/google/api/annotations_pb.js";
 import { DecisionService } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchService } from "../gen/typesafe/search/v1/search_service_pb.js";
-import type { RpcRoute } from "./gateway.js";
+import { requireApiKey } from "../request/api-key.js";
+import type { RouteDoor, RpcRoute } from "./gateway.js";
 
-/** A service and its implementation, as registered on the Connect router. */
+/** A service and its implementation, as registered on the Connect router, and the door of its JSON paths. */
 export interface ServedService<S extends DescService = DescService> {
   service: S;
   impl: ServiceImpl<S>;
+  /** Who may call its JSON paths; the API key when not given. */
+  door?: RouteDoor;
 }
 
-export function served<S extends DescService>(service: S, impl: ServiceImpl<S>): ServedService {
-  return { service, impl } as unknown as ServedService;
+/** A service for the path table; without a door of its own, its paths need an API key. */
+export function served<S extends DescService>(service: S, impl: ServiceImpl<S>, door?: RouteDoor): ServedService {
+  return { service, impl, door } as unknown as ServedService;
 }
+
+/** The API's door: a well-formed `Authorization: Bearer` key (the service checks that it is live). */
+export const apiKeyDoor: RouteDoor = (ctx) => {
+  requireApiKey(ctx);
+};
 
 /** Where a JSON path goes, read from a method's `google.api.http` annotation. */
 export interface HttpBinding {
@@ -22,13 +31,13 @@ export interface HttpBinding {
 }
 
 /**
- * The /api/v1 path table, built from the `google.api.http` annotations in
+ * The JSON path table, built from the `google.api.http` annotations in
  * proto/: every annotated unary RPC of a served service gets its path, so the
  * proto is the source of truth for the HTTP surface as for the messages.
  */
 export function apiRoutes(services: ServedService[]): RpcRoute[] {
   const routes: RpcRoute[] = [];
-  for (const { service, impl } of services) {
+  for (const { service, impl, door = apiKeyDoor } of services) {
     for (const method of service.methods) {
       const binding = httpBindingOf(method);
       if (binding === undefined) continue;
@@ -36,7 +45,7 @@ export function apiRoutes(services: ServedService[]): RpcRoute[] {
       if (method.methodKind !== "unary") throw new Error(`${method.parent.typeName}.${method.name}: an HTTP binding needs a unary RPC`);
       if (handler === undefined) throw new Error(`${method.parent.typeName}.${method.name}: has an HTTP binding but no implementation`);
       const touches = jsonTouchesOf(method);
-      routes.push({ ...binding, method: method as DescMethodUnary, impl: handler.bind(impl), reshapeAnswerJson: touches?.reshapeAnswerJson });
+      routes.push({ ...binding, method: method as DescMethodUnary, impl: handler.bind(impl), door, reshapeAnswerJson: touches?.reshapeAnswerJson });
     }
   }
   return routes;

@@ -52,6 +52,160 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/account/v1/invites/accept": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** AcceptInvite sets the password of an invited member and signs them in. An invite works once, within its expiry. */
+        post: operations["AccountService_AcceptInvite"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/sign-in": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** SignIn starts a session (a cookie) for a member. A wrong email and a wrong password get the same answer. */
+        post: operations["AccountService_SignIn"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/sign-out": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** SignOut ends the caller's session at once. */
+        post: operations["AccountService_SignOut"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/account": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** GetAccount reads the balance, the free requests, the limits and the calls in flight of the caller's account. */
+        get: operations["AccountService_GetAccount"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** ListKeys lists the account's API keys, revoked ones included. Secrets are never shown again after CreateKey. */
+        get: operations["AccountService_ListKeys"];
+        put?: never;
+        /** CreateKey makes a new API key and returns its secret this once. */
+        post: operations["AccountService_CreateKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/keys/revoke": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** RevokeKey stops a key at once; calls with it are answered 401 from then on. */
+        post: operations["AccountService_RevokeKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** ListUsage lists the account's finished calls (settled, released or expired), newest first, a page at a time. */
+        post: operations["AccountService_ListUsage"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/usage/summary": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** GetUsageSummary counts calls and charged credits per day or hour and endpoint over a time range, for the usage chart. */
+        post: operations["AccountService_GetUsageSummary"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/activity": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** ListActivity lists what happened to the account: sign-ins, keys created and revoked, credits granted, members invited and removed. Newest first. */
+        post: operations["AccountService_ListActivity"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -337,6 +491,219 @@ export interface components {
             supports_time_window: boolean;
             is_default: boolean;
             price_credits: number;
+        };
+        "typesafe.account.v1.AcceptInviteResponse": {
+            member?: components["schemas"]["typesafe.account.v1.Member"];
+        };
+        /** @description A person who may sign in to an account. */
+        "typesafe.account.v1.Member": {
+            id: string;
+            email: string;
+            account_id: string;
+        };
+        "typesafe.account.v1.AcceptInviteRequest": {
+            /** @description The token of the invite, as printed by the operator's CLI. */
+            invite_token: string;
+            /** @description The new password, at least 12 characters. */
+            password: string;
+        };
+        "typesafe.account.v1.SignInResponse": {
+            member?: components["schemas"]["typesafe.account.v1.Member"];
+        };
+        /** @description Also refused: an email that is blank once trimmed. */
+        "typesafe.account.v1.SignInRequest": {
+            email: string;
+            password: string;
+        };
+        "typesafe.account.v1.SignOutResponse": Record<string, never>;
+        "typesafe.account.v1.SignOutRequest": Record<string, never>;
+        "typesafe.account.v1.GetAccountResponse": {
+            account?: components["schemas"]["typesafe.account.v1.Account"];
+            /** @description The member who is signed in. */
+            member?: components["schemas"]["typesafe.account.v1.Member"];
+        };
+        /** @description An account's money and limits. Credits are decimals (1 credit = 1,000,000 input tokens); the ledger keeps integer units. */
+        "typesafe.account.v1.Account": {
+            id: string;
+            name: string;
+            /** @description Credits granted and not yet charged. */
+            balance_credits: number;
+            /** @description Credits held by calls in flight. */
+            held_credits: number;
+            /** @description What new calls may reserve: the balance less what is held. */
+            available_credits: number;
+            /**
+             * Format: int32
+             * @description Free requests left; each successful decision uses one before any credit.
+             */
+            free_requests_remaining: number;
+            limits?: components["schemas"]["typesafe.account.v1.Limits"];
+            /**
+             * Format: int32
+             * @description Calls of this account running now.
+             */
+            calls_in_flight: number;
+            /** Format: date-time */
+            created_at?: string;
+        };
+        "typesafe.account.v1.Limits": {
+            /**
+             * Format: int32
+             * @description Calls in flight at once.
+             */
+            max_in_flight: number;
+            /**
+             * Format: int32
+             * @description Calls per rolling minute.
+             */
+            requests_per_minute: number;
+        };
+        "typesafe.account.v1.ListKeysResponse": {
+            /** @description Newest first. */
+            keys: components["schemas"]["typesafe.account.v1.ApiKey"][];
+        };
+        /** @description An API key, as the account area shows it: never its secret. */
+        "typesafe.account.v1.ApiKey": {
+            id: string;
+            /** @description The name its creator gave it, or empty. */
+            name: string;
+            /** @description The key's recognisable start, e.g. "ts_live_". */
+            prefix: string;
+            /** @description The last 4 characters of the secret. */
+            last4: string;
+            /** Format: date-time */
+            created_at?: string;
+            /** @description The email of the member who made it, or "operator" for the CLI. */
+            created_by: string;
+            /**
+             * Format: date-time
+             * @description When a call with this key was last admitted; absent when never used.
+             */
+            last_used_at?: string;
+            /**
+             * Format: date-time
+             * @description When it was revoked; absent while it works.
+             */
+            revoked_at?: string;
+        };
+        "typesafe.account.v1.CreateKeyResponse": {
+            key?: components["schemas"]["typesafe.account.v1.ApiKey"];
+            /** @description The whole key. It is shown this once and never again. */
+            secret: string;
+        };
+        /** @description Also refused: a name with control or format characters (after trimming), or longer than 64 characters once trimmed. */
+        "typesafe.account.v1.CreateKeyRequest": {
+            /** @description Optional, at most 64 characters. */
+            name?: string | null;
+        };
+        "typesafe.account.v1.RevokeKeyResponse": {
+            key?: components["schemas"]["typesafe.account.v1.ApiKey"];
+        };
+        "typesafe.account.v1.RevokeKeyRequest": {
+            key_id?: string | null;
+        };
+        "typesafe.account.v1.ListUsageResponse": {
+            records: components["schemas"]["typesafe.account.v1.UsageRecord"][];
+            /** @description Empty on the last page. */
+            next_page_token: string;
+        };
+        /** @description One finished call of the account. */
+        "typesafe.account.v1.UsageRecord": {
+            request_id: string;
+            /** @description "decide" or "search". */
+            endpoint: string;
+            /** @description The API key the call was made with. */
+            key_id: string;
+            /** @description "free" or "paid". */
+            funding: string;
+            reserved_credits: number;
+            charged_credits: number;
+            /** @description "settled" (answered and charged), "released" (failed, nothing charged) or "expired" (abandoned, hold returned). */
+            status: string;
+            /** Format: date-time */
+            started_at?: string;
+            /** Format: date-time */
+            finished_at?: string;
+        };
+        /** @description Also refused: `since` at or after `until`, and a `page_token` this service did not give. */
+        "typesafe.account.v1.ListUsageRequest": {
+            /**
+             * @description "decide" or "search"; empty means both.
+             * @enum {string|null}
+             */
+            endpoint?: "" | "decide" | "search" | null;
+            /**
+             * Format: date-time
+             * @description Calls started at or after this time; absent means no lower bound.
+             */
+            since?: string | null;
+            /**
+             * Format: date-time
+             * @description Calls started before this time; absent means now.
+             */
+            until?: string | null;
+            /** @description 1 to 500; 0 means 50. */
+            page_size?: (number | string) | null;
+            /** @description The next_page_token of the previous page; empty for the first page. */
+            page_token?: string | null;
+        };
+        "typesafe.account.v1.GetUsageSummaryResponse": {
+            /** @description One bucket per period and endpoint that had calls, oldest first. */
+            buckets: components["schemas"]["typesafe.account.v1.UsageBucket"][];
+        };
+        "typesafe.account.v1.UsageBucket": {
+            /**
+             * Format: date-time
+             * @description Start of the day or hour, UTC.
+             */
+            start?: string;
+            /** @description "decide" or "search". */
+            endpoint: string;
+            /** Format: int32 */
+            calls: number;
+            charged_credits: number;
+        };
+        /** @description Also refused: `since` at or after `until`, and a range wider than 400 days per day or 31 days per hour. */
+        "typesafe.account.v1.GetUsageSummaryRequest": {
+            /**
+             * Format: date-time
+             * @description Start of the range; absent means 30 days before until.
+             */
+            since?: string | null;
+            /**
+             * Format: date-time
+             * @description End of the range; absent means now.
+             */
+            until?: string | null;
+            /**
+             * @description "day" (default) or "hour".
+             * @enum {string|null}
+             */
+            granularity?: "" | "day" | "hour" | null;
+        };
+        "typesafe.account.v1.ListActivityResponse": {
+            events: components["schemas"]["typesafe.account.v1.ActivityEvent"][];
+            /** @description Empty on the last page. */
+            next_page_token: string;
+        };
+        /** @description Something that happened to the account. */
+        "typesafe.account.v1.ActivityEvent": {
+            id: string;
+            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "credits_granted", "member_invited", "member_removed". */
+            kind: string;
+            /** @description Who did it: a member's email, or "operator" for the CLI. */
+            actor: string;
+            /** @description What it was about, e.g. the key's prefix and last 4, or the credits granted. */
+            detail: string;
+            /** Format: date-time */
+            at?: string;
+        };
+        /** @description Also refused: a `page_token` this service did not give. */
+        "typesafe.account.v1.ListActivityRequest": {
+            /** @description 1 to 500; 0 means 50. */
+            page_size?: (number | string) | null;
+            /** @description The next_page_token of the previous page; empty for the first page. */
+            page_token?: string | null;
         };
         /** @description ErrorDetail is attached to every error the service returns: as a typed detail on gRPC/Connect errors, and as `data` of the JSON envelope. */
         "typesafe.error.v1.ErrorDetail": {
@@ -631,6 +998,262 @@ export interface components {
                 };
             };
         };
+        /** @description INVALID_ARGUMENT: Invalid input: a field broke a rule. MALFORMED_JSON: The body is not valid JSON. */
+        AccountError400: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 40001 | 40002;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "INVALID_ARGUMENT" | "MALFORMED_JSON";
+                    };
+                };
+            };
+        };
+        /** @description SIGNED_OUT: Account area: no live session (never an API key); sign in. SIGN_IN_FAILED: Account area: wrong email or password (the same answer for both). */
+        AccountError401: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 40102 | 40103;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "SIGNED_OUT" | "SIGN_IN_FAILED";
+                    };
+                };
+            };
+        };
+        /** @description CROSS_SITE_REFUSED: Account area: the call came from another site's page (its Origin). */
+        AccountError403: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 40301;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "CROSS_SITE_REFUSED";
+                    };
+                };
+            };
+        };
+        /** @description NOT_FOUND: No such path. */
+        AccountError404: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 40401;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "NOT_FOUND";
+                    };
+                };
+            };
+        };
+        /** @description METHOD_NOT_ALLOWED: The path does not accept this HTTP method. */
+        AccountError405: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 40501;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "METHOD_NOT_ALLOWED";
+                    };
+                };
+            };
+        };
+        /** @description INVITE_INVALID: Account area: the invite is unknown, used or expired; ask the operator for a new one. */
+        AccountError410: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 41001;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "INVITE_INVALID";
+                    };
+                };
+            };
+        };
+        /** @description PAYLOAD_TOO_LARGE: The body exceeds 96 KB. */
+        AccountError413: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 41301;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "PAYLOAD_TOO_LARGE";
+                    };
+                };
+            };
+        };
+        /** @description UNSUPPORTED_MEDIA_TYPE: The body must be application/json. UNSUPPORTED_ENCODING: The body's encoding is not one the server accepts (identity, gzip, br); the answer lists them. */
+        AccountError415: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 41501 | 41502;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "UNSUPPORTED_MEDIA_TYPE" | "UNSUPPORTED_ENCODING";
+                    };
+                };
+            };
+        };
+        /** @description SIGN_IN_THROTTLED: Account area: 5 failed sign-ins for this email within 15 minutes; wait Retry-After. */
+        AccountError429: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                /** @description Seconds to wait before a retry, when known. */
+                "retry-after"?: string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 42903;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "SIGN_IN_THROTTLED";
+                    };
+                };
+            };
+        };
+        /** @description CANCELLED: The caller went away before the answer; nothing was charged. */
+        AccountError499: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 49901;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "CANCELLED";
+                    };
+                };
+            };
+        };
+        /** @description INTERNAL: Unexpected error; the request id is in the log. */
+        AccountError500: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 50001;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "INTERNAL";
+                    };
+                };
+            };
+        };
+        /** @description UNAVAILABLE: The database is unreachable; retry later. */
+        AccountError503: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                /** @description Seconds to wait before a retry, when known. */
+                "retry-after"?: string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 50302;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "UNAVAILABLE";
+                    };
+                };
+            };
+        };
     };
     parameters: {
         /** @description A retry with the same key returns the stored answer without charging again (keys live 24 h). */
@@ -796,6 +1419,464 @@ export interface operations {
             500: components["responses"]["Error500"];
             502: components["responses"]["Error502"];
             503: components["responses"]["Error503"];
+        };
+    };
+    AccountService_AcceptInvite: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.AcceptInviteRequest"];
+            };
+        };
+        responses: {
+            /** @description The AcceptInviteResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    /** @description The session cookie: a new session on sign-in, an expired cookie on sign-out. */
+                    "set-cookie"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.AcceptInviteResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_SignIn: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.SignInRequest"];
+            };
+        };
+        responses: {
+            /** @description The SignInResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    /** @description The session cookie: a new session on sign-in, an expired cookie on sign-out. */
+                    "set-cookie"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.SignInResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_SignOut: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.SignOutRequest"];
+            };
+        };
+        responses: {
+            /** @description The SignOutResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    /** @description The session cookie: a new session on sign-in, an expired cookie on sign-out. */
+                    "set-cookie"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.SignOutResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_GetAccount: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The GetAccountResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.GetAccountResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ListKeys: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The ListKeysResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ListKeysResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_CreateKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.CreateKeyRequest"];
+            };
+        };
+        responses: {
+            /** @description The CreateKeyResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.CreateKeyResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_RevokeKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.RevokeKeyRequest"];
+            };
+        };
+        responses: {
+            /** @description The RevokeKeyResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.RevokeKeyResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ListUsage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.ListUsageRequest"];
+            };
+        };
+        responses: {
+            /** @description The ListUsageResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ListUsageResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_GetUsageSummary: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.GetUsageSummaryRequest"];
+            };
+        };
+        responses: {
+            /** @description The GetUsageSummaryResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.GetUsageSummaryResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ListActivity: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.ListActivityRequest"];
+            };
+        };
+        responses: {
+            /** @description The ListActivityResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ListActivityResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
         };
     };
     Health_Live: {

@@ -1,7 +1,8 @@
 import { ScalarType, type DescEnum, type DescField, type DescMessage, type DescMethod, type Registry } from "@bufbuild/protobuf";
-import { ACCOUNT_AREA_REASONS, REASONS, type Reason } from "../errors.js";
+import { ACCOUNT_AREA_ANSWERS, ACCOUNT_AREA_REASONS, REASONS, type Reason } from "../errors.js";
 import { MAX_NESTING_DEPTH } from "../validation.js";
 import { httpBindingOf, jsonTouchesOf } from "../gateway/routes.js";
+import { SESSIONLESS_METHODS } from "../account/door.js";
 import { REQUEST_RULES } from "./request-rules.js";
 
 /** A JSON Schema (2020-12, OpenAPI 3.1's dialect) as plain data. */
@@ -9,6 +10,19 @@ export type JsonSchema = Record<string, unknown>;
 
 /** Leading comments of proto elements, when the descriptors carry source info. */
 export type CommentsOf = (desc: DescMessage | DescField | DescEnum | DescMethod) => string | undefined;
+
+/**
+ * A service the document describes, one section (tag) each, and how its
+ * callers prove who they are: the API's key, or the account area's session
+ * cookie (which has its own security scheme and its own error answers).
+ */
+export interface DocumentedService {
+  typeName: string;
+  door: "apiKey" | "session";
+}
+
+/** The session cookie's name over http; over https browsers get it as `__Host-typesafe_session`. */
+const SESSION_COOKIE_NAME = "typesafe_session";
 
 /** RPCs that run under metering: they take Idempotency-Key and answer with RateLimit-* fields. */
 const METERED_RPCS = new Set(["typesafe.decision.v1.DecisionService.Decide", "typesafe.search.v1.SearchService.Search"]);
@@ -21,9 +35,10 @@ const METERED_RPCS = new Set(["typesafe.decision.v1.DecisionService.Decide", "ty
  * writes it (proto field names, implicit fields always present); every error
  * reason of the table in src/errors.ts is a response of its HTTP status.
  */
-export function buildOpenApiDocument(registry: Registry, services: string[], version: string, commentsOf: CommentsOf = () => undefined): JsonSchema {
+export function buildOpenApiDocument(registry: Registry, services: DocumentedService[], version: string, commentsOf: CommentsOf = () => undefined): JsonSchema {
   const boundMethods: DescMethod[] = [];
-  for (const typeName of services) {
+  const doors = new Map(services.map(({ typeName, door }) => [typeName, door]));
+  for (const { typeName } of services) {
     const service = registry.getService(typeName);
     if (!service) throw new Error(`${typeName} is not in the descriptors`);
     boundMethods.push(...service.methods.filter((method) => httpBindingOf(method) !== undefined));
@@ -50,19 +65,27 @@ export function buildOpenApiDocument(registry: Registry, services: string[], ver
     const binding = httpBindingOf(method)!;
     const metered = METERED_RPCS.has(`${service.typeName}.${method.name}`);
     const touches = jsonTouchesOf(method);
+    const session = doors.get(service.typeName) === "session";
+    const sessionless = session && SESSIONLESS_METHODS.has(method.name);
     const operation: JsonSchema = {
       operationId: `${service.name}_${method.name}`,
       summary: commentsOf(method),
       tags: [service.name],
-      security: [{ apiKey: [] }],
+      security: session ? (sessionless ? [] : [{ sessionCookie: [] }]) : [{ apiKey: [] }],
       parameters: metered ? [{ $ref: "#/components/parameters/IdempotencyKey" }] : [],
       responses: {
         "200": {
           description: `The ${method.output.name} as \`data\` of the envelope.`,
-          headers: { ...commonHeaders, ...(metered ? rateLimitHeaders(true) : {}), ...(metered ? replayedHeader : {}) },
+          headers: {
+            ...commonHeaders,
+            ...(metered ? rateLimitHeaders(true) : {}),
+            ...(metered ? replayedHeader : {}),
+            ...(session ? noStoreHeader : {}),
+            ...(sessionless ? setCookieHeader : {}),
+          },
           content: { "application/json": { schema: successEnvelope(refTo(method.output, "output")) } },
         },
-        ...errorResponseRefs,
+        ...(session ? accountErrorResponseRefs : errorResponseRefs),
       },
     };
     if (binding.httpMethod === "POST") {
@@ -91,12 +114,26 @@ export function buildOpenApiDocument(registry: Registry, services: string[], ver
         "Every answer is an envelope: `code` 0 and `data` on success, else the reason's stable code and an ErrorDetail as `data`. " +
         "The same RPCs are served over gRPC and Connect on the same port. " +
         "Beyond the request schemas, every body is refused when it is larger than the service's limit (413), " +
-        `or holds a text or key with a lone UTF-16 surrogate, a \`__proto__\` key, a number too large for a double, or free-form JSON nested deeper than ${MAX_NESTING_DEPTH} levels (400).`,
+        `or holds a text or key with a lone UTF-16 surrogate, a \`__proto__\` key, a number too large for a double, or free-form JSON nested deeper than ${MAX_NESTING_DEPTH} levels (400).` +
+        (doors.has(ACCOUNT_SERVICE) ? ACCOUNT_AREA_DESCRIPTION : ""),
     },
     paths,
     components: {
-      securitySchemes: { apiKey: { type: "http", scheme: "bearer", description: "The account's API key: `Authorization: Bearer <key>`." } },
-      responses: errorResponses(),
+      securitySchemes: {
+        apiKey: { type: "http", scheme: "bearer", description: "The account's API key: `Authorization: Bearer <key>`." },
+        ...(doors.has(ACCOUNT_SERVICE)
+          ? {
+              sessionCookie: {
+                type: "apiKey",
+                in: "cookie",
+                name: SESSION_COOKIE_NAME,
+                description:
+                  "The account area's session, set by SignIn or AcceptInvite (HttpOnly, SameSite=Strict; named `__Host-typesafe_session` when the service is reached over https). An API key is never accepted here.",
+              },
+            }
+          : {}),
+      },
+      responses: { ...errorResponses(apiReasons, "Error"), ...(doors.has(ACCOUNT_SERVICE) ? errorResponses(accountReasons, "AccountError", noStoreHeader) : {}) },
       parameters: {
         IdempotencyKey: {
           name: "Idempotency-Key",
@@ -114,6 +151,22 @@ export function buildOpenApiDocument(registry: Registry, services: string[], ver
 const commonHeaders: Record<string, JsonSchema> = {
   "x-request-id": { required: true, description: "The id of this call, also in the service log.", schema: { type: "string" } },
 };
+
+/** The account area's answers are never cached. */
+const noStoreHeader: Record<string, JsonSchema> = {
+  "cache-control": { required: true, description: "Account answers are never stored by caches.", schema: { const: "no-store" } },
+};
+
+const setCookieHeader: Record<string, JsonSchema> = {
+  "set-cookie": { description: "The session cookie: a new session on sign-in, an expired cookie on sign-out.", schema: { type: "string" } },
+};
+
+const ACCOUNT_SERVICE = "typesafe.account.v1.AccountService";
+
+const ACCOUNT_AREA_DESCRIPTION =
+  " The account area (AccountService, under /account/v1) is for an account's members in its own web page: " +
+  "it is authenticated by the session cookie SignIn sets, never by an API key (SIGNED_OUT, 401), " +
+  "and a call whose Origin or Sec-Fetch-Site names another site is refused (CROSS_SITE_REFUSED, 403).";
 
 const replayedHeader: Record<string, JsonSchema> = {
   "idempotent-replayed": { description: "`true` when the answer is the stored one of an earlier call with the same Idempotency-Key.", schema: { const: "true" } },
@@ -140,29 +193,35 @@ function successEnvelope(data: JsonSchema): JsonSchema {
 /** The reasons the documented surface can answer: the account area's own stay out of it. */
 const apiReasons = (Object.keys(REASONS) as Reason[]).filter((reason) => !ACCOUNT_AREA_REASONS.has(reason));
 
-/** HTTP statuses of the error table, lowest first. */
-const errorStatuses = [...new Set(apiReasons.map((reason) => REASONS[reason].http))].sort((a, b) => a - b);
+/** The reasons the account area can answer: its own and the common ones, none of the metering's. */
+const accountReasons = (Object.keys(REASONS) as Reason[]).filter((reason) => ACCOUNT_AREA_ANSWERS.has(reason));
 
-const errorResponseRefs: Record<string, JsonSchema> = Object.fromEntries(
-  errorStatuses.map((status) => [String(status), { $ref: `#/components/responses/Error${status}` }]),
-);
+/** References to one response per HTTP status of some reasons, lowest status first. */
+function errorResponseRefsOf(reasons: Reason[], prefix: string): Record<string, JsonSchema> {
+  const statuses = [...new Set(reasons.map((reason) => REASONS[reason].http))].sort((a, b) => a - b);
+  return Object.fromEntries(statuses.map((status) => [String(status), { $ref: `#/components/responses/${prefix}${status}` }]));
+}
 
-/** One response per HTTP status of the error table, listing its reasons. */
-function errorResponses(): Record<string, JsonSchema> {
+const errorResponseRefs = errorResponseRefsOf(apiReasons, "Error");
+const accountErrorResponseRefs = errorResponseRefsOf(accountReasons, "AccountError");
+
+/** One response per HTTP status of the reasons, listing them. */
+function errorResponses(answered: Reason[], prefix: string, extraHeaders: Record<string, JsonSchema> = {}): Record<string, JsonSchema> {
   const byStatus = new Map<number, Reason[]>();
-  for (const reason of apiReasons) {
+  for (const reason of answered) {
     const status = REASONS[reason].http;
     byStatus.set(status, [...(byStatus.get(status) ?? []), reason]);
   }
   const responses: Record<string, JsonSchema> = {};
   for (const [status, reasons] of byStatus) {
     const retryable = status === 429 || status === 503;
-    responses[`Error${status}`] = {
+    responses[`${prefix}${status}`] = {
       description: reasons.map((reason) => `${reason}: ${REASONS[reason].meaning}`).join(" "),
       headers: {
         ...commonHeaders,
+        ...extraHeaders,
         ...(retryable ? { "retry-after": { description: "Seconds to wait before a retry, when known.", schema: { type: "string", pattern: "^[0-9]+$" } } } : {}),
-        ...(status === 429 ? rateLimitHeaders(false) : {}),
+        ...(status === 429 && prefix === "Error" ? rateLimitHeaders(false) : {}),
       },
       content: {
         "application/json": {

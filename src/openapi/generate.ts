@@ -7,15 +7,21 @@ import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import { getComments } from "@bufbuild/protoplugin";
 import { DecisionService } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchService } from "../gen/typesafe/search/v1/search_service_pb.js";
-import { buildOpenApiDocument } from "./document.js";
+import { AccountService } from "../gen/typesafe/account/v1/account_service_pb.js";
+import { buildOpenApiDocument, type DocumentedService } from "./document.js";
 import { OPENAPI_DOCUMENT_PATH } from "./served.js";
 import { OPENAPI_TYPES_PATH, renderOpenApiTypes } from "./typescript-types.js";
 
 /**
  * The services whose `google.api.http` bindings the document describes, one
- * section (tag) each. A new service with bindings is one more entry here.
+ * section (tag) each, with the door their callers pass (as the app wires
+ * them). A new service with bindings is one more entry here.
  */
-const DOCUMENTED_SERVICES = [DecisionService, SearchService];
+const DOCUMENTED_SERVICES: DocumentedService[] = [
+  { typeName: DecisionService.typeName, door: "apiKey" },
+  { typeName: SearchService.typeName, door: "apiKey" },
+  { typeName: AccountService.typeName, door: "session" },
+];
 
 /**
  * `npm run generate` (after `buf generate`): writes src/gen/openapi.json from
@@ -29,7 +35,7 @@ try {
   execFileSync("buf", ["build", "-o", image], { stdio: "inherit" });
   const registry = createFileRegistry(fromBinary(FileDescriptorSetSchema, fs.readFileSync(image)));
   const { version } = JSON.parse(fs.readFileSync("package.json", "utf8")) as { version: string };
-  const document = buildOpenApiDocument(registry, DOCUMENTED_SERVICES.map((service) => service.typeName), version, (desc) => {
+  const document = buildOpenApiDocument(registry, DOCUMENTED_SERVICES, version, (desc) => {
     const text = getComments(desc).leading?.trim();
     return text ? text.replace(/\s*\n\s*/g, " ") : undefined;
   });

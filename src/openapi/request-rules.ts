@@ -2,6 +2,18 @@ import { MAX_CHOICE_OPTIONS, MAX_KEY_LENGTH, MAX_QUESTIONS, MAX_SCORE_LABELS, QU
 import { DecideRequestSchema, QuestionSchema } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchRequestSchema } from "../gen/typesafe/search/v1/search_service_pb.js";
 import { MAX_QUERY_CHARS, SOURCE_IDS, WINDOWS } from "../search/validate.js";
+import { MAX_EMAIL_CHARS } from "../accounts/members.js";
+import { MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS } from "../accounts/passwords.js";
+import { MAX_KEY_NAME_CHARS, MAX_SUMMARY_DAYS } from "../account/service.js";
+import { MAX_PAGE_SIZE, USAGE_ENDPOINTS } from "../account/usage-query.js";
+import {
+  AcceptInviteRequestSchema,
+  CreateKeyRequestSchema,
+  GetUsageSummaryRequestSchema,
+  ListActivityRequestSchema,
+  ListUsageRequestSchema,
+  SignInRequestSchema,
+} from "../gen/typesafe/account/v1/account_service_pb.js";
 
 /**
  * What a request message's validation adds to the shape its descriptor gives.
@@ -33,6 +45,12 @@ const NOT_BLANK = "\\S";
 /** Printable (no control characters) and not blank, as question keys must be. */
 const PRINTABLE_NOT_BLANK = "^[^\\p{Cc}]*[^\\s\\p{Cc}][^\\p{Cc}]*$";
 
+/** A page size of the account area's lists: 0 means the default. */
+const PAGE_SIZE = { minimum: 0, maximum: MAX_PAGE_SIZE };
+
+/** A page token is the service's own: JSON Schema cannot tell one it did not give. */
+const PAGE_TOKEN_RULE = "a `page_token` this service did not give.";
+
 /** The rules of each request message, by its full proto name. */
 export const REQUEST_RULES: Record<string, RequestRules> = {
   [DecideRequestSchema.typeName]: {
@@ -63,6 +81,31 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
       w: { enum: ["", ...WINDOWS] },
     },
     alsoRefused: "a window `w` that none of the chosen sources can filter by (GET /api/v1/sources tells which can).",
+  },
+  [AcceptInviteRequestSchema.typeName]: {
+    required: ["invite_token", "password"],
+    fields: { invite_token: { minLength: 1 }, password: { minLength: MIN_PASSWORD_CHARS, maxLength: MAX_PASSWORD_CHARS } },
+  },
+  [SignInRequestSchema.typeName]: {
+    required: ["email", "password"],
+    fields: { email: { minLength: 1, maxLength: MAX_EMAIL_CHARS }, password: { minLength: 1, maxLength: MAX_PASSWORD_CHARS } },
+    alsoRefused: "an email that is blank once trimmed.",
+  },
+  [CreateKeyRequestSchema.typeName]: {
+    fields: { name: { maxLength: MAX_KEY_NAME_CHARS } },
+    alsoRefused: `a name with control or format characters (after trimming), or longer than ${MAX_KEY_NAME_CHARS} characters once trimmed.`,
+  },
+  [ListUsageRequestSchema.typeName]: {
+    fields: { endpoint: { enum: ["", ...USAGE_ENDPOINTS] }, page_size: PAGE_SIZE },
+    alsoRefused: `\`since\` at or after \`until\`, and ${PAGE_TOKEN_RULE}`,
+  },
+  [GetUsageSummaryRequestSchema.typeName]: {
+    fields: { granularity: { enum: ["", "day", "hour"] } },
+    alsoRefused: `\`since\` at or after \`until\`, and a range wider than ${MAX_SUMMARY_DAYS.day} days per day or ${MAX_SUMMARY_DAYS.hour} days per hour.`,
+  },
+  [ListActivityRequestSchema.typeName]: {
+    fields: { page_size: PAGE_SIZE },
+    alsoRefused: PAGE_TOKEN_RULE,
   },
 };
 

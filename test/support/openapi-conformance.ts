@@ -35,9 +35,10 @@ type Operation = {
 };
 type DocumentedParameter = { name: string; in: string; required?: boolean; schema: object };
 type DocumentedResponse = { headers?: Record<string, { required?: boolean; schema: object }>; content?: Record<string, { schema: object }> };
+type SecurityScheme = { type: string; scheme?: string; in?: string; name?: string };
 type OpenApiDocument = {
   paths: Record<string, Record<string, Operation>>;
-  components: { responses: Record<string, DocumentedResponse>; parameters: Record<string, DocumentedParameter> };
+  components: { responses: Record<string, DocumentedResponse>; parameters: Record<string, DocumentedParameter>; securitySchemes: Record<string, SecurityScheme> };
 };
 
 const document = JSON.parse(fs.readFileSync(OPENAPI_DOCUMENT_PATH, "utf8")) as OpenApiDocument;
@@ -148,8 +149,9 @@ export function violationsOf(method: string, path: string, status: number, heade
 export function documentRefusalOf(method: string, path: string, headers: Headers, body: Buffer | undefined): string | undefined {
   const operation = document.paths[path]?.[method.toLowerCase()];
   if (!operation) return `the document has no ${method} ${path}`;
-  if ((operation.security ?? []).length > 0 && !/^bearer\s+\S+\s*$/i.test(headers.get("authorization") ?? "")) {
-    return "no Authorization: Bearer key";
+  const security = operation.security ?? [];
+  if (security.length > 0 && !security.some((requirement) => Object.keys(requirement).every((scheme) => sendsCredential(scheme, headers)))) {
+    return Object.keys(security[0]!).map(missingCredential).join(", ");
   }
   for (const [index, entry] of (operation.parameters ?? []).entries()) {
     const parameter = "$ref" in entry ? document.components.parameters[lastSegment(entry.$ref)]! : entry;
@@ -177,8 +179,34 @@ export function documentRefusalOf(method: string, path: string, headers: Headers
   return validate(json) ? undefined : `body: ${ajv.errorsText(validate.errors)}`;
 }
 
-/** Reasons that refuse the request itself (its path, method, key, content type, size or fields). */
-const REQUEST_REFUSALS = new Set(["INVALID_ARGUMENT", "MALFORMED_JSON", "UNSUPPORTED_MEDIA_TYPE", "PAYLOAD_TOO_LARGE", "NOT_FOUND", "METHOD_NOT_ALLOWED", "UNAUTHENTICATED"]);
+/** Whether a request carries the credential a security scheme of the document names (its presence, not its validity). */
+function sendsCredential(name: string, headers: Headers): boolean {
+  const scheme = document.components.securitySchemes[name];
+  if (scheme?.type === "http" && scheme.scheme === "bearer") return /^bearer\s+\S+\s*$/i.test(headers.get("authorization") ?? "");
+  if (scheme?.type === "apiKey" && scheme.in === "cookie") {
+    // Over https the cookie carries the __Host- prefix (the scheme's description says so).
+    const names = [scheme.name, `__Host-${scheme.name}`];
+    return (headers.get("cookie") ?? "").split(";").some((pair) => names.includes(pair.trim().split("=")[0]) && pair.trim().split("=")[1] !== "");
+  }
+  throw new Error(`the checker does not know the security scheme ${name}`);
+}
+
+function missingCredential(name: string): string {
+  return document.components.securitySchemes[name]?.type === "http" ? "no Authorization: Bearer key" : `no ${name}`;
+}
+
+/** Reasons that refuse the request itself (its path, method, credentials, origin, content type, size or fields). */
+const REQUEST_REFUSALS = new Set([
+  "INVALID_ARGUMENT",
+  "MALFORMED_JSON",
+  "UNSUPPORTED_MEDIA_TYPE",
+  "PAYLOAD_TOO_LARGE",
+  "NOT_FOUND",
+  "METHOD_NOT_ALLOWED",
+  "UNAUTHENTICATED",
+  "SIGNED_OUT",
+  "CROSS_SITE_REFUSED",
+]);
 
 /** Reasons given only after every request rule passed: the account, the limits, the upstream, the deployment. */
 const AFTER_VALIDATION = new Set([
@@ -189,6 +217,10 @@ const AFTER_VALIDATION = new Set([
   "CONCURRENCY_LIMITED",
   "UPSTREAM_FAILED",
   "NOT_CONFIGURED",
+  // The account area's: the password, the invite and the sign-in throttle are judged once the request's shape passed.
+  "SIGN_IN_FAILED",
+  "INVITE_INVALID",
+  "SIGN_IN_THROTTLED",
 ]);
 
 interface ErrorDetailJson {
@@ -205,6 +237,12 @@ interface ErrorDetailJson {
  */
 const UNEXPRESSED_RULES: { why: string; applies: (detail: ErrorDetailJson, request: SentRequest) => boolean }[] = [
   { why: "which keys exist is the service's to know", applies: (d) => d.reason === "UNAUTHENTICATED" },
+  { why: "which sessions are live is the service's to know", applies: (d) => d.reason === "SIGNED_OUT" },
+  { why: "the calling page's origin is judged against the service's own", applies: (d) => d.reason === "CROSS_SITE_REFUSED" },
+  { why: "which ids belong to the caller's account is the service's to know", applies: (d) => d.reason === "NOT_FOUND" && d.field !== undefined },
+  { why: "page tokens are the service's own", applies: (d) => d.field === "page_token" },
+  { why: "a time range's ends are compared with each other", applies: (d) => d.field === "since" && /before until/.test(d.rule ?? "") },
+  { why: "key names are trimmed and control characters refused", applies: (d) => d.field === "name" && /no control characters$/.test(d.rule ?? "") },
   { why: "the body limit counts bytes", applies: (d, r) => d.reason === "PAYLOAD_TOO_LARGE" && (r.body === undefined || r.body.length > Number(d.metadata?.["max_bytes"])) },
   { why: "lone surrogates are valid JSON escapes", applies: (d) => d.rule === UNICODE_RULE },
   { why: "a __proto__ key may sit at any depth", applies: (d) => d.rule === PROTO_KEY_RULE },
