@@ -44,8 +44,7 @@ export async function resumeSession(db: Knex, token: string, policy: SessionPoli
     RETURNING m.id AS member_id, m.account_id, m.email`,
     { now, hash: hashToken(token), idleCutoff: new Date(now.getTime() - policy.idleMs) },
   );
-  const row = result.rows[0] as { member_id: string; account_id: string; email: string } | undefined;
-  return row && { memberId: row.member_id, accountId: row.account_id, email: row.email };
+  return memberOfRow(result.rows[0]);
 }
 
 /** Ends one session at once (sign-out); the member whose live session it was, or undefined. */
@@ -57,7 +56,11 @@ export async function endSession(db: Knex | Knex.Transaction, token: string, now
     RETURNING m.id AS member_id, m.account_id, m.email`,
     { now, hash: hashToken(token) },
   );
-  const row = result.rows[0] as { member_id: string; account_id: string; email: string } | undefined;
+  return memberOfRow(result.rows[0]);
+}
+
+/** The member a session statement returned, if it returned one. */
+function memberOfRow(row: { member_id: string; account_id: string; email: string } | undefined): SessionMember | undefined {
   return row && { memberId: row.member_id, accountId: row.account_id, email: row.email };
 }
 
