@@ -237,12 +237,12 @@ function moneyJson(money: AccountMoney) {
     name: money.name,
     balance_credits: unitsToCredits(money.balanceUnits),
     held_credits: unitsToCredits(money.heldUnits),
-    available_credits: unitsToCredits(money.balanceUnits - money.heldUnits),
-    free_requests_remaining: money.freeRemaining - money.freeHeld,
+    available_credits: unitsToCredits(money.availableUnits),
+    free_requests_remaining: money.freeAvailable,
     free_requests_held: money.freeHeld,
     in_flight: money.inFlight,
     max_in_flight: money.maxInFlight,
-    requests_per_minute: Math.round((money.rateLimit * 60_000) / money.rateWindowMs),
+    requests_per_minute: money.requestsPerMinute,
   };
 }
 

@@ -13,13 +13,19 @@ export interface AccountMoney {
   name: string;
   balanceUnits: number;
   heldUnits: number;
+  /** What new calls may reserve: the balance less what calls in flight hold. */
+  availableUnits: number;
   freeRemaining: number;
   freeHeld: number;
+  /** Free requests not held by calls in flight. */
+  freeAvailable: number;
   inFlight: number;
   maxInFlight: number;
   /** Calls allowed per rate window (per minute with the default window). */
   rateLimit: number;
   rateWindowMs: number;
+  /** The rate limit as calls per minute, whatever the window. */
+  requestsPerMinute: number;
   createdAt: Date;
 }
 
@@ -29,17 +35,26 @@ export async function readAccountMoney(db: Knex | Knex.Transaction, accountId: s
     .where({ id: accountId })
     .first();
   if (!row) return undefined;
+  const balanceUnits = Number(row.balance);
+  const heldUnits = Number(row.reserved);
+  const freeRemaining = Number(row.free_remaining);
+  const freeHeld = Number(row.free_reserved);
+  const rateLimit = Number(row.rate_limit);
+  const rateWindowMs = Number(row.rate_window_ms);
   return {
     id: row.id,
     name: row.name,
-    balanceUnits: Number(row.balance),
-    heldUnits: Number(row.reserved),
-    freeRemaining: Number(row.free_remaining),
-    freeHeld: Number(row.free_reserved),
+    balanceUnits,
+    heldUnits,
+    availableUnits: balanceUnits - heldUnits,
+    freeRemaining,
+    freeHeld,
+    freeAvailable: freeRemaining - freeHeld,
     inFlight: Number(row.in_flight),
     maxInFlight: Number(row.max_in_flight),
-    rateLimit: Number(row.rate_limit),
-    rateWindowMs: Number(row.rate_window_ms),
+    rateLimit,
+    rateWindowMs,
+    requestsPerMinute: Math.round((rateLimit * 60_000) / rateWindowMs),
     createdAt: row.created_at,
   };
 }
