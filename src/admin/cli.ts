@@ -108,7 +108,7 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
         freeRequests: integerOption(options, "free-requests") ?? settings.defaultFreeRequests,
       });
       const { apiKey, keyId } = await createApiKey(db, account.id);
-      return { ...accountJson(account), api_key: apiKey, key_id: keyId };
+      return { ...moneyJson((await readAccountMoney(db, account.id))!), api_key: apiKey, key_id: keyId };
     }
     case "accounts show": {
       const account = await requireAccount(db, requiredOption(options, "account"));
@@ -162,7 +162,7 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
         return granted;
       });
       if (!account) throw new UsageError(`no account with id ${accountId}`);
-      return accountJson(account);
+      return moneyJson((await readAccountMoney(db, accountId))!);
     }
     case "usage": {
       const account = await requireAccount(db, requiredOption(options, "account"));
@@ -217,20 +217,7 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
   }
 }
 
-function accountJson(account: DbAccountRow) {
-  return {
-    account_id: account.id,
-    name: account.name,
-    balance_credits: unitsToCredits(account.balance),
-    held_credits: unitsToCredits(account.reserved),
-    available_credits: unitsToCredits(account.balance - account.reserved),
-    free_requests_remaining: account.free_remaining - account.free_reserved,
-    free_requests_held: account.free_reserved,
-    in_flight: account.in_flight,
-  };
-}
-
-/** The account as the account area's GetAccount reads it (metering's view), with the operator's names. */
+/** An account as every command prints it: the account area's view (metering's), with the operator's names. */
 function moneyJson(money: AccountMoney) {
   return {
     account_id: money.id,
