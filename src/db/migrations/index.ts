@@ -1,4 +1,5 @@
 import type { Knex } from "knex";
+import type { SchemaMigration } from "./schema-migration.js";
 import * as createAccountsAndLedger from "./20261123000000_create_accounts_and_ledger.js";
 import * as createMeteringFunctions from "./20261123000100_create_metering_functions.js";
 import * as refuseAbandonedAdmissions from "./20261125000000_refuse_abandoned_admissions.js";
@@ -34,3 +35,11 @@ export const migrationSource: Knex.MigrationSource<string> = {
     return migration;
   },
 };
+
+/**
+ * The release-safe migrations, in order of application, after every migration
+ * above. The list above is frozen: older releases check knex's table against
+ * it at start, so nothing new is ever recorded there.
+ */
+export const schemaMigrations: readonly SchemaMigration[] = [
+];
