@@ -73,6 +73,7 @@ export async function migrate(db: Knex, options: MigrateOptions): Promise<void> 
     for (const migration of migrations) {
       if (done.has(migration.name)) continue;
       const startedAt = Date.now();
+      options.logger?.debug("applying migration", { migration: migration.name });
       await withLockRetry(migration.name, options, () =>
         migration.transactional ? applyInTransaction(db, migration, schema, options) : applyOutsideTransaction(db, migration, schema, options),
       );
@@ -180,6 +181,7 @@ async function applyKnexMigrations(db: Knex, options: MigrateOptions): Promise<v
   for (;;) {
     const [, pending] = (await db.migrate.list({ migrationSource })) as [unknown[], unknown[]];
     if (pending.length === 0) return;
+    options.logger?.debug("applying migration", { migration: String(pending[0]) });
     await withLockRetry(`knex ${String(pending[0])}`, options, () => db.migrate.up({ migrationSource }));
   }
 }
@@ -208,39 +210,30 @@ async function applyInTransaction(db: Knex, migration: TransactionalMigration, s
 }
 
 async function applyOutsideTransaction(db: Knex, migration: NonTransactionalMigration, schema: string, options: MigrateOptions): Promise<void> {
-  const connection = await db.client.acquireConnection();
+  const connection: unknown = await db.client.acquireConnection();
+  // Through knex on the one connection, so its query events see these statements too.
+  const run = (sql: string, bindings: readonly Knex.RawBinding[] = []) => db.raw(sql, bindings).connection(connection);
   try {
-    await connection.query(`SET lock_timeout = '${options.lockTimeout ?? MIGRATION_LOCK_TIMEOUT}'`);
-    await connection.query(`SET statement_timeout = '${CONCURRENT_STATEMENT_TIMEOUT}'`);
+    await run(`SET lock_timeout = '${options.lockTimeout ?? MIGRATION_LOCK_TIMEOUT}'`);
+    await run(`SET statement_timeout = '${CONCURRENT_STATEMENT_TIMEOUT}'`);
     try {
-      await dropInvalidIndexesOf(connection, migration);
-      for (const statement of migration.statements) await connection.query(statement);
-      await connection.query("INSERT INTO schema_migrations (name, applied_by, served_from) VALUES ($1, $2, $3)", [
-        migration.name,
-        schema,
-        migration.servedFrom ?? null,
-      ]);
+      const { rows } = await run(
+        "SELECT c.relname AS name FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE NOT i.indisvalid AND n.nspname = current_schema()",
+      );
+      // A concurrent build that failed leaves an invalid index, which `IF NOT EXISTS` would then keep.
+      for (const { name } of rows as Array<{ name: string }>) {
+        if (migration.statements.some((statement) => new RegExp(`\\b${name}\\b`).test(statement))) {
+          await run(`DROP INDEX CONCURRENTLY IF EXISTS "${name}"`);
+        }
+      }
+      for (const statement of migration.statements) await run(statement);
+      await run("INSERT INTO schema_migrations (name, applied_by, served_from) VALUES (?, ?, ?)", [migration.name, schema, migration.servedFrom ?? null]);
     } finally {
-      await connection.query("RESET lock_timeout; RESET statement_timeout");
+      await run("RESET lock_timeout");
+      await run("RESET statement_timeout");
     }
   } finally {
     await db.client.releaseConnection(connection);
-  }
-}
-
-interface PgConnection {
-  query(sql: string, values?: unknown[]): Promise<{ rows: Array<Record<string, unknown>> }>;
-}
-
-/** A concurrent build that failed leaves an invalid index, which `IF NOT EXISTS` would then keep. */
-async function dropInvalidIndexesOf(connection: PgConnection, migration: NonTransactionalMigration): Promise<void> {
-  const { rows } = await connection.query(
-    "SELECT c.relname AS name FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE NOT i.indisvalid AND n.nspname = current_schema()",
-  );
-  for (const { name } of rows as Array<{ name: string }>) {
-    if (migration.statements.some((statement) => new RegExp(`\\b${name}\\b`).test(statement))) {
-      await connection.query(`DROP INDEX CONCURRENTLY IF EXISTS "${name}"`);
-    }
   }
 }
 
