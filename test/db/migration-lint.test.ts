@@ -43,6 +43,8 @@ it("flags each unsafe change, and passes its safe form", async () => {
     [sql("29990101000800_drop_function", "DROP FUNCTION widget_count()"), /drops function widget_count\(\)/],
     [sql("29990101000900_nullable_column", "ALTER TABLE widgets ADD COLUMN height bigint"), /^$/],
     [sql("29990101001000_column_with_constant_default", "ALTER TABLE widgets ADD COLUMN shape text NOT NULL DEFAULT 'round'"), /^$/],
+    [sql("29990101001200_two_hot_tables", "ALTER TABLE accounts ADD COLUMN note text; ALTER TABLE ledger ADD COLUMN note text"), /blocks writes to 2 hot tables until it commits \(accounts, ledger\)/],
+    [sql("29990101001300_one_hot_table", "ALTER TABLE api_keys ADD COLUMN note text"), /^$/],
     [{ name: "29990101001100_concurrent_index", transactional: false, statements: ["CREATE INDEX CONCURRENTLY IF NOT EXISTS widgets_size ON widgets (width)"] }, /^$/],
   ];
   const result = await lintMigrations(serverUrl, [setup, ...cases.map(([migration]) => migration)]);

@@ -27,6 +27,11 @@ export const ALLOWED_KNEX_MIGRATIONS: Readonly<Record<string, string>> = Object.
  * width chosen per column (integer counters are bounded by CHECKs), and
  * `varchar`/`timestamp` are never used anyway.
  */
+/** The tables every metered call writes: a migration may block writes to one of them at most. */
+export const HOT_TABLES = ["accounts", "api_keys", "ledger", "requests"];
+/** Lock modes that conflict with a call's row writes (ROW EXCLUSIVE). */
+const BLOCKS_WRITES = ["ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock"];
+
 const EXCLUDED_RULES = ["prefer-bigint-over-int", "prefer-bigint-over-smallint", "prefer-identity", "prefer-robust-stmts"];
 
 export interface LintedMigration {
@@ -79,9 +84,23 @@ export async function lintMigrations(serverUrl: string, migrations: readonly Sch
     for (let i = 0; i < migrations.length; i++) {
       const migration = migrations[i]!;
       const before = await functionsOf(db);
-      await migrate(db, { useAdvisoryLock: false, logger, migrations: migrations.slice(0, i + 1) });
+      let blocked: string[] = [];
+      // The locks a transactional migration holds at its end are held until its commit.
+      const observed: SchemaMigration = migration.transactional
+        ? {
+            ...migration,
+            up: async (trx) => {
+              await migration.up(trx);
+              blocked = await hotTablesBlocked(trx);
+            },
+          }
+        : migration;
+      await migrate(db, { useAdvisoryLock: false, logger, migrations: [...migrations.slice(0, i), observed] });
       const after = await functionsOf(db);
       const problems: string[] = [];
+      if (blocked.length > 1) {
+        problems.push(`blocks writes to ${blocked.length} hot tables until it commits (${blocked.join(", ")}): split it, one table a migration`);
+      }
       for (const [signature, definition] of before) {
         const now = after.get(signature);
         if (now === undefined && migration.servedFrom === undefined) {
@@ -101,6 +120,14 @@ export async function lintMigrations(serverUrl: string, migrations: readonly Sch
     await admin.destroy();
     fs.rmSync(dir, { recursive: true, force: true });
   }
+}
+
+async function hotTablesBlocked(trx: Knex.Transaction): Promise<string[]> {
+  const { rows } = await trx.raw<{ rows: Array<{ name: string }> }>(
+    "SELECT DISTINCT c.relname AS name FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE l.pid = pg_backend_pid() AND l.mode = ANY(?) AND c.relname = ANY(?) ORDER BY 1",
+    [BLOCKS_WRITES, HOT_TABLES],
+  );
+  return rows.map((row) => row.name);
 }
 
 async function functionsOf(db: Knex): Promise<Map<string, string>> {
