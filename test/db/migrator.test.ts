@@ -4,7 +4,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createKnex } from "../../src/db/database.js";
 import { knexMigrationNames, migrationSource, schemaMigrations } from "../../src/db/migrations/index.js";
 import type { SchemaMigration } from "../../src/db/migrations/schema-migration.js";
-import { migrate, SchemaTooNewError, type MigrateOptions } from "../../src/db/migrator.js";
+import fs from "node:fs";
+import { CONCURRENT_STATEMENT_TIMEOUT, MIGRATION_ATTEMPTS, MIGRATION_LOCK_TIMEOUT, MIGRATION_STATEMENT_TIMEOUT, migrate, SchemaTooNewError, type MigrateOptions } from "../../src/db/migrator.js";
 import { createLogger } from "../../src/logger.js";
 import { startPrivateCluster, type PrivateCluster } from "../support/private-cluster.js";
 
@@ -160,6 +161,13 @@ describe("the release-safe runner", () => {
     };
     await migrate(db, { useAdvisoryLock: true, migrations: [probe] });
     expect(seen).toEqual([{ lock_timeout: "2s", statement_timeout: "1min" }]);
+  });
+
+  it("is described with its own figures in docs/upgrades.md", () => {
+    const page = fs.readFileSync("docs/upgrades.md", "utf8");
+    expect(page).toContain(`\`lock_timeout = ${MIGRATION_LOCK_TIMEOUT}\` and \`statement_timeout = ${MIGRATION_STATEMENT_TIMEOUT}\``);
+    expect(page).toContain(`up to ${MIGRATION_ATTEMPTS} attempts`);
+    expect(page).toContain(`with a ${CONCURRENT_STATEMENT_TIMEOUT.replace("min", " min")} statement timeout`);
   });
 
   it("gives a lock back when it cannot have it in time, and tries again until a long reader is done", async () => {
