@@ -158,9 +158,10 @@ async function setLocalTimeouts(trx: Knex | Knex.Transaction, options: MigrateOp
 }
 
 /**
- * The frozen knex migrations, each in a transaction of its own (knex's
- * `latest` would run them all in one, holding every table's lock until the
- * last) and with the same timeouts as the rest.
+ * The frozen knex migrations, with the same timeouts as the rest. On a
+ * database that older releases serve, each runs in a transaction of its own:
+ * knex's `latest` would run them all in one, holding every table's lock
+ * until the last.
  */
 async function applyKnexMigrations(db: Knex, options: MigrateOptions): Promise<void> {
   const migrationSource: Knex.MigrationSource<string> = {
@@ -178,11 +179,18 @@ async function applyKnexMigrations(db: Knex, options: MigrateOptions): Promise<v
       };
     },
   };
-  for (;;) {
-    const [, pending] = (await db.migrate.list({ migrationSource })) as [unknown[], unknown[]];
-    if (pending.length === 0) return;
+  const [applied, pending] = (await db.migrate.list({ migrationSource })) as [unknown[], unknown[]];
+  if (pending.length === 0) return;
+  if (applied.length === 0) {
+    // A new database: nothing serves it yet, so one transaction for all of them is safe, and all or nothing.
     options.logger?.debug("applying migration", { migration: String(pending[0]) });
-    await withLockRetry(`knex ${String(pending[0])}`, options, () => db.migrate.up({ migrationSource }));
+    await db.migrate.latest({ migrationSource });
+    return;
+  }
+  for (const name of pending) {
+    options.logger?.debug("applying migration", { migration: String(name) });
+    // `up` applies the next pending one only, in its own transaction.
+    await withLockRetry(`knex ${String(name)}`, options, () => db.migrate.up({ migrationSource }));
   }
 }
 
