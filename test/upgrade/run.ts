@@ -134,8 +134,25 @@ async function preparePrevious(commit: string, dir: string): Promise<void> {
     archive.stdout!.pipe(tar.stdin!);
     tar.on("close", (code) => (code === 0 ? resolve() : reject(new Error(`git archive ${commit} | tar -x exited with ${code}`))));
   });
+  await seedDependencies(dir);
   await run("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund"], dir);
   await run("npm", ["run", "build"], dir);
+}
+
+/**
+ * When the previous release locks exactly this tree's dependencies, its
+ * node_modules starts as hard links to this tree's, so `npm install` finds it
+ * complete instead of unpacking every package again (a minute on a busy
+ * machine). npm never edits an installed file in place: it replaces files and
+ * folders, which breaks a link, so this tree's copy is never written to.
+ * Anywhere else (another lock, another file system) the install starts empty.
+ */
+async function seedDependencies(dir: string): Promise<void> {
+  const lock = (root: string) => fs.readFileSync(path.join(root, "package-lock.json"), "utf8");
+  if (!fs.existsSync(path.join(ROOT, "node_modules")) || lock(dir) !== lock(ROOT)) return;
+  await run("cp", ["-al", path.join(ROOT, "node_modules"), path.join(dir, "node_modules")], dir).catch(() =>
+    fs.rmSync(path.join(dir, "node_modules"), { recursive: true, force: true }),
+  );
 }
 
 // ---------------------------------------------------------------------------
