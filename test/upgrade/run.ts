@@ -126,7 +126,13 @@ async function timed(work: () => Promise<void>): Promise<number> {
 }
 
 /** The previous release's files at its commit (no git state is touched), installed and built as its package.json says. */
-async function preparePrevious(commit: string, dir: string): Promise<void> {
+async function preparePrevious(commit: string, dir: string): Promise<string> {
+  const steps: string[] = [];
+  let at = Date.now();
+  const step = (name: string) => {
+    steps.push(`${name} ${seconds(Date.now() - at)}`);
+    at = Date.now();
+  };
   fs.mkdirSync(dir);
   await new Promise<void>((resolve, reject) => {
     const archive = spawn("git", ["archive", "--format=tar", commit], { cwd: ROOT, stdio: ["ignore", "pipe", "inherit"] });
@@ -134,25 +140,34 @@ async function preparePrevious(commit: string, dir: string): Promise<void> {
     archive.stdout!.pipe(tar.stdin!);
     tar.on("close", (code) => (code === 0 ? resolve() : reject(new Error(`git archive ${commit} | tar -x exited with ${code}`))));
   });
+  step("unpacked");
   await seedDependencies(dir);
+  step("node_modules linked");
   await run("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund"], dir);
+  step("installed");
   await run("npm", ["run", "build"], dir);
+  step("built");
+  return steps.join(", ");
 }
 
 /**
- * When the previous release locks exactly this tree's dependencies, its
- * node_modules starts as hard links to this tree's, so `npm install` finds it
- * complete instead of unpacking every package again (a minute on a busy
- * machine). npm never edits an installed file in place: it replaces files and
- * folders, which breaks a link, so this tree's copy is never written to.
- * Anywhere else (another lock, another file system) the install starts empty.
+ * The previous release's node_modules starts as hard links to this tree's, so
+ * `npm install` unpacks only what the previous release locks differently
+ * instead of every package (a minute or two on a busy machine). npm never
+ * edits an installed package's file in place: it replaces files and folders,
+ * which breaks a link, so this tree's copy is never written to. The one file
+ * npm rewrites, its record of the tree (node_modules/.package-lock.json), is
+ * unlinked first. On another file system the install starts empty.
  */
 async function seedDependencies(dir: string): Promise<void> {
-  const lock = (root: string) => fs.readFileSync(path.join(root, "package-lock.json"), "utf8");
-  if (!fs.existsSync(path.join(ROOT, "node_modules")) || lock(dir) !== lock(ROOT)) return;
-  await run("cp", ["-al", path.join(ROOT, "node_modules"), path.join(dir, "node_modules")], dir).catch(() =>
-    fs.rmSync(path.join(dir, "node_modules"), { recursive: true, force: true }),
-  );
+  const target = path.join(dir, "node_modules");
+  if (!fs.existsSync(path.join(ROOT, "node_modules"))) return;
+  try {
+    await run("cp", ["-al", path.join(ROOT, "node_modules"), target], dir);
+    fs.rmSync(path.join(target, ".package-lock.json"), { force: true });
+  } catch {
+    fs.rmSync(target, { recursive: true, force: true });
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -166,6 +181,8 @@ interface Release {
   url: string;
   startMs: number;
   lines: string[];
+  /** Its log lines about the schema: migrations applied, retried, or a newer schema served. */
+  schemaLog: Array<Record<string, unknown>>;
   inFlight: number;
   onIdle?: () => void;
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
@@ -183,7 +200,9 @@ function startRelease(label: string, kind: ReleaseKind, dir: string, env: Record
       stdio: ["ignore", "pipe", "pipe"],
     });
     const lines: string[] = [];
+    const schemaLog: Array<Record<string, unknown>> = [];
     const keep = (line: string) => {
+      if (/"msg":"(migration|serving on a newer schema)/.test(line)) schemaLog.push(JSON.parse(line) as Record<string, unknown>);
       lines.push(line);
       if (lines.length > 40) lines.shift();
     };
@@ -207,6 +226,7 @@ function startRelease(label: string, kind: ReleaseKind, dir: string, env: Record
           url,
           startMs: Date.now() - started,
           lines,
+          schemaLog,
           inFlight: 0,
           exited,
           connect: createClient(DecisionService, createConnectTransport({ baseUrl: url, httpVersion: "1.1" })),
@@ -261,6 +281,8 @@ interface Outcome {
   chargedUnits?: number;
   balanceUnits?: number;
   replayed: boolean;
+  /** From sending the call to its answer. */
+  ms: number;
   /** The whole answer as JSON (the gateway's envelope, or the response message), for replays. */
   answer?: unknown;
 }
@@ -280,7 +302,7 @@ interface Account {
 
 const units = (credits: number | undefined) => (credits === undefined ? undefined : Math.round(credits * 1_000_000));
 
-async function callJson(release: Release, account: Account, body: JsonObject, idempotencyKey?: string): Promise<Omit<Outcome, "phase" | "release" | "releaseKind" | "surface" | "kind" | "expected">> {
+async function callJson(release: Release, account: Account, body: JsonObject, idempotencyKey?: string): Promise<Omit<Outcome, "phase" | "release" | "releaseKind" | "surface" | "kind" | "expected" | "ms">> {
   const response = await fetch(`${release.url}/api/v1/decisions`, {
     method: "POST",
     headers: {
@@ -310,7 +332,7 @@ async function callRpc(
   account: Account,
   body: JsonObject,
   idempotencyKey?: string,
-): Promise<Omit<Outcome, "phase" | "release" | "releaseKind" | "surface" | "kind" | "expected">> {
+): Promise<Omit<Outcome, "phase" | "release" | "releaseKind" | "surface" | "kind" | "expected" | "ms">> {
   let replayed = false;
   try {
     const response = await client.decide(fromJson(DecideRequestSchema, body), {
@@ -378,11 +400,13 @@ async function main(): Promise<void> {
 
   try {
     process.stdout.write(`upgrade: previous release ${commit.slice(0, 10)}, current ${execFileSync("git", ["rev-parse", "--short=10", "HEAD"], { cwd: ROOT, encoding: "utf8" }).trim()} (this working tree)\n`);
+    let previousSteps = "";
     const [previousPrepMs, currentBuildMs] = await Promise.all([
-      timed(() => preparePrevious(commit, previousDir)),
-      timed(() => run("npm", ["run", "build"], ROOT)),
+      timed(async () => void (previousSteps = await preparePrevious(commit, previousDir))),
+      // As `npm start` builds: only when a source changed since the last build.
+      timed(() => run(process.execPath, ["src/build.mjs", "--if-stale"], ROOT)),
     ]);
-    process.stdout.write(`prepare: previous unpacked, installed and built in ${seconds(previousPrepMs)}; current built in ${seconds(currentBuildMs)}\n`);
+    process.stdout.write(`prepare: previous ready in ${seconds(previousPrepMs)} (${previousSteps}); current built (if stale) in ${seconds(currentBuildMs)}\n`);
 
     await serverDb.raw(`CREATE DATABASE ${dbName}`);
     cleanups.push(async () => {
@@ -451,6 +475,7 @@ async function main(): Promise<void> {
     async function call(release: Release, surface: Surface, kind: Kind, account: Account, body: JsonObject, idempotencyKey?: string): Promise<Outcome> {
       release.inFlight++;
       const callPhase = phase;
+      const sent = Date.now();
       let result: Awaited<ReturnType<typeof callJson>>;
       try {
         result = surface === "json" ? await callJson(release, account, body, idempotencyKey) : await callRpc(release[surface], account, body, idempotencyKey);
@@ -468,6 +493,7 @@ async function main(): Promise<void> {
         surface,
         kind,
         ...result,
+        ms: Date.now() - sent,
         expected: result.verdict === wanted && result.replayed === (kind === "replay"),
       };
       outcomes.push(outcome);
@@ -566,6 +592,9 @@ async function main(): Promise<void> {
       `migration: the current release listened ${current ? seconds(current.startMs) : "never"} after its start (reader held ledger ${seconds(READER_HOLD_MS)}); ` +
         `knex_migrations ${knexAfter.length} rows, schema_migrations ${schemaTable ? `${schemaRows} rows` : "absent"}\n`,
     );
+    for (const entry of current?.schemaLog ?? []) {
+      process.stdout.write(`  current: ${String(entry["msg"])} ${String(entry["migration"] ?? "")}${entry["duration_ms"] !== undefined ? ` in ${String(entry["duration_ms"])} ms` : ""}${entry["attempt"] !== undefined ? ` (attempt ${String(entry["attempt"])}, ${String(entry["code"])})` : ""}\n`);
+    }
 
     let previousLive: Release | undefined = previousA;
     if (current) {
@@ -582,6 +611,7 @@ async function main(): Promise<void> {
       await idle(previousA);
       await stopRelease(previousA, "SIGKILL");
       previousLive = await start("previous#2", "previous", "a new replica of the previous release starts on the migrated database, first try");
+      for (const entry of previousLive?.schemaLog ?? []) process.stdout.write(`  previous#2: ${JSON.stringify(entry)}\n`);
       if (previousLive) {
         // --- phase 5: both serve again; the current release's originals get replayed on the previous
         nextPhase("5 both after restart");
@@ -667,12 +697,12 @@ async function main(): Promise<void> {
     const table = new Map<string, Outcome[]>();
     for (const o of outcomes) table.set(`${o.phase}|${o.release}`, [...(table.get(`${o.phase}|${o.release}`) ?? []), o]);
     const lines = [
-      "phase                   release     calls  answered  upstream-failed  replays  unexpected",
+      "phase                   release     calls  answered  upstream-failed  replays  unexpected  slowest",
       ...[...table].map(([key, list]) => {
         const [phaseName, label] = key.split("|") as [string, string];
         const answered = list.filter((o) => o.expected && o.kind !== "upstream-fails").length;
         const failed = list.filter((o) => o.expected && o.kind === "upstream-fails").length;
-        return `${phaseName.padEnd(24)}${label.padEnd(12)}${String(list.length).padStart(5)}${String(answered).padStart(10)}${String(failed).padStart(17)}${String(list.filter((o) => o.kind === "replay").length).padStart(9)}${String(list.filter((o) => !o.expected).length).padStart(12)}`;
+        return `${phaseName.padEnd(24)}${label.padEnd(12)}${String(list.length).padStart(5)}${String(answered).padStart(10)}${String(failed).padStart(17)}${String(list.filter((o) => o.kind === "replay").length).padStart(9)}${String(list.filter((o) => !o.expected).length).padStart(12)}${seconds(Math.max(...list.map((o) => o.ms))).padStart(9)}`;
       }),
     ];
     process.stdout.write(`\n${lines.join("\n")}\n\n`);
