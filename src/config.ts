@@ -44,6 +44,8 @@ export interface ConnectionLimits {
   bodyTimeoutMs: number;
   /** How long a connection with no request or stream in progress stays open. */
   idleTimeoutMs: number;
+  /** How long an HTTP/1.1 body is still read and discarded after an answer that did not wait for it (nginx's lingering_time). */
+  lingerTimeMs: number;
   /** Open connections at most; one more is closed as soon as it is accepted. */
   maxConnections: number;
 }
@@ -164,6 +166,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       headersTimeoutMs: int("TYPESAFE_HEADERS_TIMEOUT_MS", 10_000, 100, 600_000),
       bodyTimeoutMs: int("TYPESAFE_BODY_TIMEOUT_MS", 20_000, 100, 600_000),
       idleTimeoutMs: int("TYPESAFE_IDLE_TIMEOUT_MS", 75_000, 100, 3_600_000),
+      lingerTimeMs: int("TYPESAFE_LINGER_TIME_MS", 30_000, 100, 600_000),
       maxConnections: int("TYPESAFE_MAX_CONNECTIONS", 4_096, 1, 1_000_000),
     },
     grpcShortPath: grpcShortPath !== "off",
