@@ -70,6 +70,8 @@ export interface AccountAreaConfig {
    * calls, and when it is https the session cookie is Secure.
    */
   publicUrl: string;
+  /** True when TYPESAFE_PUBLIC_URL is not set and publicUrl is this process's own HOST and PORT (right for the service, a guess for the CLI). */
+  publicUrlIsGuessed: boolean;
   /** A session unused this long ends (OWASP suggests 15-30 minutes for low-risk sites). */
   sessionIdleMs: number;
   /** A session ends this long after sign-in, however busy. */
@@ -193,6 +195,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     },
     account: {
       publicUrl: (publicUrl && !publicUrlProblem(publicUrl) ? publicUrl : `http://${host.includes(":") ? `[${host}]` : host}:${port}`).replace(/\/+$/, ""),
+      publicUrlIsGuessed: !(publicUrl && !publicUrlProblem(publicUrl)),
       sessionIdleMs: int("TYPESAFE_SESSION_IDLE_MINUTES", 30, 1, 24 * 60) * 60_000,
       sessionAbsoluteMs: int("TYPESAFE_SESSION_ABSOLUTE_HOURS", 12, 1, 24 * 30) * 3_600_000,
     },
