@@ -25,6 +25,8 @@ export interface DbApiKeyRow {
   created_by: string;
   created_at: Date;
   revoked_at: Date | null;
+  /** When it stops working; null for never (the key's other limits: key-limits.ts). */
+  expires_at: Date | null;
 }
 
 /** Inserts an account row with empty balances; its opening credits are granted by the caller, through metering. */
@@ -33,10 +35,37 @@ export async function insertAccount(db: Knex | Knex.Transaction, name: string): 
   return account!;
 }
 
-/** A key as the account area lists it: its row and when a call last used it. */
-export interface AccountKeyRow extends DbApiKeyRow {
+/** A key as the account area lists it: its row, its limits with what it spent, and when a call last used it. */
+export interface AccountKeyRow extends DbApiKeyRow, KeyLimitsRow {
   last_used_at: Date | null;
 }
+
+/** A key's limits and what it spent, as the account area and the CLI show them. */
+export interface KeyLimitsRow {
+  expires_at: Date | null;
+  scopes: ("decisions" | "search")[] | null;
+  budget_units: number | null;
+  budget_period: "day" | "week" | "month" | "total" | null;
+  rate_limit: number | null;
+  /** Charged in the current period (0 without a budget). */
+  spent_units: number;
+  /** Held by its calls in flight. */
+  held_units: number;
+  /** Start of the current budget period; null without a budget or for a total one. */
+  period_start: Date | null;
+}
+
+/** SQL selecting KeyLimitsRow's columns of the key aliased `k` (the metering functions compute spent and held). */
+export const KEY_LIMIT_SELECTS = [
+  "k.scopes",
+  "k.budget_units",
+  "k.budget_period",
+  "k.rate_limit",
+  "CASE WHEN k.budget_units IS NULL THEN 0 ELSE metering_key_spent(k.budget_spent, k.budget_period_start, k.budget_period, now()) END AS spent_units",
+  "CASE WHEN k.budget_units IS NULL THEN 0 ELSE metering_key_held(k.account_id, k.id) END AS held_units",
+  "CASE WHEN k.budget_period IN ('day', 'week', 'month') THEN metering_key_period_start(k.budget_period, now()) END AS period_start",
+];
+
 
 export async function findAccount(db: Knex | Knex.Transaction, accountId: string): Promise<DbAccountRow | undefined> {
   if (!isUuid(accountId)) return undefined;
@@ -63,13 +92,14 @@ export async function createApiKey(
   return { keyId: row!.id, apiKey, row: row! };
 }
 
-const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at"] as const;
+const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at", "expires_at"] as const;
 
 /** The account's keys, newest first, each with the time of its newest call (the requests' key index). */
 export async function listAccountKeys(db: Knex | Knex.Transaction, accountId: string): Promise<AccountKeyRow[]> {
   if (!isUuid(accountId)) return [];
   return db("api_keys as k")
     .select(KEY_COLUMNS.map((c) => `k.${c}`))
+    .select(KEY_LIMIT_SELECTS.map((select) => db.raw(select)))
     .select(db.raw("(SELECT max(r.created_at) FROM requests r WHERE r.key_id = k.id) AS last_used_at"))
     .where("k.account_id", accountId)
     .orderBy([{ column: "k.created_at", order: "desc" }, { column: "k.id", order: "desc" }]);

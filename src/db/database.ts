@@ -1,7 +1,7 @@
 import knex, { type Knex } from "knex";
 import pg from "pg";
 import type { Logger } from "../logger.js";
-import { migrationSource } from "./migrations/index.js";
+import { migrationSource, schemaMigrations } from "./migrations/index.js";
 
 // int8 (bigint) columns hold money in integer units, always below 2^53.
 pg.types.setTypeParser(pg.types.builtins.INT8, (value) => Number(value));
@@ -85,6 +85,7 @@ export async function migrate(db: Knex, useAdvisoryLock: boolean): Promise<void>
   if (await isUpToDate(db)) return;
   if (!useAdvisoryLock) {
     await db.migrate.latest({ migrationSource });
+    await applySchemaMigrations(db);
     return;
   }
   const lockId = 7_261_123; // any constant shared by every replica
@@ -93,6 +94,7 @@ export async function migrate(db: Knex, useAdvisoryLock: boolean): Promise<void>
     await connection.query("SELECT pg_advisory_lock($1)", [lockId]);
     try {
       await db.migrate.latest({ migrationSource });
+      await applySchemaMigrations(db);
     } finally {
       await connection.query("SELECT pg_advisory_unlock($1)", [lockId]);
     }
@@ -114,5 +116,31 @@ async function isUpToDate(db: Knex): Promise<boolean> {
   // Both sorted here: the database's collation need not order names as JavaScript does.
   const applied = (await db("knex_migrations").pluck<string[]>("name")).sort();
   const known = [...(await migrationSource.getMigrations([]))].sort();
-  return applied.length === known.length && applied.every((name, i) => name === known[i]);
+  if (!(applied.length === known.length && applied.every((name, i) => name === known[i]))) return false;
+  const { rows: recorded } = await db.raw<{ rows: Array<{ present: boolean }> }>("SELECT to_regclass('schema_migrations') IS NOT NULL AS present");
+  if (!recorded[0]?.present) return schemaMigrations.length === 0;
+  const done = new Set(await db("schema_migrations").pluck<string[]>("name"));
+  return schemaMigrations.every((migration) => done.has(migration.name));
+}
+
+/**
+ * The release-safe migrations, each alone and recorded in schema_migrations.
+ * A stand-in until the runner with lock and statement timeouts and retries
+ * takes its place; it applies the same list in the same order.
+ */
+async function applySchemaMigrations(db: Knex): Promise<void> {
+  await db.raw("CREATE TABLE IF NOT EXISTS schema_migrations (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())");
+  const done = new Set(await db("schema_migrations").pluck<string[]>("name"));
+  for (const migration of schemaMigrations) {
+    if (done.has(migration.name)) continue;
+    if (migration.transactional) {
+      await db.transaction(async (trx) => {
+        await migration.up(trx);
+        await trx("schema_migrations").insert({ name: migration.name });
+      });
+    } else {
+      await migration.up(db);
+      await db("schema_migrations").insert({ name: migration.name });
+    }
+  }
 }
