@@ -157,6 +157,10 @@ const SQL = `
     END IF;
 
     SELECT * INTO a FROM accounts WHERE id = k.account_id FOR UPDATE;
+    -- The key's counters, read again under the lock: the first read may predate a call of the key that just committed.
+    IF k.rate_limit IS NOT NULL OR k.budget_units IS NOT NULL THEN
+      SELECT * INTO k FROM api_keys WHERE id = k.id;
+    END IF;
     v_now := coalesce(p_now, clock_timestamp());
     IF metering_expire_account(a.id, v_now) > 0 THEN
       SELECT * INTO a FROM accounts WHERE id = k.account_id;
