@@ -140,10 +140,13 @@ export async function listApiKeys(db: Knex | Knex.Transaction, accountId: string
     .orderBy("created_at");
 }
 
-/** The account of a live key, or undefined for an unknown or revoked key. */
-export async function findAccountIdByKeyHash(db: Knex | Knex.Transaction, keyHash: Buffer): Promise<string | undefined> {
-  const row = await db("api_keys").select("account_id").where({ key_hash: keyHash }).whereNull("revoked_at").first();
-  return row?.account_id as string | undefined;
+/** The account, id and expiry of a key that is not revoked, or undefined for an unknown or revoked key. */
+export async function findLiveKeyByHash(
+  db: Knex | Knex.Transaction,
+  keyHash: Buffer,
+): Promise<{ accountId: string; keyId: string; expiresAt: Date | null } | undefined> {
+  const row = await db("api_keys").select("account_id", "id", "expires_at").where({ key_hash: keyHash }).whereNull("revoked_at").first();
+  return row && { accountId: row.account_id as string, keyId: row.id as string, expiresAt: row.expires_at as Date | null };
 }
 
 /** True for a UUID in its text form, the shape of account and key ids (a cast of anything else would fail in SQL). */
