@@ -671,7 +671,7 @@ export interface components {
             /** @description What it may do; absent means no limits of its own. */
             limits?: components["schemas"]["typesafe.account.v1.KeyLimits.Input"] | null;
         };
-        /** @description What one key may do, beside its account's limits. Unset fields mean no limit of the key's own. */
+        /** @description What one key may do, beside its account's limits. Unset fields mean no limit of the key's own. Also refused: an `expires_at` that is not in the future, a `budget_credits` finer than 0.000001, a `budget_credits` without a `budget_period` or the reverse, and `requests_per_minute` above the account's own (GetAccount's `limits.requests_per_minute`). */
         "typesafe.account.v1.KeyLimits.Input": {
             /**
              * Format: date-time
@@ -679,11 +679,14 @@ export interface components {
              */
             expires_at?: string | null;
             /** @description The endpoints it may call: "decisions", "search". Empty means both. Another endpoint is refused (KEY_SCOPE_DENIED, 403). */
-            scopes?: string[] | null;
+            scopes?: ("decisions" | "search")[] | null;
             /** @description The credits its calls may be charged per budget_period; absent means no budget. A call whose reservation does not fit what is left is refused (KEY_BUDGET_EXCEEDED, 402). Free requests do not count. */
             budget_credits?: (number | string) | null;
-            /** @description "day", "week" (from Monday) or "month", in UTC, or "total" for the key's whole life. Required with budget_credits, empty without. */
-            budget_period?: string | null;
+            /**
+             * @description "day", "week" (from Monday) or "month", in UTC, or "total" for the key's whole life. Required with budget_credits, empty without.
+             * @enum {string|null}
+             */
+            budget_period?: "" | "day" | "week" | "month" | "total" | null;
             /** @description Calls per rolling minute, at most the account's; 0 means the account's. */
             requests_per_minute?: (number | string) | null;
         };

@@ -11,9 +11,12 @@ import {
   CreateKeyRequestSchema,
   GetUsageSummaryRequestSchema,
   ListActivityRequestSchema,
+  KeyLimitsSchema,
   ListUsageRequestSchema,
+  RollKeyRequestSchema,
   SignInRequestSchema,
 } from "../gen/typesafe/account/v1/account_service_pb.js";
+import { KEY_BUDGET_PERIODS, KEY_SCOPES, MAX_ROLL_GRACE_SECONDS } from "../accounts/key-limits.js";
 
 /**
  * What a request message's validation adds to the shape its descriptor gives.
@@ -94,6 +97,21 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
   [CreateKeyRequestSchema.typeName]: {
     fields: { name: { maxLength: MAX_KEY_NAME_CHARS } },
     alsoRefused: `a name with control or format characters (after trimming), or longer than ${MAX_KEY_NAME_CHARS} characters once trimmed.`,
+  },
+  [KeyLimitsSchema.typeName]: {
+    fields: {
+      scopes: { items: { type: "string", enum: [...KEY_SCOPES] } },
+      budget_credits: { minimum: 0 },
+      // proto3 JSON reads "" as absent: no budget.
+      budget_period: { enum: ["", ...KEY_BUDGET_PERIODS] },
+      requests_per_minute: { minimum: 0 },
+    },
+    alsoRefused:
+      "an `expires_at` that is not in the future, a `budget_credits` finer than 0.000001, a `budget_credits` without a `budget_period` or the reverse, " +
+      "and `requests_per_minute` above the account's own (GetAccount's `limits.requests_per_minute`).",
+  },
+  [RollKeyRequestSchema.typeName]: {
+    fields: { old_key_expires_in_seconds: { minimum: 0, maximum: MAX_ROLL_GRACE_SECONDS } },
   },
   [ListUsageRequestSchema.typeName]: {
     fields: { endpoint: { enum: ["", ...USAGE_ENDPOINTS] }, page_size: PAGE_SIZE },
