@@ -231,7 +231,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
 
     async listUsage(req, ctx) {
       const member = memberOf(ctx);
-      const filter = usageFilter({ endpoint: req.endpoint, since: optionalDate(req.since), until: optionalDate(req.until) });
+      const filter = usageFilter({ endpoint: req.endpoint, since: optionalDate(req.since), until: optionalDate(req.until), keyId: req.keyId });
       const size = pageSize(req.pageSize);
       const after = callCursor(req.pageToken);
       const { calls, more } = await listFinishedCalls(db, member.accountId, filter, { size, after });
@@ -265,9 +265,16 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           ? [{ field: "since", rule: `at most ${MAX_SUMMARY_DAYS[unit]} days before until when counting per ${unit}` }]
           : []),
       ]);
-      const buckets = await summarizeCalls(db, member.accountId, { since, until, granularity: unit });
+      const { keyId } = usageFilter({ endpoint: "", keyId: req.keyId });
+      const buckets = await summarizeCalls(db, member.accountId, { since, until, granularity: unit, keyId, byKey: req.groupByKey });
       return {
-        buckets: buckets.map((b) => ({ start: timestampFromDate(b.start), endpoint: b.endpoint, calls: b.calls, chargedCredits: unitsToCredits(b.chargedUnits) })),
+        buckets: buckets.map((b) => ({
+          start: timestampFromDate(b.start),
+          endpoint: b.endpoint,
+          keyId: b.keyId,
+          calls: b.calls,
+          chargedCredits: unitsToCredits(b.chargedUnits),
+        })),
       };
     },
 

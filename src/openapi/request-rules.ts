@@ -51,6 +51,9 @@ const PRINTABLE_NOT_BLANK = "^[^\\p{Cc}]*[^\\s\\p{Cc}][^\\p{Cc}]*$";
 /** A page size of the account area's lists: 0 means the default. */
 const PAGE_SIZE = { minimum: 0, maximum: MAX_PAGE_SIZE };
 
+/** A key id filter: a key's id (a UUID), or empty for every key. */
+const KEY_ID_FILTER = { pattern: "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})?$" };
+
 /** A page token is the service's own: JSON Schema cannot tell one it did not give. */
 const PAGE_TOKEN_RULE = "a `page_token` this service did not give.";
 
@@ -114,11 +117,11 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
     fields: { old_key_expires_in_seconds: { minimum: 0, maximum: MAX_ROLL_GRACE_SECONDS } },
   },
   [ListUsageRequestSchema.typeName]: {
-    fields: { endpoint: { enum: ["", ...USAGE_ENDPOINTS] }, page_size: PAGE_SIZE },
+    fields: { endpoint: { enum: ["", ...USAGE_ENDPOINTS] }, page_size: PAGE_SIZE, key_id: KEY_ID_FILTER },
     alsoRefused: `\`since\` at or after \`until\`, and ${PAGE_TOKEN_RULE}`,
   },
   [GetUsageSummaryRequestSchema.typeName]: {
-    fields: { granularity: { enum: ["", "day", "hour"] } },
+    fields: { granularity: { enum: ["", "day", "hour"] }, key_id: KEY_ID_FILTER },
     alsoRefused: `\`since\` at or after \`until\`, and a range wider than ${MAX_SUMMARY_DAYS.day} days per day or ${MAX_SUMMARY_DAYS.hour} days per hour.`,
   },
   [ListActivityRequestSchema.typeName]: {

@@ -165,3 +165,30 @@ describe("the /account/v1 JSON paths", () => {
     expect(rolled.body.data.secret).toMatch(/^ts_live_/);
   });
 });
+
+describe("usage by key", () => {
+  it("ListUsage, the CSV and the summary filter by key; the summary groups by key; a malformed key id is a 400 naming key_id", async () => {
+    const { client, jar } = await signedIn();
+    const a = await client.createKey({ name: "a" });
+    const b = await client.createKey({ name: "b" });
+    for (const secret of [a.secret, a.secret, b.secret]) expect((await decide(secret)).status).toBe(200);
+    const ofA = await client.listUsage({ keyId: a.key!.id });
+    expect(ofA.records.map((r) => r.keyId)).toEqual([a.key!.id, a.key!.id]);
+    expect((await client.listUsage({})).records).toHaveLength(3);
+
+    const cookie = [...jar.cookies].map(([n, v]) => `${n}=${v}`).join("; ");
+    const csv = await (await fetch(`${service.url}/account/v1/usage.csv?key_id=${b.key!.id}`, { headers: { cookie } })).text();
+    expect(csv.trim().split("\r\n").slice(1).map((line) => line.split(",")[2])).toEqual([b.key!.id]);
+
+    const until = timestampFromDate(new Date(Date.now() + 3_600_000));
+    const grouped = await client.getUsageSummary({ until, groupByKey: true });
+    expect(grouped.buckets.map((x) => [x.keyId, x.calls]).sort()).toEqual([[a.key!.id, 2], [b.key!.id, 1]].sort());
+    const onlyB = await client.getUsageSummary({ until, keyId: b.key!.id });
+    expect(onlyB.buckets.map((x) => [x.keyId, x.calls])).toEqual([["", 1]]);
+
+    for (const call of [client.listUsage({ keyId: "nope" }), client.getUsageSummary({ keyId: "nope" })]) {
+      const refused = await refusal(call);
+      expect([refused.reason, refused.field]).toEqual(["INVALID_ARGUMENT", "key_id"]);
+    }
+  });
+});
