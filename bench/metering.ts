@@ -83,10 +83,10 @@ async function main() {
           await measure(async (i) => {
             // As the service sends it: with the call's own request id (which an abandon could name).
             const { rows } = await pool.query(
-              "SELECT request_id FROM metering_admit_unless_abandoned($1::bytea, 'decide', $2::bigint, false, 60000, NULL, NULL, NULL, $3::uuid)",
+              "SELECT request_id FROM metering_admit_unless_abandoned_v2($1::bytea, 'decide', $2::bigint, false, 60000, NULL, NULL, NULL, $3::uuid)",
               [pick(i).keyHash, reserve, crypto.randomUUID()],
             );
-            await pool.query("SELECT outcome FROM metering_resolve($1::uuid, true, 1000)", [rows[0].request_id]);
+            await pool.query("SELECT outcome FROM metering_resolve_v2($1::uuid, true, 1000)", [rows[0].request_id]);
           }),
         );
         rounds.meter!.push(

@@ -10,10 +10,12 @@ import { createDummyHash, hashPassword, MAX_PASSWORD_CHARS, passwordProblem, SCR
 import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
 import { createApiKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
+import { keyLimitsOf, MAX_ROLL_GRACE_SECONDS, NO_KEY_LIMITS, parseKeyLimits, periodEnd, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
 import { apiError } from "../errors.js";
 import {
   AccountService,
   type ApiKey,
+  type KeyLimits as KeyLimitsMessage,
   type Member,
   ApiKeySchema,
   MemberSchema,
@@ -21,6 +23,7 @@ import {
 import { listFinishedCalls, readAccountMoney, summarizeCalls } from "../metering/account-views.js";
 import type { Metrics } from "../metrics.js";
 import { unitsToCredits } from "../units.js";
+import { isUuid } from "../accounts/store.js";
 import { throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
 import { kSessionToken, memberOf } from "./door.js";
@@ -166,12 +169,49 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           : [],
       );
       const at = now();
-      const { apiKey, row } = await db.transaction(async (tx) => {
+      const limits = req.limits ? await checkedLimits(member.accountId, req.limits, at, "limits") : NO_KEY_LIMITS;
+      const { apiKey, keyId } = await db.transaction(async (tx) => {
         const created = await createApiKey(tx, member.accountId, { name, createdBy: member.email });
+        await setKeyLimits(tx, member.accountId, created.keyId, limits);
         await recordActivity(tx, { accountId: member.accountId, kind: "key_created", actor: member.email, detail: keyLabel(created.row), at });
         return created;
       });
-      return { key: keyMessage({ ...row, last_used_at: null }), secret: apiKey };
+      return { key: await keyOfAccount(member.accountId, keyId), secret: apiKey };
+    },
+
+    async updateKey(req, ctx) {
+      const member = memberOf(ctx);
+      const at = now();
+      const limits = await checkedLimits(member.accountId, req.limits, at, "limits");
+      const updated = await db.transaction((tx) => setKeyLimits(tx, member.accountId, req.keyId, limits));
+      // A revoked key, another account's, an unknown id and a malformed one all get this answer.
+      if (!updated) throw apiError("NOT_FOUND", "key_id: no such key that works", { field: "key_id", rule: "a live key of your account" });
+      return { key: await keyOfAccount(member.accountId, req.keyId) };
+    },
+
+    async rollKey(req, ctx) {
+      const member = memberOf(ctx);
+      const grace = req.oldKeyExpiresInSeconds;
+      throwIfInvalid(
+        grace < 0 || grace > MAX_ROLL_GRACE_SECONDS
+          ? [{ field: "old_key_expires_in_seconds", rule: `from 0 (at once) to ${MAX_ROLL_GRACE_SECONDS} (7 days)` }]
+          : [],
+      );
+      const at = now();
+      const rolled = await db.transaction(async (tx) => {
+        const result = await rollKey(tx, member.accountId, req.keyId, { graceSeconds: grace, now: at, createdBy: member.email });
+        if (result) {
+          const detail = `${keyLabel(result.newKey)}, rolled from ${keyLabel(result.oldKey)} (which stops at ${result.oldKey.expires_at!.toISOString()})`;
+          await recordActivity(tx, { accountId: member.accountId, kind: "key_created", actor: member.email, detail, at });
+        }
+        return result;
+      });
+      if (!rolled) throw apiError("NOT_FOUND", "key_id: no such key that works", { field: "key_id", rule: "a live key of your account" });
+      return {
+        key: await keyOfAccount(member.accountId, rolled.newKeyId),
+        secret: rolled.apiKey,
+        oldKey: await keyOfAccount(member.accountId, req.keyId),
+      };
     },
 
     async revokeKey(req, ctx) {
@@ -191,7 +231,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
 
     async listUsage(req, ctx) {
       const member = memberOf(ctx);
-      const filter = usageFilter({ endpoint: req.endpoint, since: optionalDate(req.since), until: optionalDate(req.until) });
+      const filter = usageFilter({ endpoint: req.endpoint, since: optionalDate(req.since), until: optionalDate(req.until), keyId: req.keyId });
       const size = pageSize(req.pageSize);
       const after = callCursor(req.pageToken);
       const { calls, more } = await listFinishedCalls(db, member.accountId, filter, { size, after });
@@ -225,9 +265,16 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           ? [{ field: "since", rule: `at most ${MAX_SUMMARY_DAYS[unit]} days before until when counting per ${unit}` }]
           : []),
       ]);
-      const buckets = await summarizeCalls(db, member.accountId, { since, until, granularity: unit });
+      const { keyId } = usageFilter({ endpoint: "", keyId: req.keyId });
+      const buckets = await summarizeCalls(db, member.accountId, { since, until, granularity: unit, keyId, byKey: req.groupByKey });
       return {
-        buckets: buckets.map((b) => ({ start: timestampFromDate(b.start), endpoint: b.endpoint, calls: b.calls, chargedCredits: unitsToCredits(b.chargedUnits) })),
+        buckets: buckets.map((b) => ({
+          start: timestampFromDate(b.start),
+          endpoint: b.endpoint,
+          keyId: b.keyId,
+          calls: b.calls,
+          chargedCredits: unitsToCredits(b.chargedUnits),
+        })),
       };
     },
 
@@ -244,6 +291,29 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       };
     },
   };
+
+  /** Limits as the request states them, checked against the account's own rate limit; a 400 names the field. */
+  async function checkedLimits(accountId: string, message: KeyLimitsMessage | undefined, at: Date, prefix: string): Promise<KeyLimits> {
+    const money = await readAccountMoney(db, accountId);
+    const parsed = parseKeyLimits(
+      {
+        expiresAt: message?.expiresAt ? timestampDate(message.expiresAt) : undefined,
+        scopes: message?.scopes ?? [],
+        budgetCredits: message?.budgetCredits,
+        budgetPeriod: message?.budgetPeriod ?? "",
+        rateLimit: message?.requestsPerMinute ?? 0,
+      },
+      { now: at, accountRateLimit: money?.requestsPerMinute ?? 0, prefix },
+    );
+    throwIfInvalid(parsed.violations);
+    return (parsed as { limits: KeyLimits }).limits;
+  }
+
+  async function keyOfAccount(accountId: string, keyId: string): Promise<ApiKey> {
+    const key = isUuid(keyId) ? (await listAccountKeys(db, accountId)).find((k) => k.id === keyId) : undefined;
+    if (!key) throw apiError("NOT_FOUND", "key_id: no such key", { field: "key_id", rule: "a key of your account" });
+    return keyMessage(key);
+  }
 
   /** A new session replaces the one the browser had, so two never share a cookie. */
   async function endPreviousSession(tx: Knex.Transaction, ctx: HandlerContext, at: Date): Promise<void> {
@@ -267,7 +337,32 @@ function keyMessage(key: AccountKeyRow): ApiKey {
     createdBy: key.created_by,
     lastUsedAt: key.last_used_at ? timestampFromDate(key.last_used_at) : undefined,
     revokedAt: key.revoked_at ? timestampFromDate(key.revoked_at) : undefined,
+    limits: limitsMessage(keyLimitsOf(key)),
+    budgetUsage: key.budget_units === null || key.budget_period === null ? undefined : budgetUsageMessage(key),
   });
+}
+
+function limitsMessage(limits: KeyLimits) {
+  return {
+    expiresAt: limits.expiresAt ? timestampFromDate(limits.expiresAt) : undefined,
+    scopes: limits.scopes,
+    budgetCredits: limits.budget ? unitsToCredits(limits.budget.units) : undefined,
+    budgetPeriod: limits.budget?.period ?? "",
+    requestsPerMinute: limits.rateLimit ?? 0,
+  };
+}
+
+function budgetUsageMessage(key: AccountKeyRow) {
+  const spent = Number(key.spent_units);
+  const held = Number(key.held_units);
+  const end = key.period_start && key.budget_period ? periodEnd(key.budget_period, key.period_start) : null;
+  return {
+    spentCredits: unitsToCredits(spent),
+    heldCredits: unitsToCredits(held),
+    leftCredits: unitsToCredits(Math.max(Number(key.budget_units) - spent - held, 0)),
+    periodStart: key.period_start ? timestampFromDate(key.period_start) : undefined,
+    periodEnd: end ? timestampFromDate(end) : undefined,
+  };
 }
 
 /** How a key is named in the activity log: its prefix, last 4 and name. */

@@ -20,7 +20,7 @@ const PAGE_ROWS = 1_000;
 const COLUMNS = ["request_id", "endpoint", "key_id", "funding", "reserved_credits", "charged_credits", "status", "started_at", "finished_at"];
 
 /**
- * GET /account/v1/usage.csv?endpoint=&since=&until= : the rows ListUsage
+ * GET /account/v1/usage.csv?endpoint=&key_id=&since=&until= : the rows ListUsage
  * pages through, as one CSV file (RFC 4180). The same door as the RPCs
  * (origin, session cookie), the same filters, the same account filter in SQL,
  * and the same log line per call.
@@ -35,7 +35,7 @@ export function createUsageCsvHandler(deps: { db: Knex; door: AccountDoorOptions
       await openAccountDoor(deps.door, { methodName: "UsageCsv", header: requestHeaders(req), host: req.headers.host ?? req.headers[":authority"]?.toString(), values });
       const member = values.get(kMember)!;
       const query = new URL(req.url ?? "/", "http://localhost").searchParams;
-      const filter = usageFilter({ endpoint: query.get("endpoint") ?? "", since: queryDate(query, "since"), until: queryDate(query, "until") });
+      const filter = usageFilter({ endpoint: query.get("endpoint") ?? "", since: queryDate(query, "since"), until: queryDate(query, "until"), keyId: query.get("key_id") ?? "" });
       res.writeHead(200, {
         ...headers,
         "content-type": "text/csv; charset=utf-8; header=present",

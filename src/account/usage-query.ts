@@ -10,13 +10,17 @@ export const MAX_PAGE_SIZE = 500;
 export const USAGE_ENDPOINTS: readonly string[] = ["decide", "search"];
 
 /** The usage filter of a request (RPC or CSV query), checked: a bad field is a 400 naming it. */
-export function usageFilter(input: { endpoint: string; since?: Date; until?: Date }): CallFilter {
+export function usageFilter(input: { endpoint: string; since?: Date; until?: Date; keyId?: string }): CallFilter {
   const violations: Violation[] = [];
+  const keyId = input.keyId ?? "";
+  if (keyId !== "" && !UUID.test(keyId)) violations.push({ field: "key_id", rule: "the id of a key (ListKeys), or empty for every key" });
   if (input.endpoint !== "" && !USAGE_ENDPOINTS.includes(input.endpoint)) violations.push({ field: "endpoint", rule: 'one of "decide", "search" or empty' });
   if (input.since && input.until && input.since.getTime() >= input.until.getTime()) violations.push({ field: "since", rule: "must be before until" });
   throwIfInvalid(violations);
-  return { endpoint: input.endpoint === "" ? undefined : (input.endpoint as Endpoint), since: input.since, until: input.until };
+  return { endpoint: input.endpoint === "" ? undefined : (input.endpoint as Endpoint), since: input.since, until: input.until, keyId: keyId === "" ? undefined : keyId };
 }
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** The page size a request asked for, checked. */
 export function pageSize(size: number, field = "page_size"): number {

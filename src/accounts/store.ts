@@ -25,6 +25,8 @@ export interface DbApiKeyRow {
   created_by: string;
   created_at: Date;
   revoked_at: Date | null;
+  /** When it stops working; null for never (the key's other limits: key-limits.ts). */
+  expires_at: Date | null;
 }
 
 /** Inserts an account row with empty balances; its opening credits are granted by the caller, through metering. */
@@ -33,10 +35,37 @@ export async function insertAccount(db: Knex | Knex.Transaction, name: string): 
   return account!;
 }
 
-/** A key as the account area lists it: its row and when a call last used it. */
-export interface AccountKeyRow extends DbApiKeyRow {
+/** A key as the account area lists it: its row, its limits with what it spent, and when a call last used it. */
+export interface AccountKeyRow extends DbApiKeyRow, KeyLimitsRow {
   last_used_at: Date | null;
 }
+
+/** A key's limits and what it spent, as the account area and the CLI show them. */
+export interface KeyLimitsRow {
+  expires_at: Date | null;
+  scopes: ("decisions" | "search")[] | null;
+  budget_units: number | null;
+  budget_period: "day" | "week" | "month" | "total" | null;
+  rate_limit: number | null;
+  /** Charged in the current period (0 without a budget). */
+  spent_units: number;
+  /** Held by its calls in flight. */
+  held_units: number;
+  /** Start of the current budget period; null without a budget or for a total one. */
+  period_start: Date | null;
+}
+
+/** SQL selecting KeyLimitsRow's columns of the key aliased `k` (the metering functions compute spent and held). */
+export const KEY_LIMIT_SELECTS = [
+  "k.scopes",
+  "k.budget_units",
+  "k.budget_period",
+  "k.rate_limit",
+  "CASE WHEN k.budget_units IS NULL THEN 0 ELSE metering_key_spent(k.budget_spent, k.budget_period_start, k.budget_period, now()) END AS spent_units",
+  "CASE WHEN k.budget_units IS NULL THEN 0 ELSE metering_key_held(k.account_id, k.id) END AS held_units",
+  "CASE WHEN k.budget_period IN ('day', 'week', 'month') THEN metering_key_period_start(k.budget_period, now()) END AS period_start",
+];
+
 
 export async function findAccount(db: Knex | Knex.Transaction, accountId: string): Promise<DbAccountRow | undefined> {
   if (!isUuid(accountId)) return undefined;
@@ -59,17 +88,19 @@ export async function createApiKey(
       last4: apiKey.slice(-4),
       created_by: init.createdBy ?? "operator",
     } as Partial<DbApiKeyRow>)
-    .returning(KEY_COLUMNS);
-  return { keyId: row!.id, apiKey, row: row! };
+    // A new key has no expiry until its limits are set; not read back, so this works on the schema before limits too (the bench's older build).
+    .returning(KEY_COLUMNS.filter((column) => column !== "expires_at"));
+  return { keyId: row!.id, apiKey, row: { ...row!, expires_at: null } };
 }
 
-const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at"] as const;
+const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at", "expires_at"] as const;
 
 /** The account's keys, newest first, each with the time of its newest call (the requests' key index). */
 export async function listAccountKeys(db: Knex | Knex.Transaction, accountId: string): Promise<AccountKeyRow[]> {
   if (!isUuid(accountId)) return [];
   return db("api_keys as k")
     .select(KEY_COLUMNS.map((c) => `k.${c}`))
+    .select(KEY_LIMIT_SELECTS.map((select) => db.raw(select)))
     .select(db.raw("(SELECT max(r.created_at) FROM requests r WHERE r.key_id = k.id) AS last_used_at"))
     .where("k.account_id", accountId)
     .orderBy([{ column: "k.created_at", order: "desc" }, { column: "k.id", order: "desc" }]);
@@ -110,10 +141,13 @@ export async function listApiKeys(db: Knex | Knex.Transaction, accountId: string
     .orderBy("created_at");
 }
 
-/** The account of a live key, or undefined for an unknown or revoked key. */
-export async function findAccountIdByKeyHash(db: Knex | Knex.Transaction, keyHash: Buffer): Promise<string | undefined> {
-  const row = await db("api_keys").select("account_id").where({ key_hash: keyHash }).whereNull("revoked_at").first();
-  return row?.account_id as string | undefined;
+/** The account, id and expiry of a key that is not revoked, or undefined for an unknown or revoked key. */
+export async function findLiveKeyByHash(
+  db: Knex | Knex.Transaction,
+  keyHash: Buffer,
+): Promise<{ accountId: string; keyId: string; expiresAt: Date | null } | undefined> {
+  const row = await db("api_keys").select("account_id", "id", "expires_at").where({ key_hash: keyHash }).whereNull("revoked_at").first();
+  return row && { accountId: row.account_id as string, keyId: row.id as string, expiresAt: row.expires_at as Date | null };
 }
 
 /** True for a UUID in its text form, the shape of account and key ids (a cast of anything else would fail in SQL). */

@@ -4,7 +4,8 @@ import { ConfigError } from "../config-error.js";
 import { loadConfig } from "../config.js";
 import { createKnex, migrate, openDatabase } from "../db/database.js";
 import { readPublishedSocket } from "../db/published-socket.js";
-import { createApiKey, findAccount, isUuid, listApiKeys, revokeApiKey, type DbAccountRow } from "../accounts/store.js";
+import { createApiKey, findAccount, isUuid, listAccountKeys, listApiKeys, revokeApiKey, type AccountKeyRow, type DbAccountRow } from "../accounts/store.js";
+import { keyLimitsOf, MAX_ROLL_GRACE_SECONDS, parseKeyLimits, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
 import { createAccount, grant } from "./account-funding.js";
 import { OPERATOR, recordActivity } from "../accounts/activity.js";
 import { createInvite } from "../accounts/invites.js";
@@ -19,7 +20,9 @@ const USAGE = `usage: npm run --silent admin -- <command>
 
   accounts create [--name N] [--credits C] [--free-requests F]
   accounts show --account ID
-  keys create --account ID [--name N]
+  keys create --account ID [--name N] [LIMITS]
+  keys update --key KEY_ID [LIMITS]        (the key's limits, in full: one left out is removed)
+  keys roll --key KEY_ID [--grace-seconds S]   (old key stops in S seconds, 0 to 604800; default 0)
   keys list --account ID
   keys revoke --key KEY_ID
   credits grant --account ID --credits C
@@ -27,6 +30,9 @@ const USAGE = `usage: npm run --silent admin -- <command>
   members invite --account ID --email E
   members list --account ID
   members remove --member MEMBER_ID
+
+LIMITS: [--expires-at ISO-8601] [--scopes decisions,search] [--budget C --budget-period day|week|month|total]
+        [--rate CALLS_PER_MINUTE]
 
 Prints one JSON object on stdout. Credits are decimals (1 credit = 1,000,000 input tokens).`;
 
@@ -81,6 +87,12 @@ function parseCommandLine(argv: string[]) {
         email: { type: "string" },
         member: { type: "string" },
         limit: { type: "string" },
+        "expires-at": { type: "string" },
+        scopes: { type: "string" },
+        budget: { type: "string" },
+        "budget-period": { type: "string" },
+        rate: { type: "string" },
+        "grace-seconds": { type: "string" },
         help: { type: "boolean", short: "h" },
       },
     });
@@ -117,16 +129,50 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
     case "keys create": {
       const account = await requireAccount(db, requiredOption(options, "account"));
       const name = stringOption(options, "name") ?? "";
+      const limits = await limitsOption(db, account.id, options, now);
       const { keyId, apiKey, row } = await db.transaction(async (tx) => {
         const created = await createApiKey(tx, account.id, { name, createdBy: OPERATOR });
+        await setKeyLimits(tx, account.id, created.keyId, limits);
         await recordActivity(tx, { accountId: account.id, kind: "key_created", actor: OPERATOR, detail: `${created.row.display_prefix}…${created.row.last4}`, at: now });
         return created;
       });
-      return { key_id: keyId, api_key: apiKey, account_id: account.id, name: row.name };
+      return { key_id: keyId, api_key: apiKey, account_id: account.id, name: row.name, ...(await keyJson(db, account.id, keyId)) };
+    }
+    case "keys update": {
+      const keyId = requiredOption(options, "key");
+      const key = isUuid(keyId) ? await db("api_keys").where({ id: keyId }).first("account_id") : undefined;
+      if (!key) throw new UsageError(`no key with id ${keyId}`);
+      const limits = await limitsOption(db, key.account_id, options, now);
+      const updated = await db.transaction((tx) => setKeyLimits(tx, key.account_id, keyId, limits));
+      if (!updated) throw new UsageError(`key ${keyId} is revoked`);
+      return { key_id: keyId, account_id: key.account_id, ...(await keyJson(db, key.account_id, keyId)) };
+    }
+    case "keys roll": {
+      const keyId = requiredOption(options, "key");
+      const graceSeconds = integerOption(options, "grace-seconds") ?? 0;
+      if (graceSeconds > MAX_ROLL_GRACE_SECONDS) throw new UsageError(`--grace-seconds must be from 0 to ${MAX_ROLL_GRACE_SECONDS} (7 days), got ${graceSeconds}`);
+      const key = isUuid(keyId) ? await db("api_keys").where({ id: keyId }).first("account_id") : undefined;
+      const rolled = key && (await db.transaction(async (tx) => {
+        const result = await rollKey(tx, key.account_id, keyId, { graceSeconds, now, createdBy: OPERATOR });
+        if (result) {
+          const detail = `${result.newKey.display_prefix}…${result.newKey.last4}, rolled from ${result.oldKey.display_prefix}…${result.oldKey.last4}`;
+          await recordActivity(tx, { accountId: key.account_id, kind: "key_created", actor: OPERATOR, detail, at: now });
+        }
+        return result;
+      }));
+      if (!rolled) throw new UsageError(`no key with id ${keyId} that still works`);
+      return {
+        key_id: rolled.newKeyId,
+        api_key: rolled.apiKey,
+        account_id: key.account_id,
+        ...(await keyJson(db, key.account_id, rolled.newKeyId)),
+        old_key: { key_id: keyId, ...(await keyJson(db, key.account_id, keyId)) },
+      };
     }
     case "keys list": {
       const account = await requireAccount(db, requiredOption(options, "account"));
       const keys = await listApiKeys(db, account.id);
+      const withLimits = new Map((await listAccountKeys(db, account.id)).map((k) => [k.id, k]));
       return {
         account_id: account.id,
         keys: keys.map((k) => ({
@@ -137,6 +183,7 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
           created_by: k.created_by,
           created_at: k.created_at,
           revoked: k.revoked_at !== null,
+          ...limitsJson(withLimits.get(k.id)!),
         })),
       };
     }
@@ -273,6 +320,58 @@ function credits(name: string, value: string): number {
   } catch (err) {
     throw new UsageError(`--${name}: ${err instanceof Error ? err.message : String(err)}`);
   }
+}
+
+/** The key-limit options as KeyLimits, checked as the account area checks them; a broken rule names its option. */
+async function limitsOption(db: Knex, accountId: string, options: Options, now: Date): Promise<KeyLimits> {
+  const expires = stringOption(options, "expires-at");
+  const expiresAt = expires === undefined ? undefined : new Date(expires);
+  if (expiresAt && Number.isNaN(expiresAt.getTime())) throw new UsageError(`--expires-at must be an ISO 8601 time, got "${expires}"`);
+  const budget = stringOption(options, "budget");
+  const rate = integerOption(options, "rate") ?? 0;
+  if (rate === 0 && options["rate"] !== undefined) throw new UsageError("--rate must be from 1 to the account's calls per minute");
+  const money = await readAccountMoney(db, accountId);
+  const parsed = parseKeyLimits(
+    {
+      expiresAt,
+      scopes: stringOption(options, "scopes")?.split(",").map((scope) => scope.trim()) ?? [],
+      budgetCredits: budget === undefined ? undefined : unitsToCredits(credits("budget", budget)),
+      budgetPeriod: stringOption(options, "budget-period") ?? "",
+      rateLimit: rate,
+    },
+    { now, accountRateLimit: money?.requestsPerMinute ?? 0, prefix: "limits" },
+  );
+  const violation = parsed.violations[0];
+  if (violation) throw new UsageError(`${LIMIT_OPTIONS[violation.field] ?? violation.field}: ${violation.rule}`);
+  return (parsed as { limits: KeyLimits }).limits;
+}
+
+/** The option behind each field of a key's limits. */
+const LIMIT_OPTIONS: Record<string, string> = {
+  "limits.expires_at": "--expires-at",
+  "limits.scopes": "--scopes",
+  "limits.budget_credits": "--budget",
+  "limits.budget_period": "--budget-period",
+  "limits.requests_per_minute": "--rate",
+};
+
+async function keyJson(db: Knex, accountId: string, keyId: string) {
+  const key = (await listAccountKeys(db, accountId)).find((k) => k.id === keyId)!;
+  return limitsJson(key);
+}
+
+/** A key's limits and its budget this period, as the account area shows them, in the CLI's snake_case. */
+function limitsJson(key: AccountKeyRow) {
+  const limits = keyLimitsOf(key);
+  return {
+    expires_at: limits.expiresAt,
+    scopes: limits.scopes,
+    budget_credits: limits.budget ? unitsToCredits(limits.budget.units) : null,
+    budget_period: limits.budget?.period ?? null,
+    requests_per_minute: limits.rateLimit,
+    budget_spent_credits: limits.budget ? unitsToCredits(Number(key.spent_units)) : null,
+    budget_held_credits: limits.budget ? unitsToCredits(Number(key.held_units)) : null,
+  };
 }
 
 async function openStore(databaseUrl: string | undefined, dataDir: string, logger: ReturnType<typeof createLogger>) {

@@ -138,6 +138,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/account/v1/keys/update": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** UpdateKey replaces what a key may do: its expiry, scopes, budget and rate limit. A budget set or changed counts what the key was charged since the start of the current period. */
+        post: operations["AccountService_UpdateKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/keys/roll": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** RollKey makes a new secret with the same name and limits (and the budget spent so far this period), and stops the old key at a chosen time, from now to 7 days on. The new secret is shown this once. */
+        post: operations["AccountService_RollKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/account/v1/keys/revoke": {
         parameters: {
             query?: never;
@@ -585,6 +619,45 @@ export interface components {
              * @description When it was revoked; absent while it works.
              */
             revoked_at?: string;
+            /** @description What it may do. */
+            limits?: components["schemas"]["typesafe.account.v1.KeyLimits"];
+            /** @description What it spent of its budget in the current period; absent without a budget. */
+            budget_usage?: components["schemas"]["typesafe.account.v1.KeyBudgetUsage"];
+        };
+        /** @description What one key may do, beside its account's limits. Unset fields mean no limit of the key's own. */
+        "typesafe.account.v1.KeyLimits": {
+            /**
+             * Format: date-time
+             * @description When the key stops working (KEY_EXPIRED, 401); absent means never.
+             */
+            expires_at?: string;
+            /** @description The endpoints it may call: "decisions", "search". Empty means both. Another endpoint is refused (KEY_SCOPE_DENIED, 403). */
+            scopes: string[];
+            /** @description The credits its calls may be charged per budget_period; absent means no budget. A call whose reservation does not fit what is left is refused (KEY_BUDGET_EXCEEDED, 402). Free requests do not count. */
+            budget_credits?: number;
+            /** @description "day", "week" (from Monday) or "month", in UTC, or "total" for the key's whole life. Required with budget_credits, empty without. */
+            budget_period: string;
+            /**
+             * Format: int32
+             * @description Calls per rolling minute, at most the account's; 0 means the account's.
+             */
+            requests_per_minute: number;
+        };
+        /** @description A key's budget in its current period. */
+        "typesafe.account.v1.KeyBudgetUsage": {
+            /** @description Charged to settled calls in this period. */
+            spent_credits: number;
+            /** @description Held by its calls in flight. */
+            held_credits: number;
+            /** @description What new calls may still reserve: the budget less spent and held. */
+            left_credits: number;
+            /**
+             * Format: date-time
+             * @description Start and end of the period, UTC; absent for a "total" budget.
+             */
+            period_start?: string;
+            /** Format: date-time */
+            period_end?: string;
         };
         "typesafe.account.v1.CreateKeyResponse": {
             key?: components["schemas"]["typesafe.account.v1.ApiKey"];
@@ -595,6 +668,48 @@ export interface components {
         "typesafe.account.v1.CreateKeyRequest": {
             /** @description Optional, at most 64 characters. */
             name?: string | null;
+            /** @description What it may do; absent means no limits of its own. */
+            limits?: components["schemas"]["typesafe.account.v1.KeyLimits.Input"] | null;
+        };
+        /** @description What one key may do, beside its account's limits. Unset fields mean no limit of the key's own. Also refused: an `expires_at` that is not in the future, a `budget_credits` finer than 0.000001, a `budget_credits` without a `budget_period` or the reverse, and `requests_per_minute` above the account's own (GetAccount's `limits.requests_per_minute`). */
+        "typesafe.account.v1.KeyLimits.Input": {
+            /**
+             * Format: date-time
+             * @description When the key stops working (KEY_EXPIRED, 401); absent means never.
+             */
+            expires_at?: string | null;
+            /** @description The endpoints it may call: "decisions", "search". Empty means both. Another endpoint is refused (KEY_SCOPE_DENIED, 403). */
+            scopes?: ("decisions" | "search")[] | null;
+            /** @description The credits its calls may be charged per budget_period; absent means no budget. A call whose reservation does not fit what is left is refused (KEY_BUDGET_EXCEEDED, 402). Free requests do not count. */
+            budget_credits?: (number | string) | null;
+            /**
+             * @description "day", "week" (from Monday) or "month", in UTC, or "total" for the key's whole life. Required with budget_credits, empty without.
+             * @enum {string|null}
+             */
+            budget_period?: "" | "day" | "week" | "month" | "total" | null;
+            /** @description Calls per rolling minute, at most the account's; 0 means the account's. */
+            requests_per_minute?: (number | string) | null;
+        };
+        "typesafe.account.v1.UpdateKeyResponse": {
+            key?: components["schemas"]["typesafe.account.v1.ApiKey"];
+        };
+        "typesafe.account.v1.UpdateKeyRequest": {
+            key_id?: string | null;
+            /** @description The key's new limits, in full: a field left unset removes that limit. */
+            limits?: components["schemas"]["typesafe.account.v1.KeyLimits.Input"] | null;
+        };
+        "typesafe.account.v1.RollKeyResponse": {
+            /** @description The new key. */
+            key?: components["schemas"]["typesafe.account.v1.ApiKey"];
+            /** @description The new key's whole secret. It is shown this once and never again. */
+            secret: string;
+            /** @description The old key, with its new expiry. */
+            old_key?: components["schemas"]["typesafe.account.v1.ApiKey"];
+        };
+        "typesafe.account.v1.RollKeyRequest": {
+            key_id?: string | null;
+            /** @description When the old key stops, in seconds from now: 0 (at once) to 604800 (7 days). */
+            old_key_expires_in_seconds?: (number | string) | null;
         };
         "typesafe.account.v1.RevokeKeyResponse": {
             key?: components["schemas"]["typesafe.account.v1.ApiKey"];
@@ -632,6 +747,8 @@ export interface components {
              * @enum {string|null}
              */
             endpoint?: "" | "decide" | "search" | null;
+            /** @description Only the calls of this key; empty means every key. */
+            key_id?: string | null;
             /**
              * Format: date-time
              * @description Calls started at or after this time; absent means no lower bound.
@@ -662,6 +779,8 @@ export interface components {
             /** Format: int32 */
             calls: number;
             charged_credits: number;
+            /** @description The key of the calls, when the request grouped by key. */
+            key_id: string;
         };
         /** @description Also refused: `since` at or after `until`, and a range wider than 400 days per day or 31 days per hour. */
         "typesafe.account.v1.GetUsageSummaryRequest": {
@@ -680,6 +799,10 @@ export interface components {
              * @enum {string|null}
              */
             granularity?: "" | "day" | "hour" | null;
+            /** @description Only the calls of this key; empty means every key. */
+            key_id?: string | null;
+            /** @description One bucket per key too (UsageBucket.key_id). */
+            group_by_key?: boolean | null;
         };
         "typesafe.account.v1.ListActivityResponse": {
             events: components["schemas"]["typesafe.account.v1.ActivityEvent"][];
@@ -741,7 +864,7 @@ export interface components {
                 };
             };
         };
-        /** @description UNAUTHENTICATED: Missing, malformed, unknown or revoked API key. */
+        /** @description UNAUTHENTICATED: Missing, malformed, unknown or revoked API key. KEY_EXPIRED: The API key passed its expiry (set by its owner, or by a roll); use its successor. */
         Error401: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -751,16 +874,16 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 40101;
+                    code: 40101 | 40104;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "UNAUTHENTICATED";
+                        reason?: "UNAUTHENTICATED" | "KEY_EXPIRED";
                     };
                 };
             };
         };
-        /** @description INSUFFICIENT_BALANCE: Available balance does not cover the reservation. */
+        /** @description INSUFFICIENT_BALANCE: Available balance does not cover the reservation. KEY_BUDGET_EXCEEDED: The API key's budget for this period does not cover the reservation. */
         Error402: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -770,11 +893,30 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 40201;
+                    code: 40201 | 40202;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "INSUFFICIENT_BALANCE";
+                        reason?: "INSUFFICIENT_BALANCE" | "KEY_BUDGET_EXCEEDED";
+                    };
+                };
+            };
+        };
+        /** @description KEY_SCOPE_DENIED: The API key's scopes do not include this endpoint (decisions or search). */
+        Error403: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 40302;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "KEY_SCOPE_DENIED";
                     };
                 };
             };
@@ -893,7 +1035,7 @@ export interface components {
                 };
             };
         };
-        /** @description RATE_LIMITED: More than 60 calls in a rolling minute. CONCURRENCY_LIMITED: More than 5 calls in flight. */
+        /** @description RATE_LIMITED: More than 60 calls in a rolling minute, or more than the API key's own limit. CONCURRENCY_LIMITED: More than 5 calls in flight. */
         Error429: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1309,6 +1451,7 @@ export interface operations {
             400: components["responses"]["Error400"];
             401: components["responses"]["Error401"];
             402: components["responses"]["Error402"];
+            403: components["responses"]["Error403"];
             404: components["responses"]["Error404"];
             405: components["responses"]["Error405"];
             409: components["responses"]["Error409"];
@@ -1366,6 +1509,7 @@ export interface operations {
             400: components["responses"]["Error400"];
             401: components["responses"]["Error401"];
             402: components["responses"]["Error402"];
+            403: components["responses"]["Error403"];
             404: components["responses"]["Error404"];
             405: components["responses"]["Error405"];
             409: components["responses"]["Error409"];
@@ -1408,6 +1552,7 @@ export interface operations {
             400: components["responses"]["Error400"];
             401: components["responses"]["Error401"];
             402: components["responses"]["Error402"];
+            403: components["responses"]["Error403"];
             404: components["responses"]["Error404"];
             405: components["responses"]["Error405"];
             409: components["responses"]["Error409"];
@@ -1678,6 +1823,98 @@ export interface operations {
                         /** @constant */
                         message: "ok";
                         data: components["schemas"]["typesafe.account.v1.CreateKeyResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_UpdateKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.UpdateKeyRequest"];
+            };
+        };
+        responses: {
+            /** @description The UpdateKeyResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.UpdateKeyResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_RollKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.RollKeyRequest"];
+            };
+        };
+        responses: {
+            /** @description The RollKeyResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.RollKeyResponse"];
                     };
                 };
             };

@@ -80,6 +80,8 @@ export interface FinishedCall {
 /** Which finished calls to list: an endpoint (or both), a start-time range, a page. */
 export interface CallFilter {
   endpoint?: Endpoint;
+  /** Only the calls of this key. */
+  keyId?: string;
   /** Started at or after. */
   since?: Date;
   /** Started before. */
@@ -122,33 +124,38 @@ export async function listFinishedCalls(
   return { calls, more: rows.length > page.size };
 }
 
-/** Calls and charged units of one period and endpoint. */
+/** Calls and charged units of one period and endpoint (and key, when grouped by key). */
 export interface UsageBucketRow {
   start: Date;
   endpoint: Endpoint;
+  /** Empty unless grouped by key. */
+  keyId: string;
   calls: number;
   chargedUnits: number;
 }
 
-/** The account's finished calls counted per day or hour (UTC) and endpoint, oldest first. */
+/** The account's finished calls counted per day or hour (UTC) and endpoint (and key), oldest first; of one key when asked. */
 export async function summarizeCalls(
   db: Knex | Knex.Transaction,
   accountId: string,
-  range: { since: Date; until: Date; granularity: "day" | "hour" },
+  range: { since: Date; until: Date; granularity: "day" | "hour"; keyId?: string; byKey?: boolean },
 ): Promise<UsageBucketRow[]> {
+  const keyColumn = range.byKey ? "coalesce(key_id::text, '')" : "''";
   const result = await db.raw(
-    `SELECT date_trunc(:unit, created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS start, endpoint,
+    `SELECT date_trunc(:unit, created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS start, endpoint, ${keyColumn} AS key_id,
             count(*)::integer AS calls, coalesce(sum(charged), 0)::bigint AS charged
        FROM requests
       WHERE account_id = :accountId AND status IN ('settled', 'released', 'expired')
         AND created_at >= :since AND created_at < :until
-      GROUP BY 1, 2
-      ORDER BY 1, 2`,
-    { unit: range.granularity, accountId, since: range.since, until: range.until },
+        AND (:keyId::uuid IS NULL OR key_id = :keyId::uuid)
+      GROUP BY 1, 2, 3
+      ORDER BY 1, 2, 3`,
+    { unit: range.granularity, accountId, since: range.since, until: range.until, keyId: range.keyId ?? null },
   );
-  return (result.rows as { start: Date; endpoint: Endpoint; calls: number; charged: string }[]).map((row) => ({
+  return (result.rows as { start: Date; endpoint: Endpoint; key_id: string; calls: number; charged: string }[]).map((row) => ({
     start: row.start,
     endpoint: row.endpoint,
+    keyId: row.key_id,
     calls: Number(row.calls),
     chargedUnits: Number(row.charged),
   }));
@@ -156,6 +163,7 @@ export async function summarizeCalls(
 
 function applyFilter(query: Knex.QueryBuilder, filter: CallFilter): void {
   if (filter.endpoint) query.where({ endpoint: filter.endpoint });
+  if (filter.keyId) query.where({ key_id: filter.keyId });
   if (filter.since) query.where("created_at", ">=", filter.since);
   if (filter.until) query.where("created_at", "<", filter.until);
 }

@@ -17,6 +17,51 @@ type Refusals = { [O in RefusedAdmission["outcome"]]: (admission: Extract<Refuse
  */
 const REFUSALS: Refusals = {
   unauthenticated: () => apiError("UNAUTHENTICATED", "invalid API key: unknown or revoked"),
+  key_expired: (admission) =>
+    apiError("KEY_EXPIRED", `this API key expired at ${admission.expiredAt.toISOString()}`, {
+      metadata: { key_id: admission.keyId, expired_at: admission.expiredAt.toISOString() },
+    }),
+  key_scope_denied: (admission) =>
+    apiError("KEY_SCOPE_DENIED", "this API key's scopes do not include this endpoint", {
+      metadata: { key_id: admission.keyId },
+    }),
+  key_rate_limited: (admission) => {
+    const seconds = ceilSeconds(admission.retryAfterMs);
+    return apiError("RATE_LIMITED", `rate limit of this API key: at most ${admission.rateLimit} calls per rolling minute; retry in ${seconds} s`, {
+      metadata: {
+        limit: "key_requests_per_minute",
+        limit_value: String(admission.rateLimit),
+        retry_after_seconds: String(seconds),
+        retry_after_ms: String(admission.retryAfterMs),
+        ...rateLimitMetadata(admission),
+      },
+    });
+  },
+  key_budget_exceeded: (admission) => {
+    const { budget } = admission;
+    const left = Math.max(budget.budgetUnits - budget.spentUnits - budget.heldUnits, 0);
+    return apiError(
+      "KEY_BUDGET_EXCEEDED",
+      `this API key's budget per ${budget.period} is ${unitsToCredits(budget.budgetUnits)} credits; ` +
+        `this call reserves ${unitsToCredits(admission.requiredUnits)}, ${unitsToCredits(left)} left`,
+      {
+        metadata: {
+          key_id: budget.keyId,
+          budget_period: budget.period,
+          budget_credits: String(unitsToCredits(budget.budgetUnits)),
+          spent_credits: String(unitsToCredits(budget.spentUnits)),
+          held_credits: String(unitsToCredits(budget.heldUnits)),
+          left_credits: String(unitsToCredits(left)),
+          required_credits: String(unitsToCredits(admission.requiredUnits)),
+          budget_units: String(budget.budgetUnits),
+          spent_units: String(budget.spentUnits),
+          held_units: String(budget.heldUnits),
+          required_units: String(admission.requiredUnits),
+          ...rateLimitMetadata(admission),
+        },
+      },
+    );
+  },
   rate_limited: (admission) => {
     const seconds = ceilSeconds(admission.retryAfterMs);
     return apiError("RATE_LIMITED", `rate limit: at most ${admission.rateLimit} calls per rolling minute; retry in ${seconds} s`, {
@@ -70,7 +115,7 @@ const REFUSALS: Refusals = {
     }),
 };
 
-/** The API error (401, 429, 402, 409 or 422, with its metadata) that answers a refused admission. */
+/** The API error (401, 403, 429, 402, 409 or 422, with its metadata) that answers a refused admission. */
 export function refusalError(admission: RefusedAdmission): ConnectError {
   return (REFUSALS[admission.outcome] as (refused: RefusedAdmission) => ConnectError)(admission);
 }

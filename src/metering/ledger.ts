@@ -4,7 +4,8 @@ import { runPooled, type PooledStatement } from "../db/pooled-statement.js";
 /**
  * Typed wrappers over the metering functions the migrations define
  * (src/db/migrations: create_metering_functions, refuse_abandoned_admissions,
- * batch_metering_statements, record_account_after_resolve): each call is one
+ * batch_metering_statements, record_account_after_resolve and, for admit and
+ * resolve, their _v2 versions, which add a key's own limits): each call is one
  * round trip and one transaction, for one metered call or a batch of them.
  * admit, resolve, abandon and sweep run on a connection of the root knex's
  * pool (runPooled: the hot path skips knex's builder); grant takes
@@ -74,20 +75,20 @@ function runMoneyStatement<Row extends object>(db: Knex, statement: PooledStatem
  * PostgreSQL more than this for a single call.
  */
 const ADMIT: PooledStatement = {
-  name: "metering_admit",
+  name: "metering_admit_v2",
   text:
     "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, " +
-    "metering_admit_unless_abandoned($1::bytea, $2::text, $3::bigint, $4::boolean, $5::integer, $6::text, $7::bytea, $8::timestamptz, $9::uuid) AS admission",
+    "metering_admit_unless_abandoned_v2($1::bytea, $2::text, $3::bigint, $4::boolean, $5::integer, $6::text, $7::bytea, $8::timestamptz, $9::uuid) AS admission",
 };
 
 const ADMIT_MANY: PooledStatement = {
-  name: "metering_admit_many",
+  name: "metering_admit_many_v2",
   text:
     "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, " +
-    "metering_admit_many($1::bytea[], $2::text[], $3::bigint[], $4::boolean[], $5::integer[], $6::text[], $7::bytea[], $8::timestamptz[], $9::uuid[]) AS admission",
+    "metering_admit_many_v2($1::bytea[], $2::text[], $3::bigint[], $4::boolean[], $5::integer[], $6::text[], $7::bytea[], $8::timestamptz[], $9::uuid[]) AS admission",
 };
 
-/** Only after an admission's reply was lost: unnamed, like the sweep. */
+/** Only after an admission's reply was lost: unnamed, like the sweep. It only releases, so the previous release's function serves. */
 const ABANDON: PooledStatement = { text: "SELECT * FROM metering_abandon($1::uuid, $2::timestamptz)" };
 
 /** Runs every few seconds, so it is not worth a prepared statement on each connection: unnamed. */
@@ -95,13 +96,13 @@ const SWEEP: PooledStatement = { text: "SELECT metering_sweep($1::timestamptz, $
 
 /** One settle or release; several go in one RESOLVE_MANY, as admissions do. */
 const RESOLVE: PooledStatement = {
-  name: "metering_resolve",
-  text: "SELECT * FROM metering_resolve($1::uuid, $2::boolean, $3::bigint, $4::jsonb, $5::timestamptz)",
+  name: "metering_resolve_v2",
+  text: "SELECT * FROM metering_resolve_v2($1::uuid, $2::boolean, $3::bigint, $4::jsonb, $5::timestamptz)",
 };
 
 const RESOLVE_MANY: PooledStatement = {
-  name: "metering_resolve_many",
-  text: "SELECT * FROM metering_resolve_many($1::uuid[], $2::boolean[], $3::bigint[], $4::jsonb[], $5::timestamptz[])",
+  name: "metering_resolve_many_v2",
+  text: "SELECT * FROM metering_resolve_many_v2($1::uuid[], $2::boolean[], $3::bigint[], $4::jsonb[], $5::timestamptz[])",
 };
 
 /** What the account looks like after the call, for billing fields and rate-limit headers. */
@@ -119,9 +120,24 @@ export interface AccountSnapshot {
   maxInFlight: number;
 }
 
+/** A key's budget as the admission read it: the limit, its period, and what the current period spent and holds. */
+export interface KeyBudgetSnapshot {
+  keyId: string;
+  budgetUnits: number;
+  period: KeyBudgetPeriod;
+  spentUnits: number;
+  heldUnits: number;
+}
+
+export type KeyBudgetPeriod = "day" | "week" | "month" | "total";
+
 export type Admission =
   | ({ outcome: "admitted"; requestId: string; funding: Funding; reservedUnits: number } & AccountSnapshot)
   | { outcome: "unauthenticated" }
+  | { outcome: "key_expired"; keyId: string; expiredAt: Date }
+  | { outcome: "key_scope_denied"; keyId: string }
+  | ({ outcome: "key_rate_limited"; retryAfterMs: number } & AccountSnapshot)
+  | ({ outcome: "key_budget_exceeded"; requiredUnits: number; budget: KeyBudgetSnapshot } & AccountSnapshot)
   | ({ outcome: "rate_limited"; retryAfterMs: number } & AccountSnapshot)
   | ({ outcome: "concurrency_limited"; retryAfterMs: number } & AccountSnapshot)
   | ({ outcome: "insufficient_balance"; requiredUnits: number } & AccountSnapshot)
@@ -155,10 +171,17 @@ interface DbAdmissionRow {
   rate_reset_ms: number | null;
   retry_after_ms: number | null;
   response: unknown;
+  key_id: string | null;
+  key_expires_at: Date | null;
+  key_budget: number | null;
+  key_budget_period: KeyBudgetPeriod | null;
+  key_spent: number | null;
+  key_held: number | null;
 }
 
 /**
- * Admission control in one round trip: 401 → 429 rate → 429 concurrency → 402, or a hold.
+ * Admission control in one round trip: 401 key → 403 scope → 429 rate (account, then key) →
+ * 429 concurrency → 402 balance → 402 key budget, or a hold.
  *
  * The admission commits without waiting for its WAL flush (`synchronous_commit`
  * off for this transaction only), so a call waits for one disk flush, its
@@ -205,6 +228,8 @@ export async function admitMany(db: Knex, inputs: readonly AdmitInput[], timeout
 
 function admissionOf(row: DbAdmissionRow): Admission {
   if (row.outcome === "unauthenticated") return { outcome: "unauthenticated" };
+  if (row.outcome === "key_expired") return { outcome: row.outcome, keyId: present(row.key_id), expiredAt: present(row.key_expires_at) };
+  if (row.outcome === "key_scope_denied") return { outcome: row.outcome, keyId: present(row.key_id) };
   const account: AccountSnapshot = {
     accountId: present(row.account_id),
     balanceUnits: present(row.balance),
@@ -221,8 +246,22 @@ function admissionOf(row: DbAdmissionRow): Admission {
     case "admitted":
       return { outcome: row.outcome, requestId: present(row.request_id), funding: present(row.funding), reservedUnits: present(row.reserved), ...account };
     case "rate_limited":
+    case "key_rate_limited":
     case "concurrency_limited":
       return { outcome: row.outcome, retryAfterMs: present(row.retry_after_ms), ...account };
+    case "key_budget_exceeded":
+      return {
+        outcome: row.outcome,
+        requiredUnits: present(row.required),
+        budget: {
+          keyId: present(row.key_id),
+          budgetUnits: present(row.key_budget),
+          period: present(row.key_budget_period),
+          spentUnits: present(row.key_spent),
+          heldUnits: present(row.key_held),
+        },
+        ...account,
+      };
     case "insufficient_balance":
       return { outcome: row.outcome, requiredUnits: present(row.required), ...account };
     case "idempotency_in_progress":

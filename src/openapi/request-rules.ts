@@ -11,9 +11,12 @@ import {
   CreateKeyRequestSchema,
   GetUsageSummaryRequestSchema,
   ListActivityRequestSchema,
+  KeyLimitsSchema,
   ListUsageRequestSchema,
+  RollKeyRequestSchema,
   SignInRequestSchema,
 } from "../gen/typesafe/account/v1/account_service_pb.js";
+import { KEY_BUDGET_PERIODS, KEY_SCOPES, MAX_ROLL_GRACE_SECONDS } from "../accounts/key-limits.js";
 
 /**
  * What a request message's validation adds to the shape its descriptor gives.
@@ -47,6 +50,9 @@ const PRINTABLE_NOT_BLANK = "^[^\\p{Cc}]*[^\\s\\p{Cc}][^\\p{Cc}]*$";
 
 /** A page size of the account area's lists: 0 means the default. */
 const PAGE_SIZE = { minimum: 0, maximum: MAX_PAGE_SIZE };
+
+/** A key id filter: a key's id (a UUID), or empty for every key. */
+const KEY_ID_FILTER = { pattern: "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})?$" };
 
 /** A page token is the service's own: JSON Schema cannot tell one it did not give. */
 const PAGE_TOKEN_RULE = "a `page_token` this service did not give.";
@@ -95,12 +101,27 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
     fields: { name: { maxLength: MAX_KEY_NAME_CHARS } },
     alsoRefused: `a name with control or format characters (after trimming), or longer than ${MAX_KEY_NAME_CHARS} characters once trimmed.`,
   },
+  [KeyLimitsSchema.typeName]: {
+    fields: {
+      scopes: { items: { type: "string", enum: [...KEY_SCOPES] } },
+      budget_credits: { minimum: 0 },
+      // proto3 JSON reads "" as absent: no budget.
+      budget_period: { enum: ["", ...KEY_BUDGET_PERIODS] },
+      requests_per_minute: { minimum: 0 },
+    },
+    alsoRefused:
+      "an `expires_at` that is not in the future, a `budget_credits` finer than 0.000001, a `budget_credits` without a `budget_period` or the reverse, " +
+      "and `requests_per_minute` above the account's own (GetAccount's `limits.requests_per_minute`).",
+  },
+  [RollKeyRequestSchema.typeName]: {
+    fields: { old_key_expires_in_seconds: { minimum: 0, maximum: MAX_ROLL_GRACE_SECONDS } },
+  },
   [ListUsageRequestSchema.typeName]: {
-    fields: { endpoint: { enum: ["", ...USAGE_ENDPOINTS] }, page_size: PAGE_SIZE },
+    fields: { endpoint: { enum: ["", ...USAGE_ENDPOINTS] }, page_size: PAGE_SIZE, key_id: KEY_ID_FILTER },
     alsoRefused: `\`since\` at or after \`until\`, and ${PAGE_TOKEN_RULE}`,
   },
   [GetUsageSummaryRequestSchema.typeName]: {
-    fields: { granularity: { enum: ["", "day", "hour"] } },
+    fields: { granularity: { enum: ["", "day", "hour"] }, key_id: KEY_ID_FILTER },
     alsoRefused: `\`since\` at or after \`until\`, and a range wider than ${MAX_SUMMARY_DAYS.day} days per day or ${MAX_SUMMARY_DAYS.hour} days per hour.`,
   },
   [ListActivityRequestSchema.typeName]: {

@@ -248,6 +248,8 @@ describe("the OpenAPI document's account section", () => {
         "GET /account/v1/keys",
         "POST /account/v1/keys",
         "POST /account/v1/keys/revoke",
+        "POST /account/v1/keys/update",
+        "POST /account/v1/keys/roll",
         "POST /account/v1/usage",
         "POST /account/v1/usage/summary",
         "POST /account/v1/activity",

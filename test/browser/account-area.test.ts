@@ -211,6 +211,23 @@ describe("the account area in a real browser", () => {
     expect(keyRequestId).not.toBe("");
   });
 
+  it("sets the key's limits from the page (decisions only, a daily budget): the row shows them with the budget spent, and the API holds the key to them", async () => {
+    const row = page.locator("#keys-table tbody tr", { hasText: "ci" });
+    await row.getByRole("button", { name: /^Limits/ }).click();
+    await page.locator("#limits-dialog[open]").waitFor();
+    await page.locator("#limits-dialog").getByLabel("Search", { exact: true }).uncheck();
+    await page.locator("#edit-budget").fill("0.032");
+    await page.locator("#edit-period").selectOption("day");
+    await expectAccessible("keys-limits-dialog");
+    await page.getByRole("button", { name: "Save limits" }).click();
+    await row.getByText("decisions only · 0.032 credits a day").waitFor();
+    // The call made before the budget was set counts: the budget is of the whole UTC day.
+    expect(await row.innerText()).toMatch(/0\.000\d+ spent, 0\.031\d+ left/);
+    const refused = await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey: secret });
+    expect([refused.status, (refused.body.data as { reason: string }).reason]).toEqual([402, "KEY_BUDGET_EXCEEDED"]);
+    await expectAccessible("keys-with-limits");
+  });
+
   it("shows that call in the usage table, with the key's name, and offers the same rows as CSV", async () => {
     await page.getByRole("link", { name: "Usage" }).click();
     await viewReady("usage");

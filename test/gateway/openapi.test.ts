@@ -42,9 +42,11 @@ describe("GET /api/v1/openapi.json", () => {
     const decide = document.paths["/api/v1/decisions"].post;
     expect(decide.security).toEqual([{ apiKey: [] }]);
     expect(decide.parameters).toEqual([{ $ref: "#/components/parameters/IdempotencyKey" }]);
-    expect(Object.keys(decide.responses)).toEqual(["200", "400", "401", "402", "404", "405", "409", "413", "415", "422", "429", "499", "500", "502", "503"]);
+    expect(Object.keys(decide.responses)).toEqual(["200", "400", "401", "402", "403", "404", "405", "409", "413", "415", "422", "429", "499", "500", "502", "503"]);
     expect(Object.keys(decide.responses["200"].headers)).toEqual(["x-request-id", "ratelimit-limit", "ratelimit-remaining", "ratelimit-reset", "idempotent-replayed"]);
     expect(document.components.responses.Error429.description).toContain("CONCURRENCY_LIMITED");
+    expect(document.components.responses.Error403.description).toContain("KEY_SCOPE_DENIED");
+    expect(document.components.responses.Error402.description).toContain("KEY_BUDGET_EXCEEDED");
     expect(document.paths["/api/v1/sources"].get.parameters).toEqual([]);
   });
 

@@ -4,6 +4,7 @@ import { loadConfig } from "../../src/config.js";
 import { createKnex, migrate } from "../../src/db/database.js";
 import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
+import { NO_KEY_LIMITS, setKeyLimits } from "../../src/accounts/key-limits.js";
 import { prepareStatementsOn } from "../../src/metering/ledger.js";
 import { createMeter } from "../../src/metering/meter.js";
 import { unitsToCredits } from "../../src/units.js";
@@ -73,6 +74,29 @@ describe.runIf(binaries !== undefined || process.env.DATABASE_URL !== undefined)
     const account = await db("accounts").where({ id: accountId }).first();
     expect(account).toMatchObject({ balance: 100_000 - 1_234, reserved: 0, in_flight: 0 });
     expect(account.recent).toHaveLength(1);
+    await assertInvariants(db, accountId);
+  });
+
+  it("a key's budget: the settle from before the crash is counted with its charge, the call lost in it is not, and the budget holds after recovery", async () => {
+    const { apiKey, accountId, keyId } = await createTestAccount(db, { units: 1_000_000 });
+    const budget = 2 * 32_000 + 1_000;
+    await db.transaction((tx) => setKeyLimits(tx, accountId, keyId, { ...NO_KEY_LIMITS, budget: { units: budget, period: "day" } }));
+    const meter = createMeter({ db, config: loadConfig({}).metering, logger: createLogger("silent") });
+
+    await meter.run(meteredCall(apiKey, { freeAllowed: false }), async () => ({ value: "yes", chargeUnits: 1_234 }));
+    const failure = await meter
+      .run(meteredCall(apiKey, { freeAllowed: false }), async () => {
+        cluster.crash();
+        return { value: "yes", chargeUnits: 30_000 };
+      })
+      .catch((err: unknown) => err);
+    expect(describeError(failure).reason).toBe("UNAVAILABLE");
+    expect(await db("api_keys").where({ id: keyId }).first()).toMatchObject({ budget_spent: 1_234 });
+
+    // After recovery: 1,234 spent, so one more full hold fits and a second, racing it, does not.
+    const racing = await Promise.allSettled([0, 1].map(() => meter.run(meteredCall(apiKey, { freeAllowed: false }), async () => ({ value: "yes", chargeUnits: 32_000 }))));
+    expect(racing.map((r) => (r.status === "fulfilled" ? "OK" : describeError(r.reason).reason)).sort()).toEqual(["KEY_BUDGET_EXCEEDED", "OK"]);
+    expect(await db("api_keys").where({ id: keyId }).first()).toMatchObject({ budget_spent: 1_234 + 32_000 });
     await assertInvariants(db, accountId);
   });
 });

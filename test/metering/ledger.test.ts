@@ -414,7 +414,7 @@ describe("named statements", () => {
         expect(await resolve(oneConnection, { requestId: held.requestId, success: true, actualUnits: 10 })).toMatchObject({ outcome: "settled" });
       }
       const { rows } = await oneConnection.raw<{ rows: Array<{ name: string }> }>("SELECT name FROM pg_prepared_statements ORDER BY name");
-      expect(rows.map((r) => r.name)).toEqual(database.isExternal ? ["metering_admit", "metering_resolve"] : []);
+      expect(rows.map((r) => r.name)).toEqual(database.isExternal ? ["metering_admit_v2", "metering_resolve_v2"] : []);
     } finally {
       await oneConnection.destroy();
     }
@@ -482,11 +482,11 @@ describe("batches (admitMany, resolveMany)", () => {
     } finally {
       database.db.off("query", onQuery);
     }
-    expect(statements.map((sql) => /metering_\w+/.exec(sql.replace("metering_admit_unless_abandoned", "metering_admit"))?.[0])).toEqual([
-      "metering_admit",
-      "metering_admit_many",
-      "metering_resolve",
-      "metering_resolve_many",
+    expect(statements.map((sql) => /metering_\w+/.exec(sql.replace("metering_admit_unless_abandoned_v2", "metering_admit_v2"))?.[0])).toEqual([
+      "metering_admit_v2",
+      "metering_admit_many_v2",
+      "metering_resolve_v2",
+      "metering_resolve_many_v2",
     ]);
     await a.check();
   });

@@ -5,6 +5,7 @@ import { createKnex } from "../../src/db/database.js";
 import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
+import { NO_KEY_LIMITS, setKeyLimits } from "../../src/accounts/key-limits.js";
 import { admit } from "../../src/metering/ledger.js";
 import { createMeter, METER_BATCHING, searchReserveUnits, type MeteredCall, type MeteredResult, type Meter } from "../../src/metering/meter.js";
 import { unitsToCredits } from "../../src/units.js";
@@ -488,6 +489,46 @@ describe("money rules the fault tests do not reach", () => {
     const exact = await meter.run(call(apiKey, { reserveUnits: 1_000 }), async () => ({ value: 1, chargeUnits: 1_000 }));
     expect(exact.billing.chargedCredits).toBe(unitsToCredits(1_000));
     expect(meter.stats().cappedCharges).toBe(1);
+    await assertInvariants(database.db, accountId);
+  });
+});
+
+describe("a key's budget under lost replies", () => {
+  it("5 concurrent calls a round, their admissions and settles losing or stalling replies in a fixed mix: no key is charged past its budget, and every 200 is a charge the key counted", async () => {
+    const { apiKey, accountId, keyId } = await createTestAccount(database.db, { units: 10_000_000 });
+    const reserve = searchReserveUnits([{ priceUnits: 10_000 }]);
+    const budget = 5 * reserve + 3_000;
+    await database.db.transaction((tx) => setKeyLimits(tx, accountId, keyId, { ...NO_KEY_LIMITS, budget: { units: budget, period: "total" } }));
+    // A fixed sequence of faults (no Math.random): a failure replays the same run.
+    const faults: Fault[] = ["pass", "lose-reply", "pass", "stall-reply", "pass", "lose-request", "pass", "pass"];
+    let sent = 0;
+    nextFault = (sql) => (sql === "admit" || sql === "resolve" ? faults[sent++ % faults.length]! : "pass");
+    const meter = meterThroughProxy();
+    const injected = () => proxy.faults["lose-reply"] + proxy.faults["stall-reply"] + proxy.faults["lose-request"];
+    const injectedBefore = injected();
+    let charged200 = 0;
+    const outcomes = new Map<string, number>();
+    for (let round = 0; round < 6; round++) {
+      const settled = await Promise.allSettled(
+        Array.from({ length: 5 }, (_, i) =>
+          meter.run(call(apiKey, { endpoint: "search", reserveUnits: reserve }), async () => ({ value: 1, chargeUnits: 4_000 + 1_000 * i })),
+        ),
+      );
+      for (const result of settled) {
+        const reason = result.status === "fulfilled" ? "OK" : reasonOf(result.reason);
+        outcomes.set(reason, (outcomes.get(reason) ?? 0) + 1);
+        if (result.status === "fulfilled") charged200 += Math.round(result.value.billing.chargedCredits * 1_000_000);
+      }
+    }
+    nextFault = () => "pass";
+    expect(injected() - injectedBefore).toBeGreaterThan(5);
+    const key = await database.db("api_keys").where({ id: keyId }).first();
+    expect(key.budget_spent).toBeLessThanOrEqual(budget);
+    expect(key.budget_spent).toBe(charged200);
+    // The run reached the budget: later calls were refused for it, not only for the faults.
+    expect(outcomes.get("KEY_BUDGET_EXCEEDED") ?? 0).toBeGreaterThan(0);
+    expect(outcomes.get("OK") ?? 0).toBeGreaterThan(0);
+    expect(await accountRow(accountId)).toMatchObject({ reserved: 0, in_flight: 0 });
     await assertInvariants(database.db, accountId);
   });
 });

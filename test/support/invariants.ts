@@ -12,6 +12,8 @@ import { expect } from "vitest";
  *   I5 a settle or release entry records the balance and free requests the ledger sums to up to it
  *   I6 free_remaining = Σ free grants − settled free requests
  *   I7 (rate part) no rolling window holds more admissions than the limit
+ *   I8 no key with a budget was charged past it in any of its periods, and
+ *      its count of the current period equals its settled calls' charges
  */
 export async function assertInvariants(db: Knex | Knex.Transaction, accountId: string): Promise<void> {
   const account = await db("accounts").where({ id: accountId }).first();
@@ -88,6 +90,29 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     )
   ).rows[0]!;
 
+  // I8: per key and budget period, the charges of its settled calls (a budget's period is read on the database's UTC calendar).
+  const keysOverBudget = (
+    await db.raw<{ rows: { key_id: string; period_start: string; charged: number; budget: number }[] }>(
+      `SELECT k.id AS key_id, metering_key_period_start(k.budget_period, r.resolved_at) AS period_start,
+              sum(r.charged)::bigint AS charged, k.budget_units AS budget
+         FROM api_keys k JOIN requests r ON r.key_id = k.id AND r.status = 'settled'
+        WHERE k.account_id = ? AND k.budget_units IS NOT NULL
+        GROUP BY k.id, 2
+       HAVING sum(r.charged) > k.budget_units`,
+      [accountId],
+    )
+  ).rows;
+  const keysMiscounted = (
+    await db.raw<{ rows: { key_id: string; budget_spent: number; charged: number }[] }>(
+      `SELECT k.id AS key_id, k.budget_spent, coalesce(sum(r.charged), 0)::bigint AS charged
+         FROM api_keys k LEFT JOIN requests r ON r.key_id = k.id AND r.status = 'settled' AND r.resolved_at >= k.budget_period_start
+        WHERE k.account_id = ? AND k.budget_period_start IS NOT NULL
+        GROUP BY k.id
+       HAVING k.budget_spent <> coalesce(sum(r.charged), 0)`,
+      [accountId],
+    )
+  ).rows;
+
   expect({
     I1_balance_equals_grants_minus_charges: account.balance === ledger.grants - ledger.charges,
     I1_ledger_charges_equal_request_charges: ledger.charges === holds.charged,
@@ -105,6 +130,8 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     I6_free_used_equals_settled_free_requests: ledger.free_used === holds.free_settled,
     I7_rate_log_within_limit: account.recent.length <= account.rate_limit,
     I7_rolling_window_within_limit: busiest.most <= account.rate_limit,
+    I8_keys_over_budget: keysOverBudget,
+    I8_keys_miscounting_their_period: keysMiscounted,
   }).toEqual({
     I1_balance_equals_grants_minus_charges: true,
     I1_ledger_charges_equal_request_charges: true,
@@ -121,5 +148,7 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     I6_free_used_equals_settled_free_requests: true,
     I7_rate_log_within_limit: true,
     I7_rolling_window_within_limit: true,
+    I8_keys_over_budget: [],
+    I8_keys_miscounting_their_period: [],
   });
 }

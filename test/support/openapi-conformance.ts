@@ -217,6 +217,9 @@ const AFTER_VALIDATION = new Set([
   "CONCURRENCY_LIMITED",
   "UPSTREAM_FAILED",
   "NOT_CONFIGURED",
+  "KEY_EXPIRED",
+  "KEY_SCOPE_DENIED",
+  "KEY_BUDGET_EXCEEDED",
   // The account area's: the password, the invite and the sign-in throttle are judged once the request's shape passed.
   "SIGN_IN_FAILED",
   "INVITE_INVALID",
@@ -241,6 +244,12 @@ const UNEXPRESSED_RULES: { why: string; applies: (detail: ErrorDetailJson, reque
   { why: "the calling page's origin is judged against the service's own", applies: (d) => d.reason === "CROSS_SITE_REFUSED" },
   { why: "which ids belong to the caller's account is the service's to know", applies: (d) => d.reason === "NOT_FOUND" && d.field !== undefined },
   { why: "page tokens are the service's own", applies: (d) => d.field === "page_token" },
+  {
+    why: "a key's limits are judged against the clock, the unit of money, each other and the account's own limits",
+    applies: (d) =>
+      /^limits\./.test(d.field ?? "") &&
+      /^(must be in the future|a number of credits from 0, with at most 6 decimals|only with budget_credits|with a budget: .*|from 1 to the account's \d+, or 0 for the account's)$/.test(d.rule ?? ""),
+  },
   { why: "a time range's ends are compared with each other", applies: (d) => d.field === "since" && /before until/.test(d.rule ?? "") },
   { why: "key names are trimmed and control characters refused", applies: (d) => d.field === "name" && /no control characters$/.test(d.rule ?? "") },
   { why: "the body limit counts bytes", applies: (d, r) => d.reason === "PAYLOAD_TOO_LARGE" && (r.body === undefined || r.body.length > Number(d.metadata?.["max_bytes"])) },

@@ -2,6 +2,7 @@ import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { ApiKey } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import type { AccountClient } from "./client.js";
 import { byId, emptyRow, keyLabel, row, timeElement } from "./dom.js";
+import { describeBudget, describeLimits, fillLimits, readLimits } from "./key-limits-form.js";
 
 /** What the keys view needs from the page: the client and one place to send failures. */
 export interface KeysViewOptions {
@@ -13,9 +14,10 @@ export interface KeysViewOptions {
 }
 
 /**
- * The keys view: create a key (its secret is shown once, held only in the
- * DOM until dismissed, never stored), list keys, revoke one after a
- * confirmation dialog.
+ * The keys view: create a key with its limits (its secret is shown once, held
+ * only in the DOM until dismissed, never stored), list keys with their limits
+ * and budget this period, change a key's limits, roll a key (the new secret
+ * shown as a new key's), revoke one after a confirmation dialog.
  */
 export function createKeysView(options: KeysViewOptions): { load(): Promise<void>; clear(): void } {
   const { client } = options;
@@ -29,20 +31,51 @@ export function createKeysView(options: KeysViewOptions): { load(): Promise<void
   const dialog = byId("revoke-dialog", HTMLDialogElement);
   const dialogText = byId("revoke-text", HTMLElement);
   let revoking: ApiKey | undefined;
+  const limitsDialog = byId("limits-dialog", HTMLDialogElement);
+  const rollDialog = byId("roll-dialog", HTMLDialogElement);
+  let editing: ApiKey | undefined;
+  let rolling: ApiKey | undefined;
 
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     error.textContent = "";
     void client
-      .createKey({ name: nameInput.value.trim() })
+      .createKey({ name: nameInput.value.trim(), limits: readLimits("create") })
       .then(async (created) => {
         nameInput.value = "";
-        secret.textContent = created.secret;
-        copyStatus.textContent = "";
-        panel.hidden = false;
-        panel.focus();
-        await load();
+        fillLimits("create", undefined);
+        await showSecret(created.secret);
       })
+      .catch((err: unknown) => options.fail(err, error));
+  });
+
+  async function showSecret(value: string): Promise<void> {
+    secret.textContent = value;
+    copyStatus.textContent = "";
+    panel.hidden = false;
+    panel.focus();
+    await load();
+  }
+
+  limitsDialog.addEventListener("close", () => {
+    const key = editing;
+    editing = undefined;
+    if (limitsDialog.returnValue !== "save" || !key) return;
+    error.textContent = "";
+    void client
+      .updateKey({ keyId: key.id, limits: readLimits("edit") })
+      .then(() => load())
+      .catch((err: unknown) => options.fail(err, error));
+  });
+
+  rollDialog.addEventListener("close", () => {
+    const key = rolling;
+    rolling = undefined;
+    if (rollDialog.returnValue !== "roll" || !key) return;
+    error.textContent = "";
+    void client
+      .rollKey({ keyId: key.id, oldKeyExpiresInSeconds: Number(byId("roll-grace", HTMLSelectElement).value) })
+      .then((rolled) => showSecret(rolled.secret))
       .catch((err: unknown) => options.fail(err, error));
   });
 
@@ -86,12 +119,39 @@ export function createKeysView(options: KeysViewOptions): { load(): Promise<void
     dialog.showModal();
   }
 
+  function editLimits(key: ApiKey): void {
+    editing = key;
+    byId("limits-key", HTMLElement).textContent = describe(key);
+    fillLimits("edit", key.limits);
+    limitsDialog.returnValue = "";
+    limitsDialog.showModal();
+  }
+
+  function confirmRoll(key: ApiKey): void {
+    rolling = key;
+    byId("roll-text", HTMLElement).textContent =
+      `A new secret replaces ${describe(key)}, with the same name and limits; it is shown once. Until the old key stops, both work.`;
+    rollDialog.returnValue = "";
+    rollDialog.showModal();
+  }
+
+  function actionButton(label: string, key: ApiKey, onClick: () => void): HTMLButtonElement {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "secondary";
+    button.textContent = label;
+    button.setAttribute("aria-label", `${label} ${describe(key)}`);
+    button.addEventListener("click", onClick);
+    return button;
+  }
+
   function keyRow(key: ApiKey): HTMLTableRowElement {
     const state = document.createElement("span");
     if (key.revokedAt) state.append("revoked ", timeElement(timestampDate(key.revokedAt)));
     else state.textContent = "active";
     const actions = document.createElement("td");
     if (!key.revokedAt) {
+      actions.append(actionButton("Limits", key, () => editLimits(key)), actionButton("Roll", key, () => confirmRoll(key)));
       const button = document.createElement("button");
       button.type = "button";
       button.textContent = "Revoke";
@@ -107,6 +167,8 @@ export function createKeysView(options: KeysViewOptions): { load(): Promise<void
       timeElement(key.createdAt ? timestampDate(key.createdAt) : undefined, ""),
       key.createdBy,
       timeElement(key.lastUsedAt ? timestampDate(key.lastUsedAt) : undefined),
+      describeLimits(key.limits),
+      describeBudget(key),
       state,
       actions,
     ]);
@@ -127,6 +189,8 @@ export function createKeysView(options: KeysViewOptions): { load(): Promise<void
     clear() {
       dismissSecret();
       if (dialog.open) dialog.close();
+      if (limitsDialog.open) limitsDialog.close();
+      if (rollDialog.open) rollDialog.close();
       table.tBodies[0]!.replaceChildren();
       error.textContent = "";
     },

@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file typesafe/account/v1/account_service.proto.
  */
 export const file_typesafe_account_v1_account_service: GenFile = /*@__PURE__*/
-  fileDesc("Cil0eXBlc2FmZS9hY2NvdW50L3YxL2FjY291bnRfc2VydmljZS5wcm90bxITdHlwZXNhZmUuYWNjb3VudC52MSI3CgZNZW1iZXISCgoCaWQYASABKAkSDQoFZW1haWwYAiABKAkSEgoKYWNjb3VudF9pZBgDIAEoCSI9ChNBY2NlcHRJbnZpdGVSZXF1ZXN0EhQKDGludml0ZV90b2tlbhgBIAEoCRIQCghwYXNzd29yZBgCIAEoCSJDChRBY2NlcHRJbnZpdGVSZXNwb25zZRIrCgZtZW1iZXIYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciIwCg1TaWduSW5SZXF1ZXN0Eg0KBWVtYWlsGAEgASgJEhAKCHBhc3N3b3JkGAIgASgJIj0KDlNpZ25JblJlc3BvbnNlEisKBm1lbWJlchgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuTWVtYmVyIhAKDlNpZ25PdXRSZXF1ZXN0IhEKD1NpZ25PdXRSZXNwb25zZSITChFHZXRBY2NvdW50UmVxdWVzdCJwChJHZXRBY2NvdW50UmVzcG9uc2USLQoHYWNjb3VudBgBIAEoCzIcLnR5cGVzYWZlLmFjY291bnQudjEuQWNjb3VudBIrCgZtZW1iZXIYAiABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciKEAgoHQWNjb3VudBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhcKD2JhbGFuY2VfY3JlZGl0cxgDIAEoARIUCgxoZWxkX2NyZWRpdHMYBCABKAESGQoRYXZhaWxhYmxlX2NyZWRpdHMYBSABKAESHwoXZnJlZV9yZXF1ZXN0c19yZW1haW5pbmcYBiABKAUSKwoGbGltaXRzGAcgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5MaW1pdHMSFwoPY2FsbHNfaW5fZmxpZ2h0GAggASgFEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjwKBkxpbWl0cxIVCg1tYXhfaW5fZmxpZ2h0GAEgASgFEhsKE3JlcXVlc3RzX3Blcl9taW51dGUYAiABKAUikQIKBkFwaUtleRIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEg4KBnByZWZpeBgDIAEoCRINCgVsYXN0NBgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjcmVhdGVkX2J5GAYgASgJEjUKDGxhc3RfdXNlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIzCgpyZXZva2VkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBiAEBQg8KDV9sYXN0X3VzZWRfYXRCDQoLX3Jldm9rZWRfYXQiEQoPTGlzdEtleXNSZXF1ZXN0Ij0KEExpc3RLZXlzUmVzcG9uc2USKQoEa2V5cxgBIAMoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5IiAKEENyZWF0ZUtleVJlcXVlc3QSDAoEbmFtZRgBIAEoCSJNChFDcmVhdGVLZXlSZXNwb25zZRIoCgNrZXkYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLkFwaUtleRIOCgZzZWNyZXQYAiABKAkiIgoQUmV2b2tlS2V5UmVxdWVzdBIOCgZrZXlfaWQYASABKAkiPQoRUmV2b2tlS2V5UmVzcG9uc2USKAoDa2V5GAEgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BcGlLZXkivwEKEExpc3RVc2FnZVJlcXVlc3QSEAoIZW5kcG9pbnQYASABKAkSLgoFc2luY2UYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSACIAQESLgoFdW50aWwYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAGIAQESEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAlCCAoGX3NpbmNlQggKBl91bnRpbCJfChFMaXN0VXNhZ2VSZXNwb25zZRIxCgdyZWNvcmRzGAEgAygLMiAudHlwZXNhZmUuYWNjb3VudC52MS5Vc2FnZVJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki+AEKC1VzYWdlUmVjb3JkEhIKCnJlcXVlc3RfaWQYASABKAkSEAoIZW5kcG9pbnQYAiABKAkSDgoGa2V5X2lkGAMgASgJEg8KB2Z1bmRpbmcYBCABKAkSGAoQcmVzZXJ2ZWRfY3JlZGl0cxgFIAEoARIXCg9jaGFyZ2VkX2NyZWRpdHMYBiABKAESDgoGc3RhdHVzGAcgASgJEi4KCnN0YXJ0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKhAQoWR2V0VXNhZ2VTdW1tYXJ5UmVxdWVzdBIuCgVzaW5jZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIuCgV1bnRpbBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAYgBARITCgtncmFudWxhcml0eRgDIAEoCUIICgZfc2luY2VCCAoGX3VudGlsIkwKF0dldFVzYWdlU3VtbWFyeVJlc3BvbnNlEjEKB2J1Y2tldHMYASADKAsyIC50eXBlc2FmZS5hY2NvdW50LnYxLlVzYWdlQnVja2V0InIKC1VzYWdlQnVja2V0EikKBXN0YXJ0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghlbmRwb2ludBgCIAEoCRINCgVjYWxscxgDIAEoBRIXCg9jaGFyZ2VkX2NyZWRpdHMYBCABKAEiPAoTTGlzdEFjdGl2aXR5UmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJjChRMaXN0QWN0aXZpdHlSZXNwb25zZRIyCgZldmVudHMYASADKAsyIi50eXBlc2FmZS5hY2NvdW50LnYxLkFjdGl2aXR5RXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInAKDUFjdGl2aXR5RXZlbnQSCgoCaWQYASABKAkSDAoEa2luZBgCIAEoCRINCgVhY3RvchgDIAEoCRIOCgZkZXRhaWwYBCABKAkSJgoCYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wMoUKCg5BY2NvdW50U2VydmljZRKKAQoMQWNjZXB0SW52aXRlEigudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXNwb25zZSIlgtPkkwIfOgEqIhovYWNjb3VudC92MS9pbnZpdGVzL2FjY2VwdBJxCgZTaWduSW4SIi50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlcXVlc3QaIy50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlc3BvbnNlIh6C0+STAhg6ASoiEy9hY2NvdW50L3YxL3NpZ24taW4SdQoHU2lnbk91dBIjLnR5cGVzYWZlLmFjY291bnQudjEuU2lnbk91dFJlcXVlc3QaJC50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25PdXRSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS9zaWduLW91dBJ6CgpHZXRBY2NvdW50EiYudHlwZXNhZmUuYWNjb3VudC52MS5HZXRBY2NvdW50UmVxdWVzdBonLnR5cGVzYWZlLmFjY291bnQudjEuR2V0QWNjb3VudFJlc3BvbnNlIhuC0+STAhUSEy9hY2NvdW50L3YxL2FjY291bnQScQoITGlzdEtleXMSJC50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RLZXlzUmVxdWVzdBolLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdEtleXNSZXNwb25zZSIYgtPkkwISEhAvYWNjb3VudC92MS9rZXlzEncKCUNyZWF0ZUtleRIlLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVzcG9uc2UiG4LT5JMCFToBKiIQL2FjY291bnQvdjEva2V5cxJ+CglSZXZva2VLZXkSJS50eXBlc2FmZS5hY2NvdW50LnYxLlJldm9rZUtleVJlcXVlc3QaJi50eXBlc2FmZS5hY2NvdW50LnYxLlJldm9rZUtleVJlc3BvbnNlIiKC0+STAhw6ASoiFy9hY2NvdW50L3YxL2tleXMvcmV2b2tlEngKCUxpc3RVc2FnZRIlLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdFVzYWdlUmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdFVzYWdlUmVzcG9uc2UiHILT5JMCFjoBKiIRL2FjY291bnQvdjEvdXNhZ2USkgEKD0dldFVzYWdlU3VtbWFyeRIrLnR5cGVzYWZlLmFjY291bnQudjEuR2V0VXNhZ2VTdW1tYXJ5UmVxdWVzdBosLnR5cGVzYWZlLmFjY291bnQudjEuR2V0VXNhZ2VTdW1tYXJ5UmVzcG9uc2UiJILT5JMCHjoBKiIZL2FjY291bnQvdjEvdXNhZ2Uvc3VtbWFyeRKEAQoMTGlzdEFjdGl2aXR5EigudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0QWN0aXZpdHlSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0QWN0aXZpdHlSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS9hY3Rpdml0eWIGcHJvdG8z", [file_google_api_annotations, file_google_protobuf_timestamp]);
+  fileDesc("Cil0eXBlc2FmZS9hY2NvdW50L3YxL2FjY291bnRfc2VydmljZS5wcm90bxITdHlwZXNhZmUuYWNjb3VudC52MSI3CgZNZW1iZXISCgoCaWQYASABKAkSDQoFZW1haWwYAiABKAkSEgoKYWNjb3VudF9pZBgDIAEoCSI9ChNBY2NlcHRJbnZpdGVSZXF1ZXN0EhQKDGludml0ZV90b2tlbhgBIAEoCRIQCghwYXNzd29yZBgCIAEoCSJDChRBY2NlcHRJbnZpdGVSZXNwb25zZRIrCgZtZW1iZXIYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciIwCg1TaWduSW5SZXF1ZXN0Eg0KBWVtYWlsGAEgASgJEhAKCHBhc3N3b3JkGAIgASgJIj0KDlNpZ25JblJlc3BvbnNlEisKBm1lbWJlchgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuTWVtYmVyIhAKDlNpZ25PdXRSZXF1ZXN0IhEKD1NpZ25PdXRSZXNwb25zZSITChFHZXRBY2NvdW50UmVxdWVzdCJwChJHZXRBY2NvdW50UmVzcG9uc2USLQoHYWNjb3VudBgBIAEoCzIcLnR5cGVzYWZlLmFjY291bnQudjEuQWNjb3VudBIrCgZtZW1iZXIYAiABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciKEAgoHQWNjb3VudBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhcKD2JhbGFuY2VfY3JlZGl0cxgDIAEoARIUCgxoZWxkX2NyZWRpdHMYBCABKAESGQoRYXZhaWxhYmxlX2NyZWRpdHMYBSABKAESHwoXZnJlZV9yZXF1ZXN0c19yZW1haW5pbmcYBiABKAUSKwoGbGltaXRzGAcgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5MaW1pdHMSFwoPY2FsbHNfaW5fZmxpZ2h0GAggASgFEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjwKBkxpbWl0cxIVCg1tYXhfaW5fZmxpZ2h0GAEgASgFEhsKE3JlcXVlc3RzX3Blcl9taW51dGUYAiABKAUi/AIKBkFwaUtleRIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEg4KBnByZWZpeBgDIAEoCRINCgVsYXN0NBgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjcmVhdGVkX2J5GAYgASgJEjUKDGxhc3RfdXNlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIzCgpyZXZva2VkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBiAEBEi4KBmxpbWl0cxgUIAEoCzIeLnR5cGVzYWZlLmFjY291bnQudjEuS2V5TGltaXRzEjkKDGJ1ZGdldF91c2FnZRgVIAEoCzIjLnR5cGVzYWZlLmFjY291bnQudjEuS2V5QnVkZ2V0VXNhZ2VCDwoNX2xhc3RfdXNlZF9hdEINCgtfcmV2b2tlZF9hdCLDAQoJS2V5TGltaXRzEjMKCmV4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSACIAQESDgoGc2NvcGVzGAIgAygJEhsKDmJ1ZGdldF9jcmVkaXRzGAMgASgBSAGIAQESFQoNYnVkZ2V0X3BlcmlvZBgEIAEoCRIbChNyZXF1ZXN0c19wZXJfbWludXRlGAUgASgFQg0KC19leHBpcmVzX2F0QhEKD19idWRnZXRfY3JlZGl0cyLfAQoOS2V5QnVkZ2V0VXNhZ2USFQoNc3BlbnRfY3JlZGl0cxgBIAEoARIUCgxoZWxkX2NyZWRpdHMYAiABKAESFAoMbGVmdF9jcmVkaXRzGAMgASgBEjUKDHBlcmlvZF9zdGFydBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIzCgpwZXJpb2RfZW5kGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBiAEBQg8KDV9wZXJpb2Rfc3RhcnRCDQoLX3BlcmlvZF9lbmQiEQoPTGlzdEtleXNSZXF1ZXN0Ij0KEExpc3RLZXlzUmVzcG9uc2USKQoEa2V5cxgBIAMoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5IlAKEENyZWF0ZUtleVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIuCgZsaW1pdHMYFCABKAsyHi50eXBlc2FmZS5hY2NvdW50LnYxLktleUxpbWl0cyJSChBVcGRhdGVLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCRIuCgZsaW1pdHMYAiABKAsyHi50eXBlc2FmZS5hY2NvdW50LnYxLktleUxpbWl0cyI9ChFVcGRhdGVLZXlSZXNwb25zZRIoCgNrZXkYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLkFwaUtleSJECg5Sb2xsS2V5UmVxdWVzdBIOCgZrZXlfaWQYASABKAkSIgoab2xkX2tleV9leHBpcmVzX2luX3NlY29uZHMYAiABKAUieQoPUm9sbEtleVJlc3BvbnNlEigKA2tleRgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5Eg4KBnNlY3JldBgCIAEoCRIsCgdvbGRfa2V5GAMgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BcGlLZXkiTQoRQ3JlYXRlS2V5UmVzcG9uc2USKAoDa2V5GAEgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BcGlLZXkSDgoGc2VjcmV0GAIgASgJIiIKEFJldm9rZUtleVJlcXVlc3QSDgoGa2V5X2lkGAEgASgJIj0KEVJldm9rZUtleVJlc3BvbnNlEigKA2tleRgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5Is8BChBMaXN0VXNhZ2VSZXF1ZXN0EhAKCGVuZHBvaW50GAEgASgJEg4KBmtleV9pZBgUIAEoCRIuCgVzaW5jZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIuCgV1bnRpbBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAYgBARIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCUIICgZfc2luY2VCCAoGX3VudGlsIl8KEUxpc3RVc2FnZVJlc3BvbnNlEjEKB3JlY29yZHMYASADKAsyIC50eXBlc2FmZS5hY2NvdW50LnYxLlVzYWdlUmVjb3JkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSL4AQoLVXNhZ2VSZWNvcmQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghlbmRwb2ludBgCIAEoCRIOCgZrZXlfaWQYAyABKAkSDwoHZnVuZGluZxgEIAEoCRIYChByZXNlcnZlZF9jcmVkaXRzGAUgASgBEhcKD2NoYXJnZWRfY3JlZGl0cxgGIAEoARIOCgZzdGF0dXMYByABKAkSLgoKc3RhcnRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIscBChZHZXRVc2FnZVN1bW1hcnlSZXF1ZXN0Ei4KBXNpbmNlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAiAEBEi4KBXVudGlsGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBiAEBEhMKC2dyYW51bGFyaXR5GAMgASgJEg4KBmtleV9pZBgUIAEoCRIUCgxncm91cF9ieV9rZXkYFSABKAhCCAoGX3NpbmNlQggKBl91bnRpbCJMChdHZXRVc2FnZVN1bW1hcnlSZXNwb25zZRIxCgdidWNrZXRzGAEgAygLMiAudHlwZXNhZmUuYWNjb3VudC52MS5Vc2FnZUJ1Y2tldCKCAQoLVXNhZ2VCdWNrZXQSKQoFc3RhcnQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGVuZHBvaW50GAIgASgJEg0KBWNhbGxzGAMgASgFEhcKD2NoYXJnZWRfY3JlZGl0cxgEIAEoARIOCgZrZXlfaWQYFCABKAkiPAoTTGlzdEFjdGl2aXR5UmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJjChRMaXN0QWN0aXZpdHlSZXNwb25zZRIyCgZldmVudHMYASADKAsyIi50eXBlc2FmZS5hY2NvdW50LnYxLkFjdGl2aXR5RXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInAKDUFjdGl2aXR5RXZlbnQSCgoCaWQYASABKAkSDAoEa2luZBgCIAEoCRINCgVhY3RvchgDIAEoCRIOCgZkZXRhaWwYBCABKAkSJgoCYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wMv0LCg5BY2NvdW50U2VydmljZRKKAQoMQWNjZXB0SW52aXRlEigudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXNwb25zZSIlgtPkkwIfOgEqIhovYWNjb3VudC92MS9pbnZpdGVzL2FjY2VwdBJxCgZTaWduSW4SIi50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlcXVlc3QaIy50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlc3BvbnNlIh6C0+STAhg6ASoiEy9hY2NvdW50L3YxL3NpZ24taW4SdQoHU2lnbk91dBIjLnR5cGVzYWZlLmFjY291bnQudjEuU2lnbk91dFJlcXVlc3QaJC50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25PdXRSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS9zaWduLW91dBJ6CgpHZXRBY2NvdW50EiYudHlwZXNhZmUuYWNjb3VudC52MS5HZXRBY2NvdW50UmVxdWVzdBonLnR5cGVzYWZlLmFjY291bnQudjEuR2V0QWNjb3VudFJlc3BvbnNlIhuC0+STAhUSEy9hY2NvdW50L3YxL2FjY291bnQScQoITGlzdEtleXMSJC50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RLZXlzUmVxdWVzdBolLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdEtleXNSZXNwb25zZSIYgtPkkwISEhAvYWNjb3VudC92MS9rZXlzEncKCUNyZWF0ZUtleRIlLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVzcG9uc2UiG4LT5JMCFToBKiIQL2FjY291bnQvdjEva2V5cxJ+CglVcGRhdGVLZXkSJS50eXBlc2FmZS5hY2NvdW50LnYxLlVwZGF0ZUtleVJlcXVlc3QaJi50eXBlc2FmZS5hY2NvdW50LnYxLlVwZGF0ZUtleVJlc3BvbnNlIiKC0+STAhw6ASoiFy9hY2NvdW50L3YxL2tleXMvdXBkYXRlEnYKB1JvbGxLZXkSIy50eXBlc2FmZS5hY2NvdW50LnYxLlJvbGxLZXlSZXF1ZXN0GiQudHlwZXNhZmUuYWNjb3VudC52MS5Sb2xsS2V5UmVzcG9uc2UiIILT5JMCGjoBKiIVL2FjY291bnQvdjEva2V5cy9yb2xsEn4KCVJldm9rZUtleRIlLnR5cGVzYWZlLmFjY291bnQudjEuUmV2b2tlS2V5UmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuUmV2b2tlS2V5UmVzcG9uc2UiIoLT5JMCHDoBKiIXL2FjY291bnQvdjEva2V5cy9yZXZva2USeAoJTGlzdFVzYWdlEiUudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0VXNhZ2VSZXF1ZXN0GiYudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0VXNhZ2VSZXNwb25zZSIcgtPkkwIWOgEqIhEvYWNjb3VudC92MS91c2FnZRKSAQoPR2V0VXNhZ2VTdW1tYXJ5EisudHlwZXNhZmUuYWNjb3VudC52MS5HZXRVc2FnZVN1bW1hcnlSZXF1ZXN0GiwudHlwZXNhZmUuYWNjb3VudC52MS5HZXRVc2FnZVN1bW1hcnlSZXNwb25zZSIkgtPkkwIeOgEqIhkvYWNjb3VudC92MS91c2FnZS9zdW1tYXJ5EoQBCgxMaXN0QWN0aXZpdHkSKC50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RBY3Rpdml0eVJlcXVlc3QaKS50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RBY3Rpdml0eVJlc3BvbnNlIh+C0+STAhk6ASoiFC9hY2NvdW50L3YxL2FjdGl2aXR5YgZwcm90bzM", [file_google_api_annotations, file_google_protobuf_timestamp]);
 
 /**
  * A person who may sign in to an account.
@@ -342,6 +342,20 @@ export type ApiKey = Message<"typesafe.account.v1.ApiKey"> & {
    * @generated from field: optional google.protobuf.Timestamp revoked_at = 8;
    */
   revokedAt?: Timestamp | undefined;
+
+  /**
+   * What it may do.
+   *
+   * @generated from field: typesafe.account.v1.KeyLimits limits = 20;
+   */
+  limits?: KeyLimits | undefined;
+
+  /**
+   * What it spent of its budget in the current period; absent without a budget.
+   *
+   * @generated from field: typesafe.account.v1.KeyBudgetUsage budget_usage = 21;
+   */
+  budgetUsage?: KeyBudgetUsage | undefined;
 };
 
 /**
@@ -350,6 +364,107 @@ export type ApiKey = Message<"typesafe.account.v1.ApiKey"> & {
  */
 export const ApiKeySchema: GenMessage<ApiKey> = /*@__PURE__*/
   messageDesc(file_typesafe_account_v1_account_service, 11);
+
+/**
+ * What one key may do, beside its account's limits. Unset fields mean no
+ * limit of the key's own.
+ *
+ * @generated from message typesafe.account.v1.KeyLimits
+ */
+export type KeyLimits = Message<"typesafe.account.v1.KeyLimits"> & {
+  /**
+   * When the key stops working (KEY_EXPIRED, 401); absent means never.
+   *
+   * @generated from field: optional google.protobuf.Timestamp expires_at = 1;
+   */
+  expiresAt?: Timestamp | undefined;
+
+  /**
+   * The endpoints it may call: "decisions", "search". Empty means both.
+   * Another endpoint is refused (KEY_SCOPE_DENIED, 403).
+   *
+   * @generated from field: repeated string scopes = 2;
+   */
+  scopes: string[];
+
+  /**
+   * The credits its calls may be charged per budget_period; absent means no
+   * budget. A call whose reservation does not fit what is left is refused
+   * (KEY_BUDGET_EXCEEDED, 402). Free requests do not count.
+   *
+   * @generated from field: optional double budget_credits = 3;
+   */
+  budgetCredits?: number | undefined;
+
+  /**
+   * "day", "week" (from Monday) or "month", in UTC, or "total" for the key's
+   * whole life. Required with budget_credits, empty without.
+   *
+   * @generated from field: string budget_period = 4;
+   */
+  budgetPeriod: string;
+
+  /**
+   * Calls per rolling minute, at most the account's; 0 means the account's.
+   *
+   * @generated from field: int32 requests_per_minute = 5;
+   */
+  requestsPerMinute: number;
+};
+
+/**
+ * Describes the message typesafe.account.v1.KeyLimits.
+ * Use `create(KeyLimitsSchema)` to create a new message.
+ */
+export const KeyLimitsSchema: GenMessage<KeyLimits> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 12);
+
+/**
+ * A key's budget in its current period.
+ *
+ * @generated from message typesafe.account.v1.KeyBudgetUsage
+ */
+export type KeyBudgetUsage = Message<"typesafe.account.v1.KeyBudgetUsage"> & {
+  /**
+   * Charged to settled calls in this period.
+   *
+   * @generated from field: double spent_credits = 1;
+   */
+  spentCredits: number;
+
+  /**
+   * Held by its calls in flight.
+   *
+   * @generated from field: double held_credits = 2;
+   */
+  heldCredits: number;
+
+  /**
+   * What new calls may still reserve: the budget less spent and held.
+   *
+   * @generated from field: double left_credits = 3;
+   */
+  leftCredits: number;
+
+  /**
+   * Start and end of the period, UTC; absent for a "total" budget.
+   *
+   * @generated from field: optional google.protobuf.Timestamp period_start = 4;
+   */
+  periodStart?: Timestamp | undefined;
+
+  /**
+   * @generated from field: optional google.protobuf.Timestamp period_end = 5;
+   */
+  periodEnd?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.KeyBudgetUsage.
+ * Use `create(KeyBudgetUsageSchema)` to create a new message.
+ */
+export const KeyBudgetUsageSchema: GenMessage<KeyBudgetUsage> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 13);
 
 /**
  * @generated from message typesafe.account.v1.ListKeysRequest
@@ -362,7 +477,7 @@ export type ListKeysRequest = Message<"typesafe.account.v1.ListKeysRequest"> & {
  * Use `create(ListKeysRequestSchema)` to create a new message.
  */
 export const ListKeysRequestSchema: GenMessage<ListKeysRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 12);
+  messageDesc(file_typesafe_account_v1_account_service, 14);
 
 /**
  * @generated from message typesafe.account.v1.ListKeysResponse
@@ -381,7 +496,7 @@ export type ListKeysResponse = Message<"typesafe.account.v1.ListKeysResponse"> &
  * Use `create(ListKeysResponseSchema)` to create a new message.
  */
 export const ListKeysResponseSchema: GenMessage<ListKeysResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 13);
+  messageDesc(file_typesafe_account_v1_account_service, 15);
 
 /**
  * @generated from message typesafe.account.v1.CreateKeyRequest
@@ -393,6 +508,13 @@ export type CreateKeyRequest = Message<"typesafe.account.v1.CreateKeyRequest"> &
    * @generated from field: string name = 1;
    */
   name: string;
+
+  /**
+   * What it may do; absent means no limits of its own.
+   *
+   * @generated from field: typesafe.account.v1.KeyLimits limits = 20;
+   */
+  limits?: KeyLimits | undefined;
 };
 
 /**
@@ -400,7 +522,105 @@ export type CreateKeyRequest = Message<"typesafe.account.v1.CreateKeyRequest"> &
  * Use `create(CreateKeyRequestSchema)` to create a new message.
  */
 export const CreateKeyRequestSchema: GenMessage<CreateKeyRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 14);
+  messageDesc(file_typesafe_account_v1_account_service, 16);
+
+/**
+ * @generated from message typesafe.account.v1.UpdateKeyRequest
+ */
+export type UpdateKeyRequest = Message<"typesafe.account.v1.UpdateKeyRequest"> & {
+  /**
+   * @generated from field: string key_id = 1;
+   */
+  keyId: string;
+
+  /**
+   * The key's new limits, in full: a field left unset removes that limit.
+   *
+   * @generated from field: typesafe.account.v1.KeyLimits limits = 2;
+   */
+  limits?: KeyLimits | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.UpdateKeyRequest.
+ * Use `create(UpdateKeyRequestSchema)` to create a new message.
+ */
+export const UpdateKeyRequestSchema: GenMessage<UpdateKeyRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 17);
+
+/**
+ * @generated from message typesafe.account.v1.UpdateKeyResponse
+ */
+export type UpdateKeyResponse = Message<"typesafe.account.v1.UpdateKeyResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.ApiKey key = 1;
+   */
+  key?: ApiKey | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.UpdateKeyResponse.
+ * Use `create(UpdateKeyResponseSchema)` to create a new message.
+ */
+export const UpdateKeyResponseSchema: GenMessage<UpdateKeyResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 18);
+
+/**
+ * @generated from message typesafe.account.v1.RollKeyRequest
+ */
+export type RollKeyRequest = Message<"typesafe.account.v1.RollKeyRequest"> & {
+  /**
+   * @generated from field: string key_id = 1;
+   */
+  keyId: string;
+
+  /**
+   * When the old key stops, in seconds from now: 0 (at once) to 604800 (7 days).
+   *
+   * @generated from field: int32 old_key_expires_in_seconds = 2;
+   */
+  oldKeyExpiresInSeconds: number;
+};
+
+/**
+ * Describes the message typesafe.account.v1.RollKeyRequest.
+ * Use `create(RollKeyRequestSchema)` to create a new message.
+ */
+export const RollKeyRequestSchema: GenMessage<RollKeyRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 19);
+
+/**
+ * @generated from message typesafe.account.v1.RollKeyResponse
+ */
+export type RollKeyResponse = Message<"typesafe.account.v1.RollKeyResponse"> & {
+  /**
+   * The new key.
+   *
+   * @generated from field: typesafe.account.v1.ApiKey key = 1;
+   */
+  key?: ApiKey | undefined;
+
+  /**
+   * The new key's whole secret. It is shown this once and never again.
+   *
+   * @generated from field: string secret = 2;
+   */
+  secret: string;
+
+  /**
+   * The old key, with its new expiry.
+   *
+   * @generated from field: typesafe.account.v1.ApiKey old_key = 3;
+   */
+  oldKey?: ApiKey | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.RollKeyResponse.
+ * Use `create(RollKeyResponseSchema)` to create a new message.
+ */
+export const RollKeyResponseSchema: GenMessage<RollKeyResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 20);
 
 /**
  * @generated from message typesafe.account.v1.CreateKeyResponse
@@ -424,7 +644,7 @@ export type CreateKeyResponse = Message<"typesafe.account.v1.CreateKeyResponse">
  * Use `create(CreateKeyResponseSchema)` to create a new message.
  */
 export const CreateKeyResponseSchema: GenMessage<CreateKeyResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 15);
+  messageDesc(file_typesafe_account_v1_account_service, 21);
 
 /**
  * @generated from message typesafe.account.v1.RevokeKeyRequest
@@ -441,7 +661,7 @@ export type RevokeKeyRequest = Message<"typesafe.account.v1.RevokeKeyRequest"> &
  * Use `create(RevokeKeyRequestSchema)` to create a new message.
  */
 export const RevokeKeyRequestSchema: GenMessage<RevokeKeyRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 16);
+  messageDesc(file_typesafe_account_v1_account_service, 22);
 
 /**
  * @generated from message typesafe.account.v1.RevokeKeyResponse
@@ -458,7 +678,7 @@ export type RevokeKeyResponse = Message<"typesafe.account.v1.RevokeKeyResponse">
  * Use `create(RevokeKeyResponseSchema)` to create a new message.
  */
 export const RevokeKeyResponseSchema: GenMessage<RevokeKeyResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 17);
+  messageDesc(file_typesafe_account_v1_account_service, 23);
 
 /**
  * @generated from message typesafe.account.v1.ListUsageRequest
@@ -470,6 +690,13 @@ export type ListUsageRequest = Message<"typesafe.account.v1.ListUsageRequest"> &
    * @generated from field: string endpoint = 1;
    */
   endpoint: string;
+
+  /**
+   * Only the calls of this key; empty means every key.
+   *
+   * @generated from field: string key_id = 20;
+   */
+  keyId: string;
 
   /**
    * Calls started at or after this time; absent means no lower bound.
@@ -505,7 +732,7 @@ export type ListUsageRequest = Message<"typesafe.account.v1.ListUsageRequest"> &
  * Use `create(ListUsageRequestSchema)` to create a new message.
  */
 export const ListUsageRequestSchema: GenMessage<ListUsageRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 18);
+  messageDesc(file_typesafe_account_v1_account_service, 24);
 
 /**
  * @generated from message typesafe.account.v1.ListUsageResponse
@@ -529,7 +756,7 @@ export type ListUsageResponse = Message<"typesafe.account.v1.ListUsageResponse">
  * Use `create(ListUsageResponseSchema)` to create a new message.
  */
 export const ListUsageResponseSchema: GenMessage<ListUsageResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 19);
+  messageDesc(file_typesafe_account_v1_account_service, 25);
 
 /**
  * One finished call of the account.
@@ -597,7 +824,7 @@ export type UsageRecord = Message<"typesafe.account.v1.UsageRecord"> & {
  * Use `create(UsageRecordSchema)` to create a new message.
  */
 export const UsageRecordSchema: GenMessage<UsageRecord> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 20);
+  messageDesc(file_typesafe_account_v1_account_service, 26);
 
 /**
  * @generated from message typesafe.account.v1.GetUsageSummaryRequest
@@ -623,6 +850,20 @@ export type GetUsageSummaryRequest = Message<"typesafe.account.v1.GetUsageSummar
    * @generated from field: string granularity = 3;
    */
   granularity: string;
+
+  /**
+   * Only the calls of this key; empty means every key.
+   *
+   * @generated from field: string key_id = 20;
+   */
+  keyId: string;
+
+  /**
+   * One bucket per key too (UsageBucket.key_id).
+   *
+   * @generated from field: bool group_by_key = 21;
+   */
+  groupByKey: boolean;
 };
 
 /**
@@ -630,7 +871,7 @@ export type GetUsageSummaryRequest = Message<"typesafe.account.v1.GetUsageSummar
  * Use `create(GetUsageSummaryRequestSchema)` to create a new message.
  */
 export const GetUsageSummaryRequestSchema: GenMessage<GetUsageSummaryRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 21);
+  messageDesc(file_typesafe_account_v1_account_service, 27);
 
 /**
  * @generated from message typesafe.account.v1.GetUsageSummaryResponse
@@ -649,7 +890,7 @@ export type GetUsageSummaryResponse = Message<"typesafe.account.v1.GetUsageSumma
  * Use `create(GetUsageSummaryResponseSchema)` to create a new message.
  */
 export const GetUsageSummaryResponseSchema: GenMessage<GetUsageSummaryResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 22);
+  messageDesc(file_typesafe_account_v1_account_service, 28);
 
 /**
  * @generated from message typesafe.account.v1.UsageBucket
@@ -678,6 +919,13 @@ export type UsageBucket = Message<"typesafe.account.v1.UsageBucket"> & {
    * @generated from field: double charged_credits = 4;
    */
   chargedCredits: number;
+
+  /**
+   * The key of the calls, when the request grouped by key.
+   *
+   * @generated from field: string key_id = 20;
+   */
+  keyId: string;
 };
 
 /**
@@ -685,7 +933,7 @@ export type UsageBucket = Message<"typesafe.account.v1.UsageBucket"> & {
  * Use `create(UsageBucketSchema)` to create a new message.
  */
 export const UsageBucketSchema: GenMessage<UsageBucket> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 23);
+  messageDesc(file_typesafe_account_v1_account_service, 29);
 
 /**
  * @generated from message typesafe.account.v1.ListActivityRequest
@@ -711,7 +959,7 @@ export type ListActivityRequest = Message<"typesafe.account.v1.ListActivityReque
  * Use `create(ListActivityRequestSchema)` to create a new message.
  */
 export const ListActivityRequestSchema: GenMessage<ListActivityRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 24);
+  messageDesc(file_typesafe_account_v1_account_service, 30);
 
 /**
  * @generated from message typesafe.account.v1.ListActivityResponse
@@ -735,7 +983,7 @@ export type ListActivityResponse = Message<"typesafe.account.v1.ListActivityResp
  * Use `create(ListActivityResponseSchema)` to create a new message.
  */
 export const ListActivityResponseSchema: GenMessage<ListActivityResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 25);
+  messageDesc(file_typesafe_account_v1_account_service, 31);
 
 /**
  * Something that happened to the account.
@@ -782,7 +1030,7 @@ export type ActivityEvent = Message<"typesafe.account.v1.ActivityEvent"> & {
  * Use `create(ActivityEventSchema)` to create a new message.
  */
 export const ActivityEventSchema: GenMessage<ActivityEvent> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 26);
+  messageDesc(file_typesafe_account_v1_account_service, 32);
 
 /**
  * AccountService is the account area: the members of an account sign in with
@@ -857,6 +1105,30 @@ export const AccountService: GenService<{
     methodKind: "unary";
     input: typeof CreateKeyRequestSchema;
     output: typeof CreateKeyResponseSchema;
+  },
+  /**
+   * UpdateKey replaces what a key may do: its expiry, scopes, budget and rate
+   * limit. A budget set or changed counts what the key was charged since the
+   * start of the current period.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.UpdateKey
+   */
+  updateKey: {
+    methodKind: "unary";
+    input: typeof UpdateKeyRequestSchema;
+    output: typeof UpdateKeyResponseSchema;
+  },
+  /**
+   * RollKey makes a new secret with the same name and limits (and the budget
+   * spent so far this period), and stops the old key at a chosen time, from
+   * now to 7 days on. The new secret is shown this once.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.RollKey
+   */
+  rollKey: {
+    methodKind: "unary";
+    input: typeof RollKeyRequestSchema;
+    output: typeof RollKeyResponseSchema;
   },
   /**
    * RevokeKey stops a key at once; calls with it are answered 401 from then on.
