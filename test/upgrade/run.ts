@@ -647,6 +647,9 @@ async function main(): Promise<void> {
       nextPhase("6 previous stops");
       live = [current];
       if (previousLive) {
+        // As a load balancer does, nothing is sent to it once it is told to stop: a call that reaches
+        // a stopping replica is refused with UNAVAILABLE ("shutting down; retry") by design.
+        await idle(previousLive);
         const stop = await stopRelease(previousLive, "SIGTERM");
         check("the previous release stops on SIGTERM with exit code 0", stop.code === 0, `exit ${stop.code ?? stop.signal} after ${seconds(stop.ms)}`);
       }
