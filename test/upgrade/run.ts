@@ -45,7 +45,7 @@ const ROOT = path.resolve(import.meta.dirname, "../..");
 const RELEASE_FILE = path.join(ROOT, "test/upgrade/previous-release.txt");
 const SERVER_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
 const WORKERS = 6;
-/** Each worker paces itself to one call per this many ms: about 48 calls a second in all. */
+/** Each worker paces itself to one call per this many ms: steady load, well under the accounts' limits. */
 const PACE_MS = 125;
 const MAX_CALLS_PER_WORKER = 2_000;
 const PHASE_MS = { previousAlone: 6_000, both: 8_000, bothAfterRestart: 6_000, currentAlone: 4_000 };
@@ -154,7 +154,7 @@ async function preparePrevious(commit: string, dir: string): Promise<string> {
 /**
  * The previous release's node_modules starts as hard links to this tree's, so
  * `npm install` unpacks only what the previous release locks differently
- * instead of every package (a minute or two on a busy machine). npm never
+ * instead of every package. npm never
  * edits an installed package's file in place: it replaces files and folders,
  * which breaks a link, so this tree's copy is never written to. The one file
  * npm rewrites, its record of the tree (node_modules/.package-lock.json), is
