@@ -10,7 +10,8 @@
  *   1 the previous release alone;
  *   2 the current release (this working tree) starts on the same database,
  *     migrating it, while a reader holds a transaction on `ledger` (as pg_dump
- *     does) and the previous release keeps serving;
+ *     does; 1.5 s once a migration's lock waits behind it) and the previous
+ *     release keeps serving;
  *   3 both serve; idempotent calls are replayed on the other release;
  *   4 a replica of the previous release is killed and a new process of the
  *     old build starts on the migrated database (a pod rescheduled mid-rollout);
@@ -44,7 +45,7 @@ const ROOT = path.resolve(import.meta.dirname, "../..");
 const RELEASE_FILE = path.join(ROOT, "test/upgrade/previous-release.txt");
 const SERVER_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
 const WORKERS = 6;
-/** Each worker paces itself to one call per this many ms: about 48 calls a second in all. */
+/** Each worker paces itself to one call per this many ms: steady load, well under the accounts' limits. */
 const PACE_MS = 125;
 const MAX_CALLS_PER_WORKER = 2_000;
 const PHASE_MS = { previousAlone: 6_000, both: 8_000, bothAfterRestart: 6_000, currentAlone: 4_000 };
@@ -153,7 +154,7 @@ async function preparePrevious(commit: string, dir: string): Promise<string> {
 /**
  * The previous release's node_modules starts as hard links to this tree's, so
  * `npm install` unpacks only what the previous release locks differently
- * instead of every package (a minute or two on a busy machine). npm never
+ * instead of every package. npm never
  * edits an installed package's file in place: it replaces files and folders,
  * which breaks a link, so this tree's copy is never written to. The one file
  * npm rewrites, its record of the tree (node_modules/.package-lock.json), is
@@ -181,6 +182,8 @@ interface Release {
   url: string;
   startMs: number;
   lines: string[];
+  /** Its warnings and errors, printed when an answer was unexpected. */
+  problems: string[];
   /** Its log lines about the schema: migrations applied, retried, or a newer schema served. */
   schemaLog: Array<Record<string, unknown>>;
   inFlight: number;
@@ -201,7 +204,10 @@ function startRelease(label: string, kind: ReleaseKind, dir: string, env: Record
     });
     const lines: string[] = [];
     const schemaLog: Array<Record<string, unknown>> = [];
+    const problems: string[] = [];
     const keep = (line: string) => {
+      // The upstream failures the load asks for are expected; anything else is kept.
+      if (/"level":"(warn|error)"/.test(line) && !/"llm call failed"|"UPSTREAM_FAILED"/.test(line) && problems.length < 20) problems.push(line);
       if (/"msg":"(migration|serving on a newer schema)/.test(line)) schemaLog.push(JSON.parse(line) as Record<string, unknown>);
       lines.push(line);
       if (lines.length > 40) lines.shift();
@@ -227,6 +233,7 @@ function startRelease(label: string, kind: ReleaseKind, dir: string, env: Record
           startMs: Date.now() - started,
           lines,
           schemaLog,
+          problems,
           inFlight: 0,
           exited,
           connect: createClient(DecisionService, createConnectTransport({ baseUrl: url, httpVersion: "1.1" })),
@@ -574,12 +581,25 @@ async function main(): Promise<void> {
     await reader.connect();
     await reader.query("BEGIN");
     await reader.query("SELECT id FROM ledger LIMIT 1");
-    const readerDone = sleep(READER_HOLD_MS).then(async () => {
-      await reader.query("COMMIT");
-      await reader.end();
-    });
-    const current = await start("current", "current", "the current release starts and migrates while the previous serves and a reader holds ledger, first try");
-    await readerDone;
+    const readerSince = Date.now();
+    let currentUp = false;
+    const currentStarting = start("current", "current", "the current release starts and migrates while the previous serves and a reader holds ledger, first try").finally(
+      () => (currentUp = true),
+    );
+    // The reader holds on until the current release is up, or for READER_HOLD_MS once a
+    // lock request on ledger (a migration's) waits behind it: the hold overlaps the migration.
+    let waitingSince: number | undefined;
+    while (!currentUp && (waitingSince === undefined || Date.now() - waitingSince < READER_HOLD_MS)) {
+      if (waitingSince === undefined) {
+        const { rows } = await db.raw<{ rows: { n: number }[] }>("SELECT count(*)::int AS n FROM pg_locks WHERE relation = 'ledger'::regclass AND NOT granted");
+        if (rows[0]!.n > 0) waitingSince = Date.now();
+      }
+      await sleep(50);
+    }
+    await reader.query("COMMIT");
+    await reader.end();
+    const readerHeld = `reader held ledger ${seconds(Date.now() - readerSince)}${waitingSince === undefined ? ", no lock waited behind it" : `, a lock waited behind it ${seconds(Date.now() - waitingSince)}`}`;
+    const current = await currentStarting;
     const knexAfter = await db("knex_migrations").orderBy("id").pluck("name");
     check(
       "the current release leaves knex_migrations as the previous release reads it",
@@ -589,7 +609,7 @@ async function main(): Promise<void> {
     const schemaTable = (await db.raw<{ rows: { present: boolean }[] }>("SELECT to_regclass('schema_migrations') IS NOT NULL AS present")).rows[0]!.present;
     const schemaRows = schemaTable ? Number((await db("schema_migrations").count({ n: "*" }))[0]!.n) : 0;
     process.stdout.write(
-      `migration: the current release listened ${current ? seconds(current.startMs) : "never"} after its start (reader held ledger ${seconds(READER_HOLD_MS)}); ` +
+      `migration: the current release listened ${current ? seconds(current.startMs) : "never"} after its start (${readerHeld}); ` +
         `knex_migrations ${knexAfter.length} rows, schema_migrations ${schemaTable ? `${schemaRows} rows` : "absent"}\n`,
     );
     for (const entry of current?.schemaLog ?? []) {
@@ -627,6 +647,9 @@ async function main(): Promise<void> {
       nextPhase("6 previous stops");
       live = [current];
       if (previousLive) {
+        // As a load balancer does, nothing is sent to it once it is told to stop: a call that reaches
+        // a stopping replica is refused with UNAVAILABLE ("shutting down; retry") by design.
+        await idle(previousLive);
         const stop = await stopRelease(previousLive, "SIGTERM");
         check("the previous release stops on SIGTERM with exit code 0", stop.code === 0, `exit ${stop.code ?? stop.signal} after ${seconds(stop.ms)}`);
       }
@@ -650,6 +673,9 @@ async function main(): Promise<void> {
     // --- the answers
     const unexpected = outcomes.filter((o) => !o.expected);
     check("every answer of both releases is the one its call kind expects", unexpected.length === 0, unexpected.slice(0, 5).map((o) => `${o.phase} ${o.release} ${o.surface} ${o.kind}: ${o.verdict}${o.replayed ? " (replayed)" : ""}`).join("; "));
+    if (unexpected.length > 0) {
+      for (const release of children) for (const line of release.problems.slice(0, 8)) process.stdout.write(`  ${release.label} logged: ${line}\n`);
+    }
     const replays = outcomes.filter((o) => o.kind === "replay");
     check("each replay answers exactly what its original answered, billing included", replayViolations.length === 0, replayViolations.slice(0, 3).join("\n    "));
     const replayKinds = new Set(replays.map((o) => o.releaseKind));
