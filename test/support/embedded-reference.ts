@@ -11,6 +11,8 @@ export interface Reference {
   /** Per label, the probability that the reply starts with one of its spellings. */
   labelProbabilities(messages: readonly ChatMessage[], spellings: readonly (readonly string[])[]): Promise<number[]>;
   tokenize(text: string): Token[];
+  /** The prompt's tokens under the handwritten ChatML template. */
+  tokenizeChat(messages: readonly ChatMessage[]): Token[];
   close(): Promise<void>;
 }
 
@@ -27,11 +29,13 @@ export async function openReference(file: string): Promise<Reference> {
     return outputs.slice(from).map((o) => o!.next.probabilities!);
   }
 
+  const tokenizeChat = (messages: readonly ChatMessage[]) =>
+    model.tokenize(messages.map((m) => `<|im_start|>${m.role}\n${m.content}<|im_end|>\n`).join("") + "<|im_start|>assistant\n", true);
   return {
     tokenize: (text) => model.tokenize(text, false),
+    tokenizeChat,
     async labelProbabilities(messages, spellings) {
-      const text = messages.map((m) => `<|im_start|>${m.role}\n${m.content}<|im_end|>\n`).join("") + "<|im_start|>assistant\n";
-      const prompt = model.tokenize(text, true);
+      const prompt = tokenizeChat(messages);
       const result: number[] = [];
       for (const variants of spellings) {
         const sequences = [...new Map(variants.map((v) => model.tokenize(v, false)).map((t) => [t.join(","), t])).values()];
