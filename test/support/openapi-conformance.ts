@@ -217,6 +217,7 @@ const AFTER_VALIDATION = new Set([
   "CONCURRENCY_LIMITED",
   "UPSTREAM_FAILED",
   "NOT_CONFIGURED",
+  "MODEL_NOT_READY",
   // The account area's: the password, the invite and the sign-in throttle are judged once the request's shape passed.
   "SIGN_IN_FAILED",
   "INVITE_INVALID",
