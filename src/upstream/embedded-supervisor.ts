@@ -93,6 +93,8 @@ function summaryOf(err: unknown): string {
       return "its download failed";
     case "mismatch":
       return "its file does not match the pinned size and SHA-256";
+    case "disk":
+      return "its file could not be written to the data folder";
   }
 }
 

@@ -2,6 +2,7 @@ import crypto from "node:crypto";
 import fs from "node:fs";
 import http from "node:http";
 import https from "node:https";
+import path from "node:path";
 import type { Logger } from "../logger.js";
 
 /**
@@ -25,8 +26,8 @@ export interface FetchProgress {
   secondsLeft: number;
 }
 
-/** `cut`: the connection ended mid-file (resumed at once); `network`: no connection; `http`: an error status; `mismatch`: the wrong file. */
-export type ModelFetchFailure = "cut" | "network" | "http" | "mismatch";
+/** `cut`: the connection ended mid-file (resumed at once); `network`: no connection; `http`: an error status; `mismatch`: the wrong file; `disk`: the data folder refused the file. */
+export type ModelFetchFailure = "cut" | "network" | "http" | "mismatch" | "disk";
 
 export class ModelFetchError extends Error {
   constructor(
@@ -38,6 +39,8 @@ export class ModelFetchError extends Error {
   }
 }
 
+/** A connection silent this long (no connect, no bytes) counts as lost: offline often means dropped packets, not a refusal. */
+const IDLE_TIMEOUT_MS = 30_000;
 /** How often a progress line is written at most. */
 const PROGRESS_INTERVAL_MS = 5_000;
 /** Connection attempts after a cut, each resuming where the file ends. */
@@ -58,6 +61,7 @@ export async function ensureModelFile(
     await verify(target, source);
     return target;
   }
+  fs.mkdirSync(path.dirname(target), { recursive: true });
   const part = `${target}.part`;
   let attempt = 0;
   for (;;) {
@@ -115,6 +119,11 @@ async function download(part: string, source: ModelSource, options: { logger: Lo
     throw new ModelFetchError(`model download from ${redacted(source.url)} answered HTTP ${status}`, "http");
   }
   const out = fs.createWriteStream(part, { flags: have > 0 ? "a" : "w" });
+  let writeError: Error | undefined;
+  out.on("error", (err) => {
+    writeError = err;
+    response.destroy(err);
+  });
   const started = Date.now();
   const startedAt = have;
   let received = have;
@@ -140,9 +149,10 @@ async function download(part: string, source: ModelSource, options: { logger: Lo
     }
   } catch (err) {
     if (err instanceof ModelFetchError) throw err;
+    if (writeError) throw new ModelFetchError(`model file ${part} could not be written: ${(writeError as NodeJS.ErrnoException).code ?? writeError.message}`, "disk");
     throw new ModelFetchError(`model download from ${redacted(source.url)} was cut at ${received} of ${source.bytes} bytes`, "cut");
   } finally {
-    await new Promise<void>((resolve) => out.end(resolve));
+    if (!out.destroyed) await new Promise<void>((resolve) => out.end(resolve));
   }
   if (received < source.bytes) throw new ModelFetchError(`model download from ${redacted(source.url)} was cut at ${received} of ${source.bytes} bytes`, "cut");
 }
@@ -175,6 +185,7 @@ function get(url: string, headers: Record<string, string>, signal: AbortSignal, 
       }
       resolve(response);
     });
+    request.setTimeout(IDLE_TIMEOUT_MS, () => request.destroy(Object.assign(new Error("no answer"), { code: "ETIMEDOUT" })));
     request.on("error", (err) => reject(new ModelFetchError(`model download from ${redacted(url)} failed: ${(err as NodeJS.ErrnoException).code ?? err.message}`, "network")));
   });
 }

@@ -72,7 +72,8 @@ describe("ensureModelFile", () => {
   it("downloads, logs percent, MB/s and time left, and verifies", async () => {
     server = await serve((req, res) => sendFrom(req, res));
     const { logger, lines } = recordingLogger();
-    const file = await ensureModelFile(path.join(dir, "m.gguf"), source(server.url), { logger, signal: new AbortController().signal, progressIntervalMs: 0 });
+    // The data folder's models/ does not exist yet on a first start.
+    const file = await ensureModelFile(path.join(dir, "models", "m.gguf"), source(server.url), { logger, signal: new AbortController().signal, progressIntervalMs: 0 });
     expect(fs.readFileSync(file).equals(FILE)).toBe(true);
     const progress = lines.filter((l) => l.msg === "model download progress");
     expect(progress.length).toBeGreaterThan(1);
@@ -109,6 +110,12 @@ describe("ensureModelFile", () => {
     await expect(failure).rejects.toThrow(new ModelFetchError(`model file ${target}.part has SHA-256 ${crypto.createHash("sha256").update(wrong).digest("hex")}, expected ${SHA}`, "mismatch"));
     expect(fs.existsSync(target)).toBe(false);
     expect(fs.existsSync(`${target}.rejected`)).toBe(true);
+  });
+
+  it("checks an existing file at every start and uses it without fetching", async () => {
+    const target = path.join(dir, "m.gguf");
+    fs.writeFileSync(target, FILE);
+    await expect(ensureModelFile(target, source("http://127.0.0.1:9/never"), { logger: createLogger("silent"), signal: new AbortController().signal })).resolves.toBe(target);
   });
 
   it("refuses an existing file that no longer matches, without fetching", async () => {
