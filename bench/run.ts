@@ -9,6 +9,7 @@
  *   DATABASE_URL=postgres://… BENCH_DURATION_S=5 BENCH_INVALID_S=600 npm run bench
  *   BENCH_SERVICE_NODE_ARGS="--cpu-prof --cpu-prof-dir=prof" npm run bench   # a CPU profile of the service under all of it
  *   BENCH_ONLY=connection-cap npm run bench         # only the row of the connection cap
+ *   BENCH_ONLY=embedded-model npm run bench         # only the row of the embedded model (the tiny test GGUF)
  *
  * 1,500 accounts at the product's default limits take the load in turn (see
  * createDefaultAccounts). The upstream answers at once unless a row says
@@ -22,6 +23,7 @@ import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { createKnex } from "../src/db/database.js";
+import { writeTinyGguf } from "../test/support/tiny-gguf.js";
 import type { LoadResult } from "./roles.js";
 import { buildService, startBareChain, startBareGrpcServer, startBareServer, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
 import {
@@ -69,6 +71,44 @@ function printRows(rows: Row[]): void {
   console.log(line([...columns]) + " met");
   console.log(line(widths.map((w) => "-".repeat(w))) + " ---");
   for (const row of rows) console.log(line(columns.map((c) => row[c])) + (row.met ? " yes" : " NO"));
+}
+
+/** Connections of the embedded model's row: a few callers keep its sequences busy without queueing for long. */
+const EMBEDDED_CONNECTIONS = 4;
+
+/**
+ * Decisions on the embedded model, with no upstream: the tiny GGUF the tests
+ * use (its speed is llama.cpp's per-token cost on a model of almost no
+ * weights, so the row measures the service's path around the engine), one
+ * thread, and the process's peak RSS with the model loaded.
+ */
+async function embeddedModelRow(env: Record<string, string>, load: Awaited<ReturnType<typeof startLoadGenerator>>, apiKeys: string[], dataDir: string, viaUpstream?: LoadResult): Promise<Row> {
+  const modelPath = writeTinyGguf(path.join(dataDir, "tiny.gguf"));
+  const service = await startService({ ...env, TYPESAFE_LLM_MODEL_PATH: modelPath, TYPESAFE_LLM_THREADS: "1", TYPESAFE_LLM_SEQUENCES: "2" });
+  try {
+    const deadline = performance.now() + 60_000;
+    while (!JSON.stringify(await (await fetch(`${service.url}/healthz`)).json()).includes('"model_state":"ready"')) {
+      if (performance.now() > deadline) throw new Error("the embedded model row: the model did not load within 60 s");
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    const decisions = `${service.url}/api/v1/decisions`;
+    const measure = (body: string, durationS: number) => load.run({ mode: "http", url: decisions, body, apiKeys, connections: EMBEDDED_CONNECTIONS, durationS });
+    await measure(decideBody(1), 2); // warm-up
+    const one = await measure(decideBody(1), DURATION_S);
+    const forty = await measure(decideBody(40), DURATION_S);
+    const rssMb = await service.peakRssMb();
+    return {
+      measure: `decisions on the embedded model (tiny GGUF, 1 thread, 2 sequences, ${EMBEDDED_CONNECTIONS} callers)`,
+      figure: `1 question: ${fixed(one.rps, 1)} calls/s (p50 ${fixed(one.p50, 1)} ms, p99 ${fixed(one.p99, 1)} ms); 40 questions: ${fixed(forty.rps, 2)} calls/s (p50 ${fixed(forty.p50)} ms, p99 ${fixed(forty.p99)} ms); peak RSS ${fixed(rssMb)} MB`,
+      baseline: viaUpstream ? `the HTTP upstream path: ${fixed(viaUpstream.rps)} req/s` : "—",
+      ratio: viaUpstream ? `${(one.rps / viaUpstream.rps).toFixed(3)}×` : "—",
+      // The load generator fails the run on any non-2xx answer or error.
+      target: "— (CPU-bound: see docs/decisions.md)",
+      met: true,
+    };
+  } finally {
+    await service.stop();
+  }
 }
 
 /**
@@ -143,6 +183,13 @@ async function main() {
       await db.destroy();
       return printRows([await connectionCapRow({ ...serviceEnv, DATABASE_URL: scratch.url }, load, apiKeys)]);
     }
+    if (ONLY === "embedded-model") {
+      await (await startService({ ...serviceEnv, DATABASE_URL: scratch.url })).stop();
+      const db = createKnex(scratch.url, 4);
+      const apiKeys = await createDefaultAccounts(db, ACCOUNTS);
+      await db.destroy();
+      return printRows([await embeddedModelRow({ DATABASE_URL: scratch.url }, load, apiKeys, dataDir)]);
+    }
     // Start-up as a user runs it (`npm start`, its build fresh): the first start migrates the fresh database,
     // the next ones are what a restart costs.
     const startTimes: number[] = [];
@@ -203,6 +250,7 @@ async function main() {
     await fake.setDelay(0);
     await onPostgres.stop();
     const capRow = await connectionCapRow({ ...serviceEnv, DATABASE_URL: scratch.url }, load, apiKeys);
+    const embeddedModel = await embeddedModelRow({ DATABASE_URL: scratch.url }, load, apiKeys, dataDir, gateway);
 
     // The embedded store, measured the same way.
     service = await startService({ ...serviceEnv, TYPESAFE_DATA_DIR: dataDir });
@@ -304,6 +352,7 @@ async function main() {
         met: embedded.rps >= 200 && embedded.p99 <= 500,
       },
       capRow,
+      embeddedModel,
     );
     printRows(rows);
   } finally {

@@ -48,6 +48,7 @@ async function main() {
   const config = loadConfig({
     PORT: "0",
     TYPESAFE_LOG_LEVEL: "silent",
+    TYPESAFE_LLM_EMBEDDED: "off",
     ...fakes.env,
     TYPESAFE_SEARCH_GDELT_TIMEOUT_MS: String(HUNG_TIMEOUT_MS),
     TYPESAFE_SEARCH_CACHE_ENTRIES: "100000",

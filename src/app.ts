@@ -3,7 +3,8 @@ import type { ConnectRouter } from "@connectrpc/connect";
 import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
 import { createDecisionService } from "./decision/service.js";
-import { createGateway } from "./gateway/gateway.js";
+import { createGateway, type DecisionsStatus } from "./gateway/gateway.js";
+import { startEmbeddedModel, type EmbeddedModelHost } from "./upstream/embedded-supervisor.js";
 import { prepareStatementsOn } from "./metering/ledger.js";
 import { createMeter, type Meter } from "./metering/meter.js";
 import { createMetrics } from "./metrics.js";
@@ -60,7 +61,10 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   const now = overrides.now ?? (() => new Date());
   const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
   const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
-  const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics });
+  // Without an upstream, decisions run on a model in this process, fetched and loaded while the service already serves.
+  const embedded =
+    config.llm.baseUrl === undefined && config.llm.embedded.enabled ? startEmbeddedModel(config.llm.embedded, config.dataDir, logger) : undefined;
+  const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics, embedded });
   const search = createSearchService({ db, meter, config: config.search, logger, metrics });
 
   const observer = { logger, metrics };
@@ -94,6 +98,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     shutdownSignal: shutdown.signal,
     metrics,
     openApiDocument: readOpenApiDocument(),
+    decisionsStatus: () => decisionsStatus(config, embedded),
   });
   let server: RunningServer;
   try {
@@ -115,6 +120,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
       config.port,
     );
   } catch (err) {
+    await embedded?.stop();
     await database.close();
     throw err;
   }
@@ -133,10 +139,18 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();
       await meter.stop();
+      await embedded?.stop();
       await database.close();
       logger.info("stopped");
     },
   };
+}
+
+function decisionsStatus(config: Config, embedded: EmbeddedModelHost | undefined): DecisionsStatus {
+  if (config.llm.baseUrl !== undefined) return { engine: "upstream" };
+  if (!embedded) return { engine: "off" };
+  const status = embedded.status();
+  return { engine: "embedded", model_state: status.state, ...(status.state === "fetching" ? { percent: status.percent } : {}) };
 }
 
 /** What this deployment serves, in one start-up line an operator can read at a glance. */
@@ -144,7 +158,11 @@ export function enabledSummary(config: Config): { decisions: string; search: str
   const upstream = config.llm.baseUrl === undefined ? undefined : new URL(config.llm.baseUrl);
   const sources = config.search.configuredSources ?? [];
   return {
-    decisions: upstream ? `on: ${upstream.host}, model ${config.llm.model}` : "off: set TYPESAFE_LLM_BASE_URL",
+    decisions: upstream
+      ? `on: ${upstream.host}, model ${config.llm.model}`
+      : config.llm.embedded.enabled
+        ? `embedded: ${config.llm.embedded.modelPath ? "a local model file (TYPESAFE_LLM_MODEL_PATH)" : `${config.llm.embedded.modelFileName}, fetched into the data folder on first start`}`
+        : "off: set TYPESAFE_LLM_BASE_URL (the embedded model is off)",
     search: sources.length > 0 ? `on: ${sources.join(", ")}` : "off: no source configured (TYPESAFE_SEARCH_SOURCES)",
   };
 }

@@ -37,7 +37,8 @@ function newestIn(dir) {
  * The server as one ES module. Loading dist/ file by file resolves and reads
  * hundreds of modules (most of them lodash's, through knex), a large part of a
  * start on a machine with slow system calls; one file is a single read and compile.
- * Packages stay outside when they load files of their own (PGlite's WASM) or
+ * Packages stay outside when they load files of their own (PGlite's WASM,
+ * node-llama-cpp's native binary, found from its own folder) or
  * are drivers knex names but this service never loads. dist/bundle/ sits two
  * levels below the root, like dist/openapi/, so paths relative to a module
  * (the OpenAPI document) resolve the same from either.
@@ -51,7 +52,7 @@ function bundleServer() {
     platform: "node",
     format: "esm",
     target: "node20",
-    external: ["@electric-sql/pglite", ...knexDriversNotUsed],
+    external: ["@electric-sql/pglite", "node-llama-cpp", ...knexDriversNotUsed],
     // Bundled CommonJS packages call require(); an ES module has none of its own.
     banner: { js: "import { createRequire as bundleCreateRequire } from 'node:module'; const require = bundleCreateRequire(import.meta.url);" },
     sourcemap: true,

@@ -89,7 +89,45 @@ export interface LlmConfig {
   /** Per-process cap on concurrent upstream calls. */
   maxConcurrentCalls: number;
   maxRetries: number;
+  /** The model run in this process when `baseUrl` is unset. */
+  embedded: EmbeddedModelConfig;
 }
+
+/**
+ * The embedded model: a GGUF file run through llama.cpp's CPU build.
+ * Fetched once into the data folder from a revision-pinned address and
+ * checked against the pinned size and SHA-256, unless `modelPath` names a
+ * local file.
+ */
+export interface EmbeddedModelConfig {
+  /** TYPESAFE_LLM_EMBEDDED=off turns it off: decisions then need TYPESAFE_LLM_BASE_URL. */
+  enabled: boolean;
+  /** A local GGUF file, used as it is: nothing is fetched or pinned. */
+  modelPath: string | undefined;
+  /** Where the pinned file is fetched from (a mirror must serve the same bytes). */
+  modelUrl: string;
+  modelBytes: number;
+  modelSha256: string;
+  /** The file's name in the data folder. */
+  modelFileName: string;
+  /** Tokens one sequence holds: the longest prompt one question may have. */
+  contextTokens: number;
+  /** Questions evaluated side by side; memory grows with contextTokens × sequences. */
+  sequences: number;
+  /** CPU threads for llama.cpp; 0 lets it choose. */
+  threads: number;
+}
+
+/**
+ * Qwen2.5-0.5B-Instruct (Apache-2.0), Q4_K_M, at a fixed revision of Qwen's
+ * own GGUF repository; size and SHA-256 as that revision's LFS pointer gives them.
+ */
+export const DEFAULT_EMBEDDED_MODEL = {
+  url: "https://huggingface.co/Qwen/Qwen2.5-0.5B-Instruct-GGUF/resolve/9217f5db79a29953eb74d5343926648285ec7e67/qwen2.5-0.5b-instruct-q4_k_m.gguf",
+  bytes: 491_400_032,
+  sha256: "74a4da8c9fdbcd15bd1f6d01d621410d31c6fc00986f5eb687824e7b93d7a9db",
+  fileName: "qwen2.5-0.5b-instruct-q4_k_m.gguf",
+} as const;
 
 /** Search's own settings; each source reads its part of `env`. */
 export interface SearchConfig {
@@ -146,6 +184,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   if (llmBaseUrl && !/^https?:\/\/[^/]/.test(llmBaseUrl)) {
     problems.push(`TYPESAFE_LLM_BASE_URL: must be an http(s) URL, got "${llmBaseUrl}"`);
   }
+  const embedded = str("TYPESAFE_LLM_EMBEDDED") ?? "on";
+  if (embedded !== "on" && embedded !== "off") problems.push(`TYPESAFE_LLM_EMBEDDED: must be on or off, got "${embedded}"`);
+  const modelUrl = str("TYPESAFE_LLM_MODEL_URL");
+  if (modelUrl && !/^https?:\/\/[^/]/.test(modelUrl)) problems.push(`TYPESAFE_LLM_MODEL_URL: must be an http(s) URL, got "${modelUrl}"`);
   const publicUrl = str("TYPESAFE_PUBLIC_URL");
   if (publicUrl !== undefined && publicUrlProblem(publicUrl)) {
     problems.push(`TYPESAFE_PUBLIC_URL: ${publicUrlProblem(publicUrl)}, got "${publicUrl}"`);
@@ -207,6 +249,17 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       callTimeoutMs: int("TYPESAFE_LLM_CALL_TIMEOUT_MS", 20_000, 100),
       maxConcurrentCalls: int("TYPESAFE_LLM_MAX_CONCURRENT_CALLS", 64, 1),
       maxRetries: int("TYPESAFE_LLM_MAX_RETRIES", 2, 0, 10),
+      embedded: {
+        enabled: embedded !== "off",
+        modelPath: str("TYPESAFE_LLM_MODEL_PATH") === undefined ? undefined : path.resolve(cwd, str("TYPESAFE_LLM_MODEL_PATH")!),
+        modelUrl: modelUrl ?? DEFAULT_EMBEDDED_MODEL.url,
+        modelBytes: DEFAULT_EMBEDDED_MODEL.bytes,
+        modelSha256: DEFAULT_EMBEDDED_MODEL.sha256,
+        modelFileName: DEFAULT_EMBEDDED_MODEL.fileName,
+        contextTokens: int("TYPESAFE_LLM_CONTEXT_TOKENS", 8_192, 512, 131_072),
+        sequences: int("TYPESAFE_LLM_SEQUENCES", 2, 1, 64),
+        threads: int("TYPESAFE_LLM_THREADS", 2, 0, 256),
+      },
     },
     search: {
       requestTimeoutMs: int("TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS", 10_000, 100),
@@ -279,12 +332,18 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_LINGER_TIME_MS:
     "how long an HTTP/1.1 body is still read and discarded after an answer that did not wait for it (401, 413, 415), before the connection closes lingering",
   TYPESAFE_MAX_CONNECTIONS: "open connections; one more is closed as soon as it is accepted, while open connections keep being served",
-  TYPESAFE_LLM_BASE_URL: "for example `http://127.0.0.1:8000/v1`; unset: decisions answer 503 (search keeps working)",
+  TYPESAFE_LLM_BASE_URL: "for example `http://127.0.0.1:8000/v1`; wins over the embedded model; unset: the embedded model answers",
   TYPESAFE_LLM_API_KEY: "sent as `Authorization: Bearer` to the upstream only",
   TYPESAFE_LLM_MODEL: "the upstream's model name",
   TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "deadline of one decision; questions still running become `timeout` errors",
   TYPESAFE_LLM_CALL_TIMEOUT_MS: "timeout of one upstream HTTP attempt",
   TYPESAFE_LLM_MAX_CONCURRENT_CALLS: "per-process cap on upstream calls in flight",
   TYPESAFE_LLM_MAX_RETRIES: "retries on 429, 5xx and network errors, within the deadline; not billed",
+  TYPESAFE_LLM_EMBEDDED: "`off`: no embedded model; without an upstream, decisions answer 503 `NOT_CONFIGURED` (default on)",
+  TYPESAFE_LLM_MODEL_PATH: "a local GGUF file for the embedded model; nothing is downloaded or pinned",
+  TYPESAFE_LLM_MODEL_URL: "a mirror of the pinned model file (default: the pinned address); the pinned size and SHA-256 still apply",
+  TYPESAFE_LLM_CONTEXT_TOKENS: "tokens one sequence holds: the longest prompt of one question on the embedded model",
+  TYPESAFE_LLM_SEQUENCES: "questions the embedded model evaluates side by side",
+  TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0 lets it choose",
   TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS: "deadline of one search",
 };

@@ -39,6 +39,7 @@ export const REASONS = {
   UPSTREAM_FAILED: { grpc: Code.Unavailable, http: 502, envelope: 50201, meaning: "The upstream LLM or every search source failed." },
   NOT_CONFIGURED: { grpc: Code.FailedPrecondition, http: 503, envelope: 50301, meaning: "The upstream for this operation is not configured." },
   UNAVAILABLE: { grpc: Code.Unavailable, http: 503, envelope: 50302, meaning: "The database is unreachable; retry later." },
+  MODEL_NOT_READY: { grpc: Code.Unavailable, http: 503, envelope: 50303, meaning: "The embedded model is downloading, loading or failed to; the message says which and what to set; wait Retry-After." },
 } as const satisfies Record<string, { grpc: Code; http: number; envelope: number; meaning: string }>;
 
 export type Reason = keyof typeof REASONS;

@@ -184,6 +184,7 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
   /** One logprobs call, read over `labels`; once more with the closing line repeated if no label came back. */
   async function readout(ask: Asker, block: QuestionBlock, labels: LabelSet): Promise<Readout> {
     const first = buildMessages(ask.stateBlock, block.text);
+    if (llm.scoreLabels) return exactReadout(llm.scoreLabels.bind(llm), first, labels, ask);
     const again = buildMessages(ask.stateBlock, `${block.text}\n${block.closing}`);
     for (const messages of [first, again]) {
       const completion = await llm.complete({ kind: "logprobs", messages, cacheKey: ask.cacheKey }, ask.options);
@@ -194,6 +195,17 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
       if (distribution.mass > 0) return { distribution, usage: usageOf(completion, messages) };
     }
     throw new NoSignal();
+  }
+
+  /** The whole distribution: every label's probability exact, so none is unseen and the mass is the true one. */
+  async function exactReadout(score: NonNullable<LlmClient["scoreLabels"]>, messages: ChatMessage[], labels: LabelSet, ask: Asker): Promise<Readout> {
+    const scored = await score({ messages, spellings: labels.spellings }, ask.options);
+    const mass = scored.probabilities.reduce((a, b) => a + b, 0);
+    if (!(mass > 0)) throw new NoSignal();
+    return {
+      distribution: { probabilities: scored.probabilities.map((p) => p / mass), mass: Math.min(mass, 1), unseen: 0, unseenMassMax: 0 },
+      usage: scored.usage,
+    };
   }
 
   async function answerWithLogprobs(q: QuestionSpec, ask: Asker): Promise<QuestionResult> {

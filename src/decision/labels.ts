@@ -8,6 +8,12 @@
 /** A label set: the symbols in label order and the readout of one token. */
 export interface LabelSet {
   symbols: string[];
+  /**
+   * The spellings of each symbol that count as it, as a model writes them
+   * first (with and without a leading space): a model whose whole
+   * distribution is at hand sums exactly these.
+   */
+  spellings: string[][];
   /** The label index a token stands for, or undefined when it is not a label. */
   indexOf(token: string): number | undefined;
 }
@@ -19,6 +25,11 @@ export interface LabelSet {
  */
 export function canonicalToken(token: string): string {
   return token.replace(/^[\sĠ▁]+/u, "").trimEnd();
+}
+
+/** Each spelling bare and after one space, the two ways a reply's first token carries it. */
+function spaced(spellings: readonly string[]): string[] {
+  return spellings.flatMap((s) => [s, ` ${s}`]);
 }
 
 const LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
@@ -36,6 +47,7 @@ export const MAX_DIGIT_LABELS = 10;
 /** `yes` / `no`: case and leading-space variants all count (`Yes`, ` yes`, `YES`). */
 export const NOUL_LABELS: LabelSet = {
   symbols: ["yes", "no"],
+  spellings: [spaced(["yes", "Yes", "YES"]), spaced(["no", "No", "NO"])],
   indexOf(token) {
     const canon = canonicalToken(token).toLowerCase();
     if (canon === "yes") return 0;
@@ -54,6 +66,7 @@ export function letterLabels(count: number): LabelSet {
   const letters = (count < LETTERS.length ? LETTERS_BUT_I : LETTERS).slice(0, count);
   return {
     symbols: [...letters],
+    spellings: [...letters].map((l) => spaced([l])),
     indexOf(token) {
       const canon = canonicalToken(token);
       if (canon.length !== 1) return undefined;
@@ -68,6 +81,7 @@ export function digitLabels(count: number): LabelSet {
   if (count < 1 || count > MAX_DIGIT_LABELS) throw new RangeError(`digit labels: 1 to 10, got ${count}`);
   return {
     symbols: Array.from({ length: count }, (_, i) => String(i)),
+    spellings: Array.from({ length: count }, (_, i) => spaced([String(i)])),
     indexOf(token) {
       const canon = canonicalToken(token);
       if (!/^[0-9]$/.test(canon)) return undefined;

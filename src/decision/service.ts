@@ -18,7 +18,8 @@ import { authenticate, requireApiKey } from "../call/auth.js";
 import { callPhasesOf } from "../call/call-phases.js";
 import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
-import { createDecisionEngine, firstCallMessages, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";
+import { notReadyMessage, retryAfterSeconds, type EmbeddedModelHost } from "../upstream/embedded-supervisor.js";
+import { createDecisionEngine, firstCallMessages, type DecisionEngine, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";
 import { optionOrder } from "./labels.js";
 import { estimateTokens, PROMPT_VERSION, renderState } from "./prompt.js";
 import { SUPPORTED_MODEL, isQuestionType, unknownQuestionType, validateDecideRequest } from "./validate.js";
@@ -34,6 +35,8 @@ export interface DecisionServiceDeps {
   logger: Logger;
   /** Defaults to the OpenAI-compatible client built from `llm`. */
   llmClient?: LlmClient;
+  /** The in-process model, used when `llm.baseUrl` is unset. */
+  embedded?: EmbeddedModelHost;
   metrics?: Pick<Metrics, "recordLlmCall" | "recordDecision">;
 }
 
@@ -44,9 +47,18 @@ export interface DecisionServiceDeps {
  * wrapper, which settles the actual cost or releases the hold.
  */
 export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<typeof DecisionService> {
-  const { db, meter, llm, logger, metrics } = deps;
+  const { db, meter, llm, logger, metrics, embedded } = deps;
   const client = deps.llmClient ?? (llm.baseUrl !== undefined ? createLlmClient({ config: llm, logger, metrics }) : undefined);
-  const engine = client ? createDecisionEngine({ llm: client, logger }) : undefined;
+  const httpEngine = client ? createDecisionEngine({ llm: client, logger }) : undefined;
+  let embeddedEngine: { model: LlmClient; engine: DecisionEngine } | undefined;
+  /** The engine over the upstream, or over the embedded model once it is loaded. */
+  const currentEngine = (): DecisionEngine | undefined => {
+    if (httpEngine || !embedded) return httpEngine;
+    const model = embedded.model();
+    if (!model) return undefined;
+    if (embeddedEngine?.model !== model) embeddedEngine = { model, engine: createDecisionEngine({ llm: model, logger }) };
+    return embeddedEngine.engine;
+  };
 
   return {
     async decide(request, ctx: HandlerContext) {
@@ -64,6 +76,14 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
             metadata: { estimated_tokens: String(tokens), max_tokens: String(QUESTION_BUDGET_TOKENS) },
           });
         }
+      }
+      const engine = currentEngine();
+      if (!engine && embedded) {
+        await authenticate(db, apiKey);
+        const status = embedded.status();
+        throw apiError("MODEL_NOT_READY", notReadyMessage(status), {
+          metadata: { model_state: status.state, retry_after_seconds: String(retryAfterSeconds(status)) },
+        });
       }
       if (!engine) {
         await authenticate(db, apiKey);

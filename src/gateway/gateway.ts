@@ -50,6 +50,15 @@ export interface GatewayOptions {
   metrics?: Metrics;
   /** The OpenAPI document of this surface (JSON text), served at GET /api/v1/openapi.json. */
   openApiDocument?: string;
+  /** What decisions run on, reported by both probes (readiness never waits for the embedded model). */
+  decisionsStatus?: () => DecisionsStatus;
+}
+
+/** The probes' view of decisions: which engine, and the embedded model's state. */
+export interface DecisionsStatus {
+  engine: "upstream" | "embedded" | "off";
+  model_state?: "fetching" | "loading" | "ready" | "failed";
+  percent?: number;
 }
 
 const OPENAPI_PATH = "/api/v1/openapi.json";
@@ -72,9 +81,10 @@ export function createGateway(options: GatewayOptions) {
     const path = (req.url ?? "/").split("?")[0]!;
     if (path === "/healthz" || path === "/readyz") {
       if (req.method !== "GET") return refuse(req, res, requestId, path, methodNotAllowed(path, "GET"), { allow: "GET" });
-      if (path === "/healthz") return sendOk(res, { status: "up" }, { "x-request-id": requestId });
+      const decisions = options.decisionsStatus ? { decisions: options.decisionsStatus() } : {};
+      if (path === "/healthz") return sendOk(res, { status: "up", ...decisions }, { "x-request-id": requestId });
       const ready = await options.isReady().catch(() => false);
-      if (ready) return sendOk(res, { status: "ready" }, { "x-request-id": requestId });
+      if (ready) return sendOk(res, { status: "ready", ...decisions }, { "x-request-id": requestId });
       const notReady = apiError("UNAVAILABLE", "not ready: the database is unreachable");
       return sendError(res, toPublicError(notReady, requestId), { "x-request-id": requestId });
     }

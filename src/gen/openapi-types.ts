@@ -1119,7 +1119,7 @@ export interface components {
                 };
             };
         };
-        /** @description NOT_CONFIGURED: The upstream for this operation is not configured. UNAVAILABLE: The database is unreachable; retry later. */
+        /** @description NOT_CONFIGURED: The upstream for this operation is not configured. UNAVAILABLE: The database is unreachable; retry later. MODEL_NOT_READY: The embedded model is downloading, loading or failed to; the message says which and what to set; wait Retry-After. */
         Error503: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1131,11 +1131,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 50301 | 50302;
+                    code: 50301 | 50302 | 50303;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "NOT_CONFIGURED" | "UNAVAILABLE";
+                        reason?: "NOT_CONFIGURED" | "UNAVAILABLE" | "MODEL_NOT_READY";
                     };
                 };
             };
@@ -2141,6 +2141,14 @@ export interface operations {
                         data: {
                             /** @constant */
                             status: "up";
+                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent). Readiness does not wait for the model. */
+                            decisions?: {
+                                /** @enum {unknown} */
+                                engine: "upstream" | "embedded" | "off";
+                                /** @enum {unknown} */
+                                model_state?: "fetching" | "loading" | "ready" | "failed";
+                                percent?: number;
+                            };
                         };
                     };
                 };
@@ -2172,6 +2180,14 @@ export interface operations {
                         data: {
                             /** @constant */
                             status: "ready";
+                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent). Readiness does not wait for the model. */
+                            decisions?: {
+                                /** @enum {unknown} */
+                                engine: "upstream" | "embedded" | "off";
+                                /** @enum {unknown} */
+                                model_state?: "fetching" | "loading" | "ready" | "failed";
+                                percent?: number;
+                            };
                         };
                     };
                 };

@@ -252,7 +252,29 @@ function probeOperation(path: string): JsonSchema {
       "200": {
         description: `The service is ${status}.`,
         headers: commonHeaders,
-        content: { "application/json": { schema: successEnvelope({ type: "object", required: ["status"], additionalProperties: false, properties: { status: { const: status } } }) } },
+        content: {
+          "application/json": {
+            schema: successEnvelope({
+              type: "object",
+              required: ["status"],
+              additionalProperties: false,
+              properties: {
+                status: { const: status },
+                decisions: {
+                  type: "object",
+                  description: "What decisions run on; with the embedded model, its state (a download shows its percent). Readiness does not wait for the model.",
+                  required: ["engine"],
+                  additionalProperties: false,
+                  properties: {
+                    engine: { enum: ["upstream", "embedded", "off"] },
+                    model_state: { enum: ["fetching", "loading", "ready", "failed"] },
+                    percent: { type: "number", minimum: 0, maximum: 100 },
+                  },
+                },
+              },
+            }),
+          },
+        },
       },
       ...(path === "/readyz" ? { "503": errorResponseRefs["503"] } : {}),
     },

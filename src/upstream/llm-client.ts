@@ -23,6 +23,24 @@ export interface LlmClient {
   complete(request: ChatRequest, options: CallOptions): Promise<ChatCompletion>;
   /** Calls waiting for one of the TYPESAFE_LLM_MAX_CONCURRENT_CALLS slots. */
   waitingCalls(): number;
+  /**
+   * Present where the model's whole next-token distribution is at hand (the
+   * embedded model): the exact probability that the reply starts with each
+   * label, read in place of a top-k window.
+   */
+  scoreLabels?(request: LabelScoreRequest, options: CallOptions): Promise<LabelScores>;
+}
+
+export interface LabelScoreRequest {
+  messages: ChatMessage[];
+  /** Per label, the spellings that count as it; their probabilities are summed. */
+  spellings: readonly (readonly string[])[];
+}
+
+export interface LabelScores {
+  /** Per label, the probability that the reply starts with one of its spellings (not renormalized). */
+  probabilities: number[];
+  usage: ChatUsage;
 }
 
 export interface LlmCapabilities {

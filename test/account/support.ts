@@ -45,6 +45,7 @@ export async function startAccountApp(
     TYPESAFE_SHUTDOWN_GRACE_MS: "2000",
     TYPESAFE_DB_POOL_MAX: database.isExternal ? "10" : "4",
     TYPESAFE_SEARCH_SOURCES: "none",
+    TYPESAFE_LLM_EMBEDDED: "off",
     ...env,
     DATABASE_URL: database.url,
   });

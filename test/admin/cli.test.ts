@@ -104,7 +104,7 @@ describe("embedded store", () => {
     const owner = await startServiceProcess({ TYPESAFE_DATA_DIR: dataDir });
     try {
       const published = await fs.readFile(path.join(dataDir, "socket.json"), "utf8");
-      const second = await runToExit("src/main.ts", [], { TYPESAFE_DATA_DIR: dataDir, PORT: "0", TYPESAFE_SEARCH_SOURCES: "none" });
+      const second = await runToExit("src/main.ts", [], { TYPESAFE_DATA_DIR: dataDir, PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off" });
       expect(second.code).toBe(1);
       expect(second.stderr).toMatch(/in use by process \d+, its database on 127\.0\.0\.1:\d+/);
       expect(await fs.readFile(path.join(dataDir, "socket.json"), "utf8")).toBe(published);

@@ -71,7 +71,7 @@ function startReplica(env: Record<string, string>): Promise<Replica> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
       cwd: ROOT,
-      env: { PATH: process.env.PATH ?? "", HOME: process.env.HOME ?? "", PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", ...env },
+      env: { PATH: process.env.PATH ?? "", HOME: process.env.HOME ?? "", PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off", ...env },
       stdio: ["ignore", "pipe", "pipe"],
     });
     let buffered = "";

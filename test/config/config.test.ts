@@ -28,6 +28,35 @@ const SIX_BAD = {
   TYPESAFE_SEARCH_BRAVE_RATE: "fast",
 };
 
+describe("the embedded model's settings", () => {
+  it("refuses what it cannot use, each naming the variable and the rule", () => {
+    expect(
+      problemsOf({ TYPESAFE_LLM_EMBEDDED: "maybe", TYPESAFE_LLM_MODEL_URL: "ftp://mirror", TYPESAFE_LLM_CONTEXT_TOKENS: "100", TYPESAFE_LLM_SEQUENCES: "0", TYPESAFE_LLM_THREADS: "-1" }),
+    ).toEqual([
+      'TYPESAFE_LLM_EMBEDDED: must be on or off, got "maybe"',
+      'TYPESAFE_LLM_MODEL_URL: must be an http(s) URL, got "ftp://mirror"',
+      'TYPESAFE_LLM_CONTEXT_TOKENS: must be an integer between 512 and 131072, got "100"',
+      'TYPESAFE_LLM_SEQUENCES: must be an integer between 1 and 64, got "0"',
+      'TYPESAFE_LLM_THREADS: must be an integer between 0 and 256, got "-1"',
+    ]);
+  });
+
+  it("defaults to the pinned model with bounded memory", () => {
+    expect(loadConfig({}, "/srv").llm.embedded).toEqual({
+      enabled: true,
+      modelPath: undefined,
+      modelUrl: "https://huggingface.co/Qwen/Qwen2.5-0.5B-Instruct-GGUF/resolve/9217f5db79a29953eb74d5343926648285ec7e67/qwen2.5-0.5b-instruct-q4_k_m.gguf",
+      modelBytes: 491_400_032,
+      modelSha256: "74a4da8c9fdbcd15bd1f6d01d621410d31c6fc00986f5eb687824e7b93d7a9db",
+      modelFileName: "qwen2.5-0.5b-instruct-q4_k_m.gguf",
+      contextTokens: 8192,
+      sequences: 2,
+      threads: 2,
+    });
+    expect(loadConfig({ TYPESAFE_LLM_MODEL_PATH: "models/m.gguf" }, "/srv").llm.embedded.modelPath).toBe("/srv/models/m.gguf");
+  });
+});
+
 describe("configuration is checked in one pass", () => {
   it("lists every problem of the core, LLM and search variables together", () => {
     const problems = problemsOf(SIX_BAD);
@@ -74,7 +103,10 @@ describe("configuration is checked in one pass", () => {
 
 describe("the start-up summary", () => {
   it.each([
-    [{}, { decisions: "off: set TYPESAFE_LLM_BASE_URL", search: expect.stringMatching(/^on: brave.*|^on: wikipedia/) }],
+    [{}, { decisions: "embedded: qwen2.5-0.5b-instruct-q4_k_m.gguf, fetched into the data folder on first start", search: expect.stringMatching(/^on: brave.*|^on: wikipedia/) }],
+    [{ TYPESAFE_LLM_MODEL_PATH: "model.gguf" }, { decisions: "embedded: a local model file (TYPESAFE_LLM_MODEL_PATH)" }],
+    [{ TYPESAFE_LLM_EMBEDDED: "off" }, { decisions: "off: set TYPESAFE_LLM_BASE_URL (the embedded model is off)" }],
+    [{ TYPESAFE_LLM_EMBEDDED: "off", TYPESAFE_LLM_BASE_URL: "http://llm.internal:8000/v1" }, { decisions: "on: llm.internal:8000, model default" }],
     [
       { TYPESAFE_LLM_BASE_URL: "http://llm.internal:8000/v1", TYPESAFE_LLM_MODEL: "qwen3", TYPESAFE_SEARCH_SOURCES: "none" },
       { decisions: "on: llm.internal:8000, model qwen3", search: "off: no source configured (TYPESAFE_SEARCH_SOURCES)" },
@@ -91,7 +123,7 @@ describe("the start-up summary", () => {
     await app.stop();
     await database.close();
     const entries = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
-    expect(entries.find((e) => e["msg"] === "enabled")).toMatchObject({ decisions: "off: set TYPESAFE_LLM_BASE_URL" });
+    expect(entries.find((e) => e["msg"] === "enabled")).toMatchObject({ decisions: "off: set TYPESAFE_LLM_BASE_URL (the embedded model is off)" });
     expect(lines.join("\n")).not.toContain("TYPESAFE_SEARCH_CONTACT");
   });
 });

@@ -23,7 +23,7 @@ const seconds = Math.max(1, Number(values.seconds));
 
 async function main(): Promise<void> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-fuzz-"));
-  const config = loadConfig({ PORT: "0", TYPESAFE_LOG_LEVEL: "silent", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_DATA_DIR: dataDir, ...(process.env.DATABASE_URL ? { DATABASE_URL: process.env.DATABASE_URL } : {}) });
+  const config = loadConfig({ PORT: "0", TYPESAFE_LOG_LEVEL: "silent", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off", TYPESAFE_DATA_DIR: dataDir, ...(process.env.DATABASE_URL ? { DATABASE_URL: process.env.DATABASE_URL } : {}) });
   const app = await startApp(config, createLogger("silent"));
   const { apiKey } = await createTestAccount(app.database.db, { units: 1_000_000 });
   const counts = new Map<string, number>();

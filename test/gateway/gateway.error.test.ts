@@ -222,9 +222,11 @@ describe("body size, paths and methods", () => {
   });
 
   it("health probes answer in the envelope", async () => {
-    expect(await (await fetch(`${service.url}/healthz`)).json()).toEqual({ code: 0, message: "ok", data: { status: "up" } });
+    // No upstream and the embedded model off here: the probes say decisions are off.
+    expect(await (await fetch(`${service.url}/healthz`)).json()).toEqual({ code: 0, message: "ok", data: { status: "up", decisions: { engine: "off" } } });
     const ready = await fetch(`${service.url}/readyz`);
     expect(ready.status).toBe(200);
+    expect(await ready.json()).toEqual({ code: 0, message: "ok", data: { status: "ready", decisions: { engine: "off" } } });
   });
 });
 

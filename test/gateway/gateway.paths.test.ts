@@ -61,8 +61,8 @@ describe("404 and 405 carry a request id and are logged like other calls", () =>
 
 describe("health probes", () => {
   it.each([
-    ["/healthz", { status: "up" }],
-    ["/readyz", { status: "ready" }],
+    ["/healthz", { status: "up", decisions: { engine: "off" } }],
+    ["/readyz", { status: "ready", decisions: { engine: "off" } }],
   ])("GET %s → 200 in the envelope", async (path, data) => {
     const response = await fetch(`${url}${path}`);
     expect(response.status).toBe(200);

@@ -16,7 +16,7 @@ const root = path.resolve(import.meta.dirname, "../..");
 it("SIGTERM to the pid of `npm start` drains the server and stops it", async () => {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-start-"));
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => k !== "DATABASE_URL" && !k.startsWith("TYPESAFE_")));
-  const child = spawn("npm", ["start"], { cwd: root, env: { ...env, PORT: "0", TYPESAFE_DATA_DIR: dataDir, TYPESAFE_SEARCH_SOURCES: "none" } });
+  const child = spawn("npm", ["start"], { cwd: root, env: { ...env, PORT: "0", TYPESAFE_DATA_DIR: dataDir, TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off" } });
   const lines: string[] = [];
   const exited = new Promise<number | null>((done) => child.on("exit", (code) => done(code)));
   const url = await new Promise<string>((resolve, reject) => {

@@ -26,6 +26,8 @@ export async function startTestApp(
     TYPESAFE_DB_POOL_MAX: database.isExternal ? "10" : "4",
     // Tests never reach the real providers: a test enables the sources it points at its fakes.
     TYPESAFE_SEARCH_SOURCES: "none",
+    // Nor a model download: a test that wants the embedded model names its file.
+    TYPESAFE_LLM_EMBEDDED: "off",
     ...env,
     DATABASE_URL: database.url,
   });

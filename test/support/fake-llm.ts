@@ -1,6 +1,6 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import type { LlmConfig } from "../../src/config.js";
+import { loadConfig, type LlmConfig } from "../../src/config.js";
 
 /**
  * A real OpenAI-compatible Chat Completions server on 127.0.0.1 (port 0),
@@ -135,6 +135,7 @@ export function fakeLlmConfig(fake: FakeLlm, overrides: Partial<LlmConfig> = {})
     callTimeoutMs: 2_000,
     maxConcurrentCalls: 8,
     maxRetries: 0,
+    embedded: loadConfig({ TYPESAFE_LLM_EMBEDDED: "off" }).llm.embedded,
     ...overrides,
   };
 }

@@ -220,6 +220,7 @@ const AFTER_VALIDATION = new Set([
   "KEY_EXPIRED",
   "KEY_SCOPE_DENIED",
   "KEY_BUDGET_EXCEEDED",
+  "MODEL_NOT_READY",
   // The account area's: the password, the invite and the sign-in throttle are judged once the request's shape passed.
   "SIGN_IN_FAILED",
   "INVITE_INVALID",

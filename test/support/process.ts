@@ -36,7 +36,7 @@ export function startServiceProcess(env: Record<string, string>): Promise<Servic
     const child = spawn(tsx, ["src/main.ts"], {
       cwd: root,
       // Tests never reach the real providers: a test enables the sources it points at its fakes.
-      env: { ...cleanEnv(), PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", ...env },
+      env: { ...cleanEnv(), PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off", ...env },
     });
     const logs: string[] = [];
     let buffered = "";
