@@ -93,8 +93,8 @@ describe("shell commands in the pages", () => {
   it.each(pages())("%s: every sh block is run by a named test or says why not", (page) => {
     const text = read(page);
     const problems: string[] = [];
-    for (const match of text.matchAll(/(?:^|\n)(.*)\n```sh\n/g)) {
-      const marker = /^<!-- (run by (test\/\S+\.test\.ts)|not run: .+) -->$/.exec(match[1]!);
+    for (const match of text.matchAll(/(?:^|\n)(.*)\n *```sh\n/g)) {
+      const marker = /^ *<!-- (run by (test\/\S+\.test\.ts)|not run: .+) -->$/.exec(match[1]!);
       const line = text.slice(0, match.index).split("\n").length + 1;
       if (!marker) {
         problems.push(`line ${line}: no <!-- run by … --> or <!-- not run: … --> before the block`);
