@@ -36,7 +36,7 @@ export async function dumpFreshSchema(serverUrl: string): Promise<string> {
   try {
     const db = createKnex(url.toString(), 2);
     try {
-      await migrate(db, true);
+      await migrate(db, { useAdvisoryLock: true });
     } finally {
       await db.destroy();
     }
