@@ -83,3 +83,30 @@ describe("links between the pages", () => {
     expect(broken).toEqual([]);
   });
 });
+
+describe("shell commands in the pages", () => {
+  /**
+   * Every sh block says how it is kept true, on the line before it:
+   * `<!-- run by test/….test.ts -->`, a test that runs it and names the page,
+   * or `<!-- not run: the reason -->`.
+   */
+  it.each(pages())("%s: every sh block is run by a named test or says why not", (page) => {
+    const text = read(page);
+    const problems: string[] = [];
+    for (const match of text.matchAll(/(?:^|\n)(.*)\n *```sh\n/g)) {
+      const marker = /^ *<!-- (run by (test\/\S+\.test\.ts)|not run: .+) -->$/.exec(match[1]!);
+      const line = text.slice(0, match.index).split("\n").length + 1;
+      if (!marker) {
+        problems.push(`line ${line}: no <!-- run by … --> or <!-- not run: … --> before the block`);
+        continue;
+      }
+      const testFile = marker[2];
+      if (testFile === undefined) continue;
+      if (!fs.existsSync(path.join(root, testFile))) problems.push(`line ${line}: ${testFile} does not exist`);
+      else if (!read(testFile).includes(page.endsWith("/README.md") && page !== "README.md" ? path.dirname(page) : page)) {
+        problems.push(`line ${line}: ${testFile} never names ${page}`);
+      }
+    }
+    expect(problems).toEqual([]);
+  });
+});

@@ -15,11 +15,18 @@ import { startFakeSearch, type FakeSearch } from "../support/fake-search/provide
  * the README's own code blocks and pointed at a real service. The example
  * answers printed in the README must have the shape of what those commands
  * print: every field the README shows, with a value of the same kind, and the
- * same funding and answer types.
+ * same funding and answer types. The same commands in docs/decisions.md and
+ * docs/operating.md run here too.
  */
 const root = path.resolve(import.meta.dirname, "../..");
-const readme = fs.readFileSync(path.join(root, "README.md"), "utf8");
-const blocks = [...readme.matchAll(/```(\w+)\n([\s\S]*?)```/g)].map((m) => ({ lang: m[1]!, text: m[2]! }));
+const blocksOf = (page: string) =>
+  [...fs.readFileSync(path.join(root, page), "utf8").matchAll(/```(\w+)\n([\s\S]*?)```/g)].map((m) => ({ lang: m[1]!, text: m[2]! }));
+const blocks = blocksOf("README.md");
+/** Runs a curl block of a page against the service, with the key in $KEY, and parses what it prints. */
+async function runCurl(text: string, key: string): Promise<{ code: number; data: Record<string, any> }> {
+  const { stdout } = await promisify(execFile)("bash", ["-c", text.replaceAll("localhost:8080", service.url)], { env: { PATH: process.env.PATH, KEY: key }, timeout: 30_000 });
+  return JSON.parse(stdout);
+}
 
 /** The README's printed example, with its elisions (…) taken out, as JSON. */
 function example(text: string): unknown {
@@ -71,17 +78,24 @@ describe("README: the first key and the first decision, as written", () => {
     const account = JSON.parse(created.stdout);
     expect(shapeDifferences(example(printed!.replace(/^# /, "")), account)).toEqual([]);
 
+    // docs/operating.md shows the very same command.
+    expect(blocksOf("docs/operating.md").some((b) => b.lang === "sh" && b.text.trim() === command!.trim())).toBe(true);
+
     const curl = blocks.find((b) => b.lang === "sh" && b.text.includes("/api/v1/decisions"))!;
-    const { stdout } = await promisify(execFile)("bash", ["-c", curl.text.replaceAll("localhost:8080", service.url)], {
-      env: { PATH: process.env.PATH, KEY: account.api_key },
-      timeout: 30_000,
-    });
-    const answer = JSON.parse(stdout);
+    const answer = await runCurl(curl.text, account.api_key);
     const shown = example(blocks.find((b) => b.lang === "json" && b.text.includes('"answers"'))!.text) as typeof answer;
     expect(shapeDifferences(shown, answer)).toEqual([]);
     // What a reader following the README gets: a free request (it made the account with free requests), the same answer types.
     expect(answer.data.billing.funding).toBe(shown.data.billing.funding);
     for (const [key, value] of Object.entries(shown.data.answers as Record<string, { type: string }>)) expect(answer.data.answers[key].type).toBe(value.type);
+
+    // docs/decisions.md's decision, and the README's search, answer too.
+    const decisionsPage = blocksOf("docs/decisions.md").find((b) => b.lang === "sh" && b.text.includes("/api/v1/decisions"))!;
+    const fromDecisionsPage = await runCurl(decisionsPage.text, account.api_key);
+    expect(shapeDifferences(shown, fromDecisionsPage)).toEqual([]);
+    const search = await runCurl(blocks.find((b) => b.lang === "sh" && b.text.includes("/api/v1/search"))!.text, account.api_key);
+    expect(search).toMatchObject({ code: 0, data: { q: "postgres vacuum", w: "7d" } });
+    expect(search.data.results).toEqual(expect.any(Array));
   });
 });
 
