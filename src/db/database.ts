@@ -1,6 +1,7 @@
 import knex, { type Knex } from "knex";
 import pg from "pg";
 import type { Logger } from "../logger.js";
+import { applySchemaMigrationsInterim } from "./interim-schema-migrations.js";
 import { migrationSource } from "./migrations/index.js";
 
 // int8 (bigint) columns hold money in integer units, always below 2^53.
@@ -82,6 +83,11 @@ export function createKnex(connectionString: string, poolMax: number, logger?: L
  * pool needs at least two.
  */
 export async function migrate(db: Knex, useAdvisoryLock: boolean): Promise<void> {
+  await migrateKnex(db, useAdvisoryLock);
+  await applySchemaMigrationsInterim(db);
+}
+
+async function migrateKnex(db: Knex, useAdvisoryLock: boolean): Promise<void> {
   if (await isUpToDate(db)) return;
   if (!useAdvisoryLock) {
     await db.migrate.latest({ migrationSource });

@@ -9,6 +9,7 @@ import * as batchMeteringStatements from "./20261125120000_batch_metering_statem
 import * as recordAccountAfterResolve from "./20261126060000_record_account_after_resolve.js";
 import * as createAccountArea from "./20261126000000_create_account_area.js";
 import * as recordKeyOfEachCall from "./20261126000100_record_key_of_each_call.js";
+import { addMemberRolesAndTwoFactor } from "./20261127110000_add_member_roles_and_two_factor.js";
 
 /**
  * Every migration in order. Listed statically so that they load the same way
@@ -42,4 +43,5 @@ export const migrationSource: Knex.MigrationSource<string> = {
  * it at start, so nothing new is ever recorded there.
  */
 export const schemaMigrations: readonly SchemaMigration[] = [
+  addMemberRolesAndTwoFactor,
 ];
