@@ -18,7 +18,7 @@ import { createUsageView } from "./usage-view.js";
 type SignedInView = "overview" | "keys" | "usage" | "activity" | "team" | "security";
 type View = "loading" | "sign-in" | "second-step" | "invite" | SignedInView;
 const SIGNED_IN_VIEWS: SignedInView[] = ["overview", "keys", "usage", "activity", "team", "security"];
-const ALL_VIEWS: View[] = ["loading", "sign-in", "invite", ...SIGNED_IN_VIEWS];
+const ALL_VIEWS: View[] = ["loading", "sign-in", "second-step", "invite", ...SIGNED_IN_VIEWS];
 const MIN_PASSWORD_CHARS = 12;
 
 const client = createAccountClient(location.origin);
