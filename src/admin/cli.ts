@@ -56,7 +56,7 @@ async function main(argv: string[]): Promise<number> {
   const logger = createLogger("silent");
   const store = await openStore(config.databaseUrl, config.dataDir, logger);
   try {
-    const output = await run(store.db, command, values, { defaultFreeRequests: config.metering.defaultFreeRequests, publicUrl: config.account.publicUrl });
+    const output = await run(store.db, command, values, { defaultFreeRequests: config.metering.defaultFreeRequests, publicUrl: config.account.publicUrl, publicUrlIsGuessed: config.account.publicUrlIsGuessed });
     process.stdout.write(JSON.stringify(output) + "\n");
     return 0;
   } finally {
@@ -100,7 +100,7 @@ function isParseArgsError(err: unknown): err is Error {
   return err instanceof Error && typeof code === "string" && code.startsWith("ERR_PARSE_ARGS_");
 }
 
-async function run(db: Knex, command: string, options: Options, settings: { defaultFreeRequests: number; publicUrl: string }): Promise<unknown> {
+async function run(db: Knex, command: string, options: Options, settings: { defaultFreeRequests: number; publicUrl: string; publicUrlIsGuessed: boolean }): Promise<unknown> {
   const now = new Date();
   switch (command) {
     case "accounts create": {
@@ -196,6 +196,13 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
       });
       if (invited === "last_owner") throw new UsageError(`${LAST_OWNER_RULE}: make another member owner first (members role)`);
       if (!invited) throw new UsageError(`${email} is already a member of another account; remove them there first`);
+      if (settings.publicUrlIsGuessed) {
+        // The service's address is its own setting; this process only knows its own HOST and PORT.
+        process.stderr.write(
+          `note: the invite link assumes the service is at ${settings.publicUrl} (this command's HOST and PORT); ` +
+            `give this command the service's TYPESAFE_PUBLIC_URL when it differs\n`,
+        );
+      }
       return {
         member_id: invited.member.id,
         account_id: account.id,
@@ -334,7 +341,7 @@ function credits(name: string, value: string): number {
 async function openStore(databaseUrl: string | undefined, dataDir: string, logger: ReturnType<typeof createLogger>) {
   if (databaseUrl) {
     const db = createKnex(databaseUrl, 2);
-    await migrate(db, true);
+    await migrate(db, { useAdvisoryLock: true });
     return { db, close: () => db.destroy() };
   }
   const running = await readPublishedSocket(dataDir);

@@ -41,7 +41,7 @@ it("the oldest member of each account who accepted becomes its owner, the others
     .returning(["email"]);
   expect(members).toHaveLength(6);
 
-  await migrate(db, store.isExternal);
+  await migrate(db, { useAdvisoryLock: store.isExternal });
 
   const roles = Object.fromEntries((await db("members").whereIn("account_id", [one.id, two.id]).select("email", "role")).map((m) => [m.email, m.role]));
   expect(roles).toEqual({
