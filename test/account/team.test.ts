@@ -1,6 +1,7 @@
 import { Code } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROLES, type Role } from "../../src/accounts/roles.js";
+import { AccountService } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "./support.js";
@@ -84,6 +85,21 @@ const ALLOWED: Record<string, readonly Role[]> = {
   setMemberRole: ["owner", "admin"],
   setTwoFactorRequired: ["owner"],
 };
+
+/** The methods outside the matrix, and why: how a session starts or ends, and a member's own second factor. */
+const OUTSIDE_THE_MATRIX = [
+  "acceptInvite",
+  "signIn",
+  "signInSecondStep",
+  "signOut",
+  "startTwoFactorEnrollment",
+  "confirmTwoFactorEnrollment",
+  "disableTwoFactor",
+];
+
+it("every AccountService method is in the matrix or named outside it: a new one must say which roles may call it", () => {
+  expect(Object.keys(AccountService.method).sort()).toEqual([...Object.keys(ACTIONS), ...OUTSIDE_THE_MATRIX].sort());
+});
 
 const MATRIX = Object.keys(ACTIONS).flatMap((action) => ROLES.map((role) => [action, role, ALLOWED[action]!.includes(role)] as const));
 
