@@ -19,21 +19,25 @@ export const REASONS = {
   SIGNED_OUT: { grpc: Code.Unauthenticated, http: 401, envelope: 40102, meaning: "Account area: no live session (never an API key); sign in." },
   SIGN_IN_FAILED: { grpc: Code.Unauthenticated, http: 401, envelope: 40103, meaning: "Account area: wrong email or password (the same answer for both)." },
   KEY_EXPIRED: { grpc: Code.Unauthenticated, http: 401, envelope: 40104, meaning: "The API key passed its expiry (set by its owner, or by a roll); use its successor." },
+  SECOND_STEP_FAILED: { grpc: Code.Unauthenticated, http: 401, envelope: 40105, meaning: "Account area: a wrong, used or late code at the second step of sign-in, or its token expired." },
   INSUFFICIENT_BALANCE: { grpc: Code.FailedPrecondition, http: 402, envelope: 40201, meaning: "Available balance does not cover the reservation." },
   KEY_BUDGET_EXCEEDED: { grpc: Code.FailedPrecondition, http: 402, envelope: 40202, meaning: "The API key's budget for this period does not cover the reservation." },
   CROSS_SITE_REFUSED: { grpc: Code.PermissionDenied, http: 403, envelope: 40301, meaning: "Account area: the call came from another site's page (its Origin)." },
   KEY_SCOPE_DENIED: { grpc: Code.PermissionDenied, http: 403, envelope: 40302, meaning: "The API key's scopes do not include this endpoint (decisions or search)." },
+  ROLE_FORBIDDEN: { grpc: Code.PermissionDenied, http: 403, envelope: 40303, meaning: "Account area: the member's role does not allow this; data.rule names the rule." },
+  LAST_OWNER: { grpc: Code.PermissionDenied, http: 403, envelope: 40304, meaning: "Account area: the account's last owner cannot be removed or demoted." },
+  TWO_FACTOR_REQUIRED: { grpc: Code.PermissionDenied, http: 403, envelope: 40305, meaning: "Account area: the account requires two-factor sign-in; enroll a second factor first." },
   NOT_FOUND: { grpc: Code.NotFound, http: 404, envelope: 40401, meaning: "No such path." },
   METHOD_NOT_ALLOWED: { grpc: Code.Unimplemented, http: 405, envelope: 40501, meaning: "The path does not accept this HTTP method." },
   IDEMPOTENCY_IN_PROGRESS: { grpc: Code.Aborted, http: 409, envelope: 40901, meaning: "A request with this Idempotency-Key is still in flight." },
-  INVITE_INVALID: { grpc: Code.FailedPrecondition, http: 410, envelope: 41001, meaning: "Account area: the invite is unknown, used or expired; ask the operator for a new one." },
+  INVITE_INVALID: { grpc: Code.FailedPrecondition, http: 410, envelope: 41001, meaning: "Account area: the invite is unknown, used or expired; ask an owner, an admin or the operator for a new one." },
   PAYLOAD_TOO_LARGE: { grpc: Code.ResourceExhausted, http: 413, envelope: 41301, meaning: "The body exceeds 96 KB." },
   UNSUPPORTED_MEDIA_TYPE: { grpc: Code.InvalidArgument, http: 415, envelope: 41501, meaning: "The body must be application/json." },
   UNSUPPORTED_ENCODING: { grpc: Code.Unimplemented, http: 415, envelope: 41502, meaning: "The body's encoding is not one the server accepts (identity, gzip, br); the answer lists them." },
   IDEMPOTENCY_MISMATCH: { grpc: Code.FailedPrecondition, http: 422, envelope: 42201, meaning: "The Idempotency-Key was used with a different body." },
   RATE_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42901, meaning: "More than 60 calls in a rolling minute, or more than the API key's own limit." },
   CONCURRENCY_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42902, meaning: "More than 5 calls in flight." },
-  SIGN_IN_THROTTLED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42903, meaning: "Account area: 5 failed sign-ins for this email within 15 minutes; wait Retry-After." },
+  SIGN_IN_THROTTLED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42903, meaning: "Account area: 5 failed sign-ins (or second steps) for this email within 15 minutes; wait Retry-After." },
   CANCELLED: { grpc: Code.Canceled, http: 499, envelope: 49901, meaning: "The caller went away before the answer; nothing was charged." },
   INTERNAL: { grpc: Code.Internal, http: 500, envelope: 50001, meaning: "Unexpected error; the request id is in the log." },
   UPSTREAM_FAILED: { grpc: Code.Unavailable, http: 502, envelope: 50201, meaning: "The upstream LLM or every search source failed." },
@@ -45,7 +49,17 @@ export const REASONS = {
 export type Reason = keyof typeof REASONS;
 
 /** Reasons only the account area gives; the /api/v1 surface and its OpenAPI document never carry them. */
-export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>(["SIGNED_OUT", "SIGN_IN_FAILED", "CROSS_SITE_REFUSED", "INVITE_INVALID", "SIGN_IN_THROTTLED"]);
+export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>([
+  "SIGNED_OUT",
+  "SIGN_IN_FAILED",
+  "SECOND_STEP_FAILED",
+  "CROSS_SITE_REFUSED",
+  "ROLE_FORBIDDEN",
+  "LAST_OWNER",
+  "TWO_FACTOR_REQUIRED",
+  "INVITE_INVALID",
+  "SIGN_IN_THROTTLED",
+]);
 
 /**
  * Every reason the account area can answer with: its own, and those of the

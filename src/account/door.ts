@@ -14,6 +14,7 @@ export const kSessionToken = createContextKey<string | undefined>(undefined);
 /** The calls that work without a session: they are how one starts or ends. */
 export const SESSIONLESS_METHODS: ReadonlySet<string> = new Set([
   AccountService.method.signIn.name,
+  AccountService.method.signInSecondStep.name,
   AccountService.method.acceptInvite.name,
   AccountService.method.signOut.name,
 ]);

@@ -4,13 +4,28 @@ import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
 import { listActivity, recordActivity, type DbActivityRow } from "../accounts/activity.js";
 import { KEY_PREFIX } from "../accounts/api-keys.js";
-import { consumeInvite } from "../accounts/invites.js";
-import { findMember, findMemberByEmail, MAX_EMAIL_CHARS, normalizeEmail, setPasswordHash } from "../accounts/members.js";
+import { consumeInvite, inviteUrl } from "../accounts/invites.js";
+import { emailProblem, findMember, findMemberByEmail, listMembers, MAX_EMAIL_CHARS, normalizeEmail, setPasswordHash, type DbMemberRow } from "../accounts/members.js";
 import { createDummyHash, hashPassword, MAX_PASSWORD_CHARS, passwordProblem, SCRYPT_PARAMS, verifyPassword, type ScryptParams } from "../accounts/passwords.js";
 import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
+import { isRole, memberChangeRefusal, OWNER_ROLE_RULE, ROLES, type Role } from "../accounts/roles.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
 import { createApiKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
 import { keyLimitsOf, MAX_ROLL_GRACE_SECONDS, NO_KEY_LIMITS, parseKeyLimits, periodEnd, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
+import { changeMemberRole, findTeamMember, LAST_OWNER_RULE, removeTeamMember, inviteTeamMember } from "../accounts/team.js";
+import {
+  confirmTotpEnrollment,
+  consumeSignInChallenge,
+  createSignInChallenge,
+  disableTotp,
+  findSignInChallenge,
+  newTotpSecret,
+  setTwoFactorRequired,
+  startTotpEnrollment,
+  totpUri,
+  useRecoveryCode,
+  useTotpCode,
+} from "../accounts/two-factor.js";
 import { apiError } from "../errors.js";
 import {
   AccountService,
@@ -26,6 +41,7 @@ import { unitsToCredits } from "../units.js";
 import { isUuid } from "../accounts/store.js";
 import { throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
+import { allowed } from "./access.js";
 import { kSessionToken, memberOf } from "./door.js";
 import { callCursor, decodePageToken, encodePageToken, pageSize, usageFilter } from "./usage-query.js";
 
@@ -43,6 +59,8 @@ export interface AccountServiceDeps {
   metrics?: Pick<Metrics, "recordSignIn">;
   /** The cost of new password hashes (tests lower it; stored hashes keep their own). */
   scryptParams?: ScryptParams;
+  /** Where people reach the service: invite links start with it. */
+  publicUrl: string;
 }
 
 /**
@@ -58,8 +76,8 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
   // Made once, up front, so that even the first sign-in of an unknown email costs only the verification.
   const dummyHash = createDummyHash(scryptParams);
 
-  const signedIn = async (ctx: HandlerContext, member: SessionMember, at: Date, tx: Knex | Knex.Transaction = db): Promise<void> => {
-    const token = await startSession(tx, member.memberId, policy, at);
+  const signedIn = async (ctx: HandlerContext, memberId: string, at: Date, tx: Knex | Knex.Transaction = db): Promise<void> => {
+    const token = await startSession(tx, memberId, policy, at);
     ctx.responseHeader.append("set-cookie", setSessionCookie(cookie, token, policy.absoluteMs));
   };
 
@@ -78,30 +96,26 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         // A new password (a second invite serves as a reset) ends every session the old one started.
         await endMemberSessions(tx, memberId, at);
         const row = (await findMember(tx, memberId))!;
-        const member = { memberId: row.id, accountId: row.account_id, email: row.email };
-        await recordActivity(tx, { accountId: member.accountId, kind: "invite_accepted", actor: member.email, at });
+        await recordActivity(tx, { accountId: row.account_id, kind: "invite_accepted", actor: row.email, detail: `as ${row.role}`, at });
         await endPreviousSession(tx, ctx, at);
-        await signedIn(ctx, member, at, tx);
-        return member;
+        await signedIn(ctx, row.id, at, tx);
+        return row;
       });
       if (!member) throw apiError("INVITE_INVALID", "invite_token: this invite is unknown, used or expired; ask for a new one", { field: "invite_token", rule: "a live invite" });
-      return { member: memberMessage(member) };
+      return { member: memberMessage({ ...member, password_hash: "" }) };
     },
 
     async signIn(req, ctx) {
       const email = normalizeEmail(req.email);
       throwIfInvalid([
         ...(email === "" || email.length > MAX_EMAIL_CHARS ? [{ field: "email", rule: `required, at most ${MAX_EMAIL_CHARS} characters` }] : []),
+        ...(email !== "" && email.length <= MAX_EMAIL_CHARS && emailProblem(email) ? [{ field: "email", rule: emailProblem(email)! }] : []),
         ...(req.password === "" || req.password.length > MAX_PASSWORD_CHARS ? [{ field: "password", rule: `required, at most ${MAX_PASSWORD_CHARS} characters` }] : []),
       ]);
       const retryAfterMs = await countSignInAttempt(db, email, now());
       if (retryAfterMs !== undefined) {
         deps.metrics?.recordSignIn("throttled");
-        const seconds = String(Math.ceil(retryAfterMs / 1000));
-        ctx.responseHeader.set("retry-after", seconds);
-        throw apiError("SIGN_IN_THROTTLED", `too many failed sign-ins for this email: try again in ${seconds} s`, {
-          metadata: { retry_after_seconds: seconds, retry_after_ms: String(retryAfterMs) },
-        });
+        throw throttled(ctx, retryAfterMs);
       }
       const member = await findMemberByEmail(db, email);
       // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
@@ -112,15 +126,58 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         if (member) await recordActivity(db, { accountId: member.account_id, kind: "sign_in_failed", actor: member.email, at });
         throw apiError("SIGN_IN_FAILED", "wrong email or password");
       }
-      const signedInMember = { memberId: member.id, accountId: member.account_id, email: member.email };
+      if (member.totp_enabled_at !== null) {
+        // The password was right; no session until the second step passes.
+        const secondStepToken = await db.transaction(async (tx) => {
+          await clearSignInAttempts(tx, email);
+          return createSignInChallenge(tx, member.id, at);
+        });
+        return { secondStepToken };
+      }
       await db.transaction(async (tx) => {
         await clearSignInAttempts(tx, email);
         await endPreviousSession(tx, ctx, at);
-        await signedIn(ctx, signedInMember, at, tx);
+        await signedIn(ctx, member.id, at, tx);
         await recordActivity(tx, { accountId: member.account_id, kind: "signed_in", actor: member.email, at });
       });
       deps.metrics?.recordSignIn("ok");
-      return { member: memberMessage(signedInMember) };
+      return { member: memberMessage(member) };
+    },
+
+    async signInSecondStep(req, ctx) {
+      throwIfInvalid([
+        ...(req.secondStepToken === "" ? [{ field: "second_step_token", rule: "required: the second_step_token of SignIn" }] : []),
+        ...((req.code === "") === (req.recoveryCode === "") ? [{ field: "code", rule: "exactly one of code and recovery_code" }] : []),
+        ...(req.code.length > 16 ? [{ field: "code", rule: "6 digits" }] : []),
+        ...(req.recoveryCode.length > 32 ? [{ field: "recovery_code", rule: "a recovery code (10 letters and digits)" }] : []),
+      ]);
+      const at = now();
+      const member = await findSignInChallenge(db, req.secondStepToken, at);
+      if (!member) throw secondStepFailed();
+      // The second step has its own count, which a right password does not clear: guessing codes stays bounded.
+      const retryAfterMs = await countSignInAttempt(db, secondStepThrottleKey(member.id), at);
+      if (retryAfterMs !== undefined) {
+        deps.metrics?.recordSignIn("throttled");
+        throw throttled(ctx, retryAfterMs);
+      }
+      const passed = req.code !== "" ? await useTotpCode(db, member, req.code, at) : await useRecoveryCode(db, member.id, req.recoveryCode, at);
+      if (!passed) {
+        deps.metrics?.recordSignIn("failed");
+        await recordActivity(db, { accountId: member.account_id, kind: "sign_in_failed", actor: member.email, detail: "second step", at });
+        throw secondStepFailed();
+      }
+      const signedInNow = await db.transaction(async (tx) => {
+        if (!(await consumeSignInChallenge(tx, req.secondStepToken, at))) return false;
+        await clearSignInAttempts(tx, secondStepThrottleKey(member.id));
+        await endPreviousSession(tx, ctx, at);
+        await signedIn(ctx, member.id, at, tx);
+        const how = req.code !== "" ? "with an authenticator code" : "with a recovery code";
+        await recordActivity(tx, { accountId: member.account_id, kind: "signed_in", actor: member.email, detail: how, at });
+        return true;
+      });
+      if (!signedInNow) throw secondStepFailed();
+      deps.metrics?.recordSignIn("ok");
+      return { member: memberMessage(member) };
     },
 
     async signOut(_req, ctx) {
@@ -136,11 +193,12 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     },
 
     async getAccount(_req, ctx) {
+      // Read by every member, also one who must still enroll a second factor: the page learns from it what to show.
       const member = memberOf(ctx);
-      const money = await readAccountMoney(db, member.accountId);
-      if (!money) throw apiError("SIGNED_OUT", "not signed in, or the session ended: sign in to the account area");
+      const [money, row] = await Promise.all([readAccountMoney(db, member.accountId), findMember(db, member.memberId)]);
+      if (!money || !row) throw apiError("SIGNED_OUT", "not signed in, or the session ended: sign in to the account area");
       return {
-        member: memberMessage(member),
+        member: memberMessage(row),
         account: {
           id: money.id,
           name: money.name,
@@ -151,17 +209,18 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           limits: { maxInFlight: money.maxInFlight, requestsPerMinute: money.requestsPerMinute },
           callsInFlight: money.inFlight,
           createdAt: timestampFromDate(money.createdAt),
+          twoFactorRequired: member.twoFactorRequired,
         },
       };
     },
 
     async listKeys(_req, ctx) {
-      const member = memberOf(ctx);
+      const member = allowed(ctx, "read");
       return { keys: (await listAccountKeys(db, member.accountId)).map(keyMessage) };
     },
 
     async createKey(req, ctx) {
-      const member = memberOf(ctx);
+      const member = allowed(ctx, "manage_keys");
       const name = req.name.trim();
       throwIfInvalid(
         [...name].length > MAX_KEY_NAME_CHARS || /[\p{Cc}\p{Cf}]/u.test(name)
@@ -180,7 +239,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     },
 
     async updateKey(req, ctx) {
-      const member = memberOf(ctx);
+      const member = allowed(ctx, "manage_keys");
       const at = now();
       const limits = await checkedLimits(member.accountId, req.limits, at, "limits");
       const updated = await db.transaction((tx) => setKeyLimits(tx, member.accountId, req.keyId, limits));
@@ -190,7 +249,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     },
 
     async rollKey(req, ctx) {
-      const member = memberOf(ctx);
+      const member = allowed(ctx, "manage_keys");
       const grace = req.oldKeyExpiresInSeconds;
       throwIfInvalid(
         grace < 0 || grace > MAX_ROLL_GRACE_SECONDS
@@ -215,7 +274,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     },
 
     async revokeKey(req, ctx) {
-      const member = memberOf(ctx);
+      const member = allowed(ctx, "manage_keys");
       const at = now();
       const key = await db.transaction(async (tx) => {
         const revoked = await revokeAccountKey(tx, member.accountId, req.keyId, at);
@@ -230,7 +289,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     },
 
     async listUsage(req, ctx) {
-      const member = memberOf(ctx);
+      const member = allowed(ctx, "read");
       const filter = usageFilter({ endpoint: req.endpoint, since: optionalDate(req.since), until: optionalDate(req.until), keyId: req.keyId });
       const size = pageSize(req.pageSize);
       const after = callCursor(req.pageToken);
@@ -253,7 +312,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     },
 
     async getUsageSummary(req, ctx) {
-      const member = memberOf(ctx);
+      const member = allowed(ctx, "read");
       const granularity = req.granularity === "" ? "day" : req.granularity;
       throwIfInvalid(granularity !== "day" && granularity !== "hour" ? [{ field: "granularity", rule: '"day", "hour" or empty' }] : []);
       const unit = granularity as "day" | "hour";
@@ -279,7 +338,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     },
 
     async listActivity(req, ctx) {
-      const member = memberOf(ctx);
+      const member = allowed(ctx, "read");
       const size = pageSize(req.pageSize);
       const position = decodePageToken(req.pageToken);
       throwIfInvalid(position && !/^\d+$/.test(position.id) ? [{ field: "page_token", rule: "the next_page_token of an earlier page" }] : []);
@@ -289,6 +348,150 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         events: rows.map((row: DbActivityRow) => ({ id: row.id, kind: row.kind, actor: row.actor, detail: row.detail, at: timestampFromDate(row.at) })),
         nextPageToken: more && last ? encodePageToken(last.at, last.id) : "",
       };
+    },
+
+    async listMembers(_req, ctx) {
+      const member = allowed(ctx, "read");
+      return { members: (await listMembers(db, member.accountId)).map(memberMessage) };
+    },
+
+    async inviteMember(req, ctx) {
+      const actor = allowed(ctx, "manage_members");
+      const email = normalizeEmail(req.email);
+      const role = requestedRole(req.role === "" ? "member" : req.role);
+      const problem = emailProblem(email);
+      throwIfInvalid(problem ? [{ field: "email", rule: problem }] : []);
+      refuseChange(actor.role, { to: role });
+      const at = now();
+      const invited = await db.transaction(async (tx) => {
+        const pending = await findMemberByEmail(tx, email);
+        if (pending && pending.account_id === actor.accountId) refuseChange(actor.role, { from: pending.role, to: role });
+        const outcome = await inviteTeamMember(tx, actor.accountId, email, role, at);
+        if (typeof outcome === "string") return outcome;
+        await recordActivity(tx, { accountId: actor.accountId, kind: "member_invited", actor: actor.email, detail: `${email} as ${role}`, at });
+        return outcome;
+      });
+      if (invited === "last_owner") throw lastOwner();
+      if (typeof invited === "string") {
+        // The same answer whether the email is a member here or in another account: it tells nothing of other accounts.
+        throw apiError("INVALID_ARGUMENT", "email: this person is already a member; a member who lost their password asks the operator", {
+          field: "email",
+          rule: "not already a member of an account",
+        });
+      }
+      return {
+        member: memberMessage(invited.member),
+        inviteUrl: inviteUrl(deps.publicUrl, invited.invite.token),
+        expiresAt: timestampFromDate(invited.invite.expiresAt),
+      };
+    },
+
+    async removeMember(req, ctx) {
+      const actor = allowed(ctx, "manage_members");
+      const at = now();
+      const removed = await db.transaction(async (tx) => {
+        const target = await findTeamMember(tx, actor.accountId, req.memberId);
+        if (!target) return undefined;
+        refuseChange(actor.role, { from: target.role });
+        const outcome = await removeTeamMember(tx, actor.accountId, target.id, at);
+        if (outcome === "last_owner" || outcome === undefined) return outcome;
+        await recordActivity(tx, { accountId: actor.accountId, kind: "member_removed", actor: actor.email, detail: outcome.member.email, at });
+        return outcome;
+      });
+      if (removed === "last_owner") throw lastOwner();
+      if (!removed) throw memberNotFound();
+      return { member: memberMessage(removed.member), sessionsEnded: removed.sessionsEnded };
+    },
+
+    async setMemberRole(req, ctx) {
+      const actor = allowed(ctx, "manage_members");
+      const role = requestedRole(req.role);
+      const at = now();
+      const changed = await db.transaction(async (tx) => {
+        const target = await findTeamMember(tx, actor.accountId, req.memberId);
+        if (!target) return undefined;
+        refuseChange(actor.role, { from: target.role, to: role });
+        const outcome = await changeMemberRole(tx, actor.accountId, target.id, role);
+        if (outcome === "last_owner" || outcome === undefined) return outcome;
+        if (outcome.previous !== role) {
+          const detail = `${outcome.member.email}: ${outcome.previous} to ${role}`;
+          await recordActivity(tx, { accountId: actor.accountId, kind: "member_role_changed", actor: actor.email, detail, at });
+        }
+        return outcome;
+      });
+      if (changed === "last_owner") throw lastOwner();
+      if (!changed) throw memberNotFound();
+      return { member: memberMessage(changed.member) };
+    },
+
+    async startTwoFactorEnrollment(_req, ctx) {
+      // Every member secures their own sign-in, whatever their role, and also while the account requires it.
+      const member = memberOf(ctx);
+      if (member.twoFactorEnabled) {
+        throw apiError("INVALID_ARGUMENT", "two-factor sign-in is already on: disable it first to enroll a new authenticator", {
+          rule: "two-factor sign-in is off",
+        });
+      }
+      const secret = newTotpSecret();
+      await startTotpEnrollment(db, member.memberId, secret);
+      return { secret, otpauthUri: totpUri(secret, member.email) };
+    },
+
+    async confirmTwoFactorEnrollment(req, ctx) {
+      const member = memberOf(ctx);
+      throwIfInvalid(req.code === "" || req.code.length > 16 ? [{ field: "code", rule: "required: a 6-digit code of the authenticator" }] : []);
+      const at = now();
+      const codes = await db.transaction(async (tx) => {
+        const row = await tx<DbMemberRow>("members").where({ id: member.memberId }).forUpdate().first();
+        if (!row || row.totp_enabled_at !== null) return undefined;
+        const recoveryCodes = await confirmTotpEnrollment(tx, row, req.code, at);
+        if (recoveryCodes) await recordActivity(tx, { accountId: member.accountId, kind: "two_factor_enabled", actor: member.email, at });
+        return recoveryCodes;
+      });
+      if (!codes) {
+        throw apiError("INVALID_ARGUMENT", "code: not a current code of the secret being enrolled; start enrollment, then type the code the app shows", {
+          field: "code",
+          rule: "a current code of the secret StartTwoFactorEnrollment gave",
+        });
+      }
+      return { recoveryCodes: codes };
+    },
+
+    async disableTwoFactor(req, ctx) {
+      const member = memberOf(ctx);
+      throwIfInvalid((req.code === "") === (req.recoveryCode === "") ? [{ field: "code", rule: "exactly one of code and recovery_code" }] : []);
+      if (member.twoFactorRequired) throw apiError("TWO_FACTOR_REQUIRED", TWO_FACTOR_KEPT_RULE, { rule: TWO_FACTOR_KEPT_RULE });
+      const at = now();
+      const retryAfterMs = await countSignInAttempt(db, secondStepThrottleKey(member.memberId), at);
+      if (retryAfterMs !== undefined) throw throttled(ctx, retryAfterMs);
+      const disabled = await db.transaction(async (tx) => {
+        const row = await tx<DbMemberRow>("members").where({ id: member.memberId }).forUpdate().first();
+        if (!row || row.totp_enabled_at === null) return false;
+        const passed = req.code !== "" ? await useTotpCode(tx, row, req.code, at) : await useRecoveryCode(tx, row.id, req.recoveryCode, at);
+        if (!passed) return false;
+        await disableTotp(tx, row.id, at);
+        await recordActivity(tx, { accountId: member.accountId, kind: "two_factor_disabled", actor: member.email, at });
+        return true;
+      });
+      if (!disabled) throw secondStepFailed();
+      await clearSignInAttempts(db, secondStepThrottleKey(member.memberId));
+      return {};
+    },
+
+    async setTwoFactorRequired(req, ctx) {
+      const member = allowed(ctx, "require_two_factor");
+      // An owner without a second factor would be refused by their own rule at once.
+      if (req.required && !member.twoFactorEnabled) {
+        throw apiError("TWO_FACTOR_REQUIRED", "enroll your own second factor before requiring one of every member", {
+          rule: "the owner who requires two-factor sign-in has it on",
+        });
+      }
+      const at = now();
+      await db.transaction(async (tx) => {
+        await setTwoFactorRequired(tx, member.accountId, req.required);
+        await recordActivity(tx, { accountId: member.accountId, kind: "two_factor_required_changed", actor: member.email, detail: req.required ? "required" : "optional", at });
+      });
+      return {};
     },
   };
 
@@ -322,8 +525,61 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
   }
 }
 
-function memberMessage(member: SessionMember): Member {
-  return create(MemberSchema, { id: member.memberId, email: member.email, accountId: member.accountId });
+/** The rule that keeps a second factor on while the account requires one. */
+const TWO_FACTOR_KEPT_RULE = "the account requires two-factor sign-in: an owner must make it optional first";
+
+function memberMessage(member: DbMemberRow): Member {
+  return create(MemberSchema, {
+    id: member.id,
+    email: member.email,
+    accountId: member.account_id,
+    role: member.role,
+    twoFactorEnabled: member.totp_enabled_at !== null,
+    inviteAccepted: member.password_hash !== null,
+    createdAt: timestampFromDate(member.created_at),
+  });
+}
+
+/** The role a request names, or a 400 naming the field. */
+function requestedRole(role: string): Role {
+  if (!isRole(role)) throw apiError("INVALID_ARGUMENT", `role: one of ${ROLES.join(", ")}`, { field: "role", rule: `one of ${ROLES.join(", ")}` });
+  return role;
+}
+
+/** Refuses a change to a member that the actor's role does not allow. */
+function refuseChange(actor: Role, change: { from?: Role; to?: Role }): void {
+  const rule = memberChangeRefusal(actor, change);
+  if (rule) throw apiError("ROLE_FORBIDDEN", `${rule} (your role: ${actor})`, { rule, metadata: { role: actor, action: rule === OWNER_ROLE_RULE ? "owner_role" : "manage_members" } });
+}
+
+function lastOwner() {
+  return apiError("LAST_OWNER", LAST_OWNER_RULE, { field: "member_id", rule: LAST_OWNER_RULE });
+}
+
+/** Another account's member, an unknown id and a malformed one get this same answer. */
+function memberNotFound() {
+  return apiError("NOT_FOUND", "member_id: no such member", { field: "member_id", rule: "a member of your account" });
+}
+
+function secondStepFailed() {
+  return apiError("SECOND_STEP_FAILED", "wrong or used code, or the sign-in took too long: sign in again if it keeps failing");
+}
+
+/**
+ * The second step's throttle counts per member, apart from the password's.
+ * The key has a space, which no email SignIn counts has, so failed
+ * passwords cannot use up a member's second step.
+ */
+function secondStepThrottleKey(memberId: string): string {
+  return `second step ${memberId}`;
+}
+
+function throttled(ctx: HandlerContext, retryAfterMs: number) {
+  const seconds = String(Math.ceil(retryAfterMs / 1000));
+  ctx.responseHeader.set("retry-after", seconds);
+  return apiError("SIGN_IN_THROTTLED", `too many failed sign-ins for this email: try again in ${seconds} s`, {
+    metadata: { retry_after_seconds: seconds, retry_after_ms: String(retryAfterMs) },
+  });
 }
 
 /** A key as a member sees it: never its secret or hash. */

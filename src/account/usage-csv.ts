@@ -7,6 +7,7 @@ import { observeCall, type CallObserver } from "../rpc/observe.js";
 import { requestHeaders } from "../rpc/node-headers.js";
 import { unitsToCredits } from "../units.js";
 import { throwIfInvalid } from "../validation.js";
+import { allowedMember } from "./access.js";
 import { kMember, openAccountDoor, type AccountDoorOptions } from "./door.js";
 import { usageFilter } from "./usage-query.js";
 import { createContextValues } from "@connectrpc/connect";
@@ -33,7 +34,7 @@ export function createUsageCsvHandler(deps: { db: Knex; door: AccountDoorOptions
       if (req.method !== "GET") throw apiError("METHOD_NOT_ALLOWED", `${USAGE_CSV_PATH} accepts GET`, { metadata: { allow: "GET" } });
       const values = createContextValues();
       await openAccountDoor(deps.door, { methodName: "UsageCsv", header: requestHeaders(req), host: req.headers.host ?? req.headers[":authority"]?.toString(), values });
-      const member = values.get(kMember)!;
+      const member = allowedMember(values.get(kMember)!, "read");
       const query = new URL(req.url ?? "/", "http://localhost").searchParams;
       const filter = usageFilter({ endpoint: query.get("endpoint") ?? "", since: queryDate(query, "since"), until: queryDate(query, "until"), keyId: query.get("key_id") ?? "" });
       res.writeHead(200, {

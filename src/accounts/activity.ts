@@ -12,6 +12,10 @@ export const ACTIVITY_KINDS = [
   "credits_granted",
   "member_invited",
   "member_removed",
+  "member_role_changed",
+  "two_factor_enabled",
+  "two_factor_disabled",
+  "two_factor_required_changed",
 ] as const;
 export type ActivityKind = (typeof ACTIVITY_KINDS)[number];
 

@@ -1,6 +1,14 @@
 import type { Knex } from "knex";
 import { generateToken, hashToken, isWellFormedToken } from "./secret-tokens.js";
 
+/** Where invite links point: the account page reads the token from its query. */
+export const INVITE_PATH = "/account/?invite=";
+
+/** The link a person opens to accept an invite, at the service's public URL. */
+export function inviteUrl(publicUrl: string, token: string): string {
+  return `${publicUrl}${INVITE_PATH}${token}`;
+}
+
 /** How long an invite can be accepted. */
 export const INVITE_TTL_MS = 24 * 3_600_000;
 

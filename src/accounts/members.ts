@@ -1,4 +1,5 @@
 import type { Knex } from "knex";
+import type { Role } from "./roles.js";
 import { isUuid } from "./store.js";
 
 /** A row of `members`: a person who may sign in to one account. */
@@ -10,6 +11,14 @@ export interface DbMemberRow {
   password_hash: string | null;
   created_at: Date;
   removed_at: Date | null;
+  role: Role;
+  /** The confirmed TOTP secret (base32); absent while the member has no second factor. */
+  totp_secret: string | null;
+  /** A secret shown for enrollment and not yet confirmed with a code. */
+  totp_pending_secret: string | null;
+  totp_enabled_at: Date | null;
+  /** The TOTP time step last accepted: a code of that step or earlier is never accepted again. */
+  totp_last_step: number | null;
 }
 
 /** The most an email address may be (RFC 5321's path limit). */
@@ -49,11 +58,11 @@ export async function listMembers(db: Knex | Knex.Transaction, accountId: string
  * Undefined when the email belongs to a live member of another account:
  * an email signs in to one account only.
  */
-export async function ensureMember(db: Knex | Knex.Transaction, accountId: string, email: string): Promise<DbMemberRow | undefined> {
+export async function ensureMember(db: Knex | Knex.Transaction, accountId: string, email: string, role?: Role): Promise<DbMemberRow | undefined> {
   const normalized = normalizeEmail(email);
   const existing = await findMemberByEmail(db, normalized);
   if (existing) return existing.account_id === accountId ? existing : undefined;
-  const [row] = await db<DbMemberRow>("members").insert({ account_id: accountId, email: normalized }).returning("*");
+  const [row] = await db<DbMemberRow>("members").insert({ account_id: accountId, email: normalized, ...(role ? { role } : {}) }).returning("*");
   return row;
 }
 

@@ -1,4 +1,5 @@
 import type { Knex } from "knex";
+import type { Role } from "./roles.js";
 import { generateToken, hashToken, isWellFormedToken } from "./secret-tokens.js";
 
 /** How long sessions last: ended after `idleMs` unused, and `absoluteMs` after sign-in in any case. */
@@ -12,7 +13,16 @@ export interface SessionMember {
   memberId: string;
   accountId: string;
   email: string;
+  /** Read with the session on every call: a new role holds from the member's next call. */
+  role: Role;
+  twoFactorEnabled: boolean;
+  /** The account requires a second factor of every member. */
+  twoFactorRequired: boolean;
 }
+
+/** What a session statement returns of its member, with the account's two-factor rule. */
+const MEMBER_COLUMNS = `m.id AS member_id, m.account_id, m.email, m.role, m.totp_enabled_at IS NOT NULL AS two_factor_enabled,
+      COALESCE((SELECT st.require_two_factor FROM account_settings st WHERE st.account_id = m.account_id), false) AS two_factor_required`;
 
 /** Starts a session; the token goes in the cookie and only its hash is stored. */
 export async function startSession(db: Knex | Knex.Transaction, memberId: string, policy: SessionPolicy, now: Date): Promise<string> {
@@ -41,7 +51,7 @@ export async function resumeSession(db: Knex, token: string, policy: SessionPoli
       WHERE s.token_hash = :hash AND s.ended_at IS NULL
         AND s.last_seen_at > :idleCutoff AND s.expires_at > :now
         AND m.id = s.member_id AND m.removed_at IS NULL
-    RETURNING m.id AS member_id, m.account_id, m.email`,
+    RETURNING ${MEMBER_COLUMNS}`,
     { now, hash: hashToken(token), idleCutoff: new Date(now.getTime() - policy.idleMs) },
   );
   return memberOfRow(result.rows[0]);
@@ -53,15 +63,33 @@ export async function endSession(db: Knex | Knex.Transaction, token: string, now
   const result = await db.raw(
     `UPDATE member_sessions s SET ended_at = :now FROM members m
       WHERE s.token_hash = :hash AND s.ended_at IS NULL AND m.id = s.member_id
-    RETURNING m.id AS member_id, m.account_id, m.email`,
+    RETURNING ${MEMBER_COLUMNS}`,
     { now, hash: hashToken(token) },
   );
   return memberOfRow(result.rows[0]);
 }
 
 /** The member a session statement returned, if it returned one. */
-function memberOfRow(row: { member_id: string; account_id: string; email: string } | undefined): SessionMember | undefined {
-  return row && { memberId: row.member_id, accountId: row.account_id, email: row.email };
+function memberOfRow(row: DbSessionMemberRow | undefined): SessionMember | undefined {
+  return (
+    row && {
+      memberId: row.member_id,
+      accountId: row.account_id,
+      email: row.email,
+      role: row.role,
+      twoFactorEnabled: row.two_factor_enabled,
+      twoFactorRequired: row.two_factor_required,
+    }
+  );
+}
+
+interface DbSessionMemberRow {
+  member_id: string;
+  account_id: string;
+  email: string;
+  role: Role;
+  two_factor_enabled: boolean;
+  two_factor_required: boolean;
 }
 
 /** Ends every session of a member at once (removal). */

@@ -8,9 +8,11 @@ import { createApiKey, findAccount, isUuid, listAccountKeys, listApiKeys, revoke
 import { keyLimitsOf, MAX_ROLL_GRACE_SECONDS, parseKeyLimits, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
 import { createAccount, grant } from "./account-funding.js";
 import { OPERATOR, recordActivity } from "../accounts/activity.js";
-import { createInvite } from "../accounts/invites.js";
-import { emailProblem, ensureMember, listMembers, markMemberRemoved, normalizeEmail } from "../accounts/members.js";
-import { endMemberSessions } from "../accounts/sessions.js";
+import { createInvite, inviteUrl } from "../accounts/invites.js";
+import { emailProblem, ensureMember, findMember, findMemberByEmail, listMembers, normalizeEmail } from "../accounts/members.js";
+import { isRole, ROLES, type Role } from "../accounts/roles.js";
+import { changeMemberRole, hasOwner, LAST_OWNER_RULE, removeTeamMember } from "../accounts/team.js";
+import { disableTotp } from "../accounts/two-factor.js";
 import { readAccountMoney, type AccountMoney } from "../metering/account-views.js";
 import { createLogger } from "../logger.js";
 import { parseCredits, unitsToCredits } from "../units.js";
@@ -27,9 +29,11 @@ const USAGE = `usage: npm run --silent admin -- <command>
   keys revoke --key KEY_ID
   credits grant --account ID --credits C
   usage --account ID [--limit N]
-  members invite --account ID --email E
+  members invite --account ID --email E [--role owner|admin|member|viewer]
   members list --account ID
+  members role --member MEMBER_ID --role owner|admin|member|viewer
   members remove --member MEMBER_ID
+  members reset-two-factor --member MEMBER_ID
 
 LIMITS: [--expires-at ISO-8601] [--scopes decisions,search] [--budget C --budget-period day|week|month|total]
         [--rate CALLS_PER_MINUTE]
@@ -86,6 +90,7 @@ function parseCommandLine(argv: string[]) {
         key: { type: "string" },
         email: { type: "string" },
         member: { type: "string" },
+        role: { type: "string" },
         limit: { type: "string" },
         "expires-at": { type: "string" },
         scopes: { type: "string" },
@@ -106,9 +111,6 @@ function isParseArgsError(err: unknown): err is Error {
   const code = (err as { code?: unknown } | null)?.code;
   return err instanceof Error && typeof code === "string" && code.startsWith("ERR_PARSE_ARGS_");
 }
-
-/** Where invite links point: the account page reads the token from its query. */
-export const INVITE_PATH = "/account/?invite=";
 
 async function run(db: Knex, command: string, options: Options, settings: { defaultFreeRequests: number; publicUrl: string; publicUrlIsGuessed: boolean }): Promise<unknown> {
   const now = new Date();
@@ -220,13 +222,26 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
       const email = normalizeEmail(requiredOption(options, "email"));
       const problem = emailProblem(email);
       if (problem) throw new UsageError(`--email must be ${problem}, got "${email}"`);
+      const role = roleOption(options);
+      // Inviting a member again is the operator's password reset; their role changes only when --role says so.
       const invited = await db.transaction(async (tx) => {
-        const member = await ensureMember(tx, account.id, email);
+        const existing = await findMemberByEmail(tx, email);
+        // An account's first member is its owner unless --role says otherwise: someone must be able to invite the rest.
+        const newRole = role ?? (existing ? undefined : (await hasOwner(tx, account.id)) ? "member" : "owner");
+        const member = await ensureMember(tx, account.id, email, newRole);
         if (!member) return undefined;
+        let current = member;
+        if (existing && role && role !== existing.role) {
+          const changed = await changeMemberRole(tx, account.id, member.id, role);
+          if (changed === "last_owner" || changed === undefined) return "last_owner" as const;
+          current = changed.member;
+          await recordActivity(tx, { accountId: account.id, kind: "member_role_changed", actor: OPERATOR, detail: `${email}: ${changed.previous} to ${role}`, at: now });
+        }
         const invite = await createInvite(tx, member.id, now);
-        await recordActivity(tx, { accountId: account.id, kind: "member_invited", actor: OPERATOR, detail: email, at: now });
-        return { member, invite };
+        await recordActivity(tx, { accountId: account.id, kind: "member_invited", actor: OPERATOR, detail: `${email} as ${current.role}`, at: now });
+        return { member: current, invite };
       });
+      if (invited === "last_owner") throw new UsageError(`${LAST_OWNER_RULE}: make another member owner first (members role)`);
       if (!invited) throw new UsageError(`${email} is already a member of another account; remove them there first`);
       if (settings.publicUrlIsGuessed) {
         // The service's address is its own setting; this process only knows its own HOST and PORT.
@@ -239,7 +254,8 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
         member_id: invited.member.id,
         account_id: account.id,
         email,
-        invite_url: `${settings.publicUrl}${INVITE_PATH}${invited.invite.token}`,
+        role: invited.member.role,
+        invite_url: inviteUrl(settings.publicUrl, invited.invite.token),
         invite_token: invited.invite.token,
         expires_at: invited.invite.expiresAt.toISOString(),
       };
@@ -249,26 +265,73 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
       const members = await listMembers(db, account.id);
       return {
         account_id: account.id,
-        members: members.map((m) => ({ member_id: m.id, email: m.email, created_at: m.created_at, invite_accepted: m.password_hash !== null })),
+        members: members.map((m) => ({
+          member_id: m.id,
+          email: m.email,
+          role: m.role,
+          created_at: m.created_at,
+          invite_accepted: m.password_hash !== null,
+          two_factor_enabled: m.totp_enabled_at !== null,
+        })),
       };
+    }
+    case "members role": {
+      const memberId = requiredOption(options, "member");
+      const role = roleOption(options);
+      if (!role) throw new UsageError(`--role is required: one of ${ROLES.join(", ")}`);
+      const changed = await db.transaction(async (tx) => {
+        const member = await findMember(tx, memberId);
+        if (!member) return undefined;
+        const outcome = await changeMemberRole(tx, member.account_id, member.id, role);
+        if (outcome === "last_owner" || outcome === undefined) return outcome;
+        if (outcome.previous !== role) {
+          await recordActivity(tx, { accountId: member.account_id, kind: "member_role_changed", actor: OPERATOR, detail: `${member.email}: ${outcome.previous} to ${role}`, at: now });
+        }
+        return outcome;
+      });
+      if (changed === "last_owner") throw new UsageError(`${LAST_OWNER_RULE}: make another member owner first`);
+      if (!changed) throw new UsageError(`no member with id ${memberId}`);
+      return { member_id: changed.member.id, account_id: changed.member.account_id, email: changed.member.email, role: changed.member.role, previous_role: changed.previous };
     }
     case "members remove": {
       const memberId = requiredOption(options, "member");
       const removed = await db.transaction(async (tx) => {
-        const member = await markMemberRemoved(tx, memberId, now);
+        const member = await findMember(tx, memberId);
         if (!member) return undefined;
         // Their sessions end in the same transaction: no call is served for them after this commits.
-        const sessionsEnded = await endMemberSessions(tx, member.id, now);
-        await tx("member_invites").where({ member_id: member.id }).whereNull("used_at").update({ used_at: now });
+        const outcome = await removeTeamMember(tx, member.account_id, member.id, now);
+        if (outcome === "last_owner" || outcome === undefined) return outcome;
         await recordActivity(tx, { accountId: member.account_id, kind: "member_removed", actor: OPERATOR, detail: member.email, at: now });
-        return { member, sessionsEnded };
+        return outcome;
       });
+      if (removed === "last_owner") throw new UsageError(`${LAST_OWNER_RULE}: make another member owner first (members role)`);
       if (!removed) throw new UsageError(`no member with id ${memberId}`);
       return { removed: true, member_id: removed.member.id, account_id: removed.member.account_id, email: removed.member.email, sessions_ended: removed.sessionsEnded };
+    }
+    case "members reset-two-factor": {
+      // For a member who lost both their authenticator and their recovery codes.
+      const memberId = requiredOption(options, "member");
+      const member = await db.transaction(async (tx) => {
+        const row = await findMember(tx, memberId);
+        if (!row) return undefined;
+        await disableTotp(tx, row.id, now);
+        await recordActivity(tx, { accountId: row.account_id, kind: "two_factor_disabled", actor: OPERATOR, detail: row.email, at: now });
+        return row;
+      });
+      if (!member) throw new UsageError(`no member with id ${memberId}`);
+      return { member_id: member.id, account_id: member.account_id, email: member.email, two_factor_enabled: false };
     }
     default:
       throw new UsageError(`unknown command "${command}"\n\n${USAGE}`);
   }
+}
+
+/** The --role option, when given: one of the roles. */
+function roleOption(options: Options): Role | undefined {
+  const role = stringOption(options, "role");
+  if (role === undefined) return undefined;
+  if (!isRole(role)) throw new UsageError(`--role must be one of ${ROLES.join(", ")}, got "${role}"`);
+  return role;
 }
 
 /** An account as every command prints it: the account area's view (metering's), with the operator's names. */

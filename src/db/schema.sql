@@ -1007,8 +1007,7 @@ CREATE TABLE public.account_activity (
     kind text NOT NULL,
     actor text NOT NULL,
     detail text DEFAULT ''::text NOT NULL,
-    at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT account_activity_kind_check CHECK ((kind = ANY (ARRAY['signed_in'::text, 'sign_in_failed'::text, 'signed_out'::text, 'invite_accepted'::text, 'key_created'::text, 'key_revoked'::text, 'credits_granted'::text, 'member_invited'::text, 'member_removed'::text])))
+    at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 --
@@ -1027,6 +1026,15 @@ CREATE SEQUENCE public.account_activity_id_seq
 --
 
 ALTER SEQUENCE public.account_activity_id_seq OWNED BY public.account_activity.id;
+
+--
+-- Name: account_settings; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.account_settings (
+    account_id uuid NOT NULL,
+    require_two_factor boolean DEFAULT false NOT NULL
+);
 
 --
 -- Name: api_keys; Type: TABLE; Schema: public; Owner: -
@@ -1157,6 +1165,34 @@ CREATE TABLE public.member_invites (
 );
 
 --
+-- Name: member_recovery_codes; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.member_recovery_codes (
+    id bigint NOT NULL,
+    member_id uuid NOT NULL,
+    code_hash bytea NOT NULL,
+    used_at timestamp with time zone
+);
+
+--
+-- Name: member_recovery_codes_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+CREATE SEQUENCE public.member_recovery_codes_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: member_recovery_codes_id_seq; Type: SEQUENCE OWNED BY; Schema: public; Owner: -
+--
+
+ALTER SEQUENCE public.member_recovery_codes_id_seq OWNED BY public.member_recovery_codes.id;
+
+--
 -- Name: member_sessions; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1180,7 +1216,13 @@ CREATE TABLE public.members (
     password_hash text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     removed_at timestamp with time zone,
-    CONSTRAINT members_email_check CHECK (((email = lower(email)) AND (email <> ''::text)))
+    role text DEFAULT 'member'::text NOT NULL,
+    totp_secret text,
+    totp_pending_secret text,
+    totp_enabled_at timestamp with time zone,
+    totp_last_step bigint,
+    CONSTRAINT members_email_check CHECK (((email = lower(email)) AND (email <> ''::text))),
+    CONSTRAINT members_role_check CHECK ((role = ANY (ARRAY['owner'::text, 'admin'::text, 'member'::text, 'viewer'::text])))
 );
 
 --
@@ -1245,6 +1287,18 @@ CREATE SEQUENCE public.sign_in_attempts_id_seq
 ALTER SEQUENCE public.sign_in_attempts_id_seq OWNED BY public.sign_in_attempts.id;
 
 --
+-- Name: sign_in_challenges; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.sign_in_challenges (
+    token_hash bytea NOT NULL,
+    member_id uuid NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    used_at timestamp with time zone
+);
+
+--
 -- Name: account_activity id; Type: DEFAULT; Schema: public; Owner: -
 --
 
@@ -1269,6 +1323,12 @@ ALTER TABLE ONLY public.knex_migrations_lock ALTER COLUMN index SET DEFAULT next
 ALTER TABLE ONLY public.ledger ALTER COLUMN id SET DEFAULT nextval('public.ledger_id_seq'::regclass);
 
 --
+-- Name: member_recovery_codes id; Type: DEFAULT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.member_recovery_codes ALTER COLUMN id SET DEFAULT nextval('public.member_recovery_codes_id_seq'::regclass);
+
+--
 -- Name: sign_in_attempts id; Type: DEFAULT; Schema: public; Owner: -
 --
 
@@ -1287,6 +1347,13 @@ ALTER TABLE ONLY public.abandoned_admissions
 
 ALTER TABLE ONLY public.account_activity
     ADD CONSTRAINT account_activity_pkey PRIMARY KEY (id);
+
+--
+-- Name: account_settings account_settings_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.account_settings
+    ADD CONSTRAINT account_settings_pkey PRIMARY KEY (account_id);
 
 --
 -- Name: accounts accounts_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -1380,6 +1447,13 @@ ALTER TABLE ONLY public.member_invites
     ADD CONSTRAINT member_invites_pkey PRIMARY KEY (token_hash);
 
 --
+-- Name: member_recovery_codes member_recovery_codes_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.member_recovery_codes
+    ADD CONSTRAINT member_recovery_codes_pkey PRIMARY KEY (id);
+
+--
 -- Name: member_sessions member_sessions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1415,6 +1489,13 @@ ALTER TABLE ONLY public.sign_in_attempts
     ADD CONSTRAINT sign_in_attempts_pkey PRIMARY KEY (id);
 
 --
+-- Name: sign_in_challenges sign_in_challenges_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.sign_in_challenges
+    ADD CONSTRAINT sign_in_challenges_pkey PRIMARY KEY (token_hash);
+
+--
 -- Name: account_activity_account_at; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1443,6 +1524,12 @@ CREATE UNIQUE INDEX ledger_request_once ON public.ledger USING btree (request_id
 --
 
 CREATE INDEX member_invites_member ON public.member_invites USING btree (member_id);
+
+--
+-- Name: member_recovery_codes_member; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX member_recovery_codes_member ON public.member_recovery_codes USING btree (member_id) WHERE (used_at IS NULL);
 
 --
 -- Name: member_sessions_member; Type: INDEX; Schema: public; Owner: -
@@ -1499,6 +1586,12 @@ CREATE INDEX requests_key_created ON public.requests USING btree (key_id, create
 CREATE INDEX sign_in_attempts_email_at ON public.sign_in_attempts USING btree (email, at);
 
 --
+-- Name: sign_in_challenges_member; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX sign_in_challenges_member ON public.sign_in_challenges USING btree (member_id) WHERE (used_at IS NULL);
+
+--
 -- Name: account_activity account_activity_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1534,6 +1627,13 @@ ALTER TABLE ONLY public.member_invites
     ADD CONSTRAINT member_invites_member_id_fkey FOREIGN KEY (member_id) REFERENCES public.members(id);
 
 --
+-- Name: member_recovery_codes member_recovery_codes_member_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.member_recovery_codes
+    ADD CONSTRAINT member_recovery_codes_member_id_fkey FOREIGN KEY (member_id) REFERENCES public.members(id);
+
+--
 -- Name: member_sessions member_sessions_member_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1553,6 +1653,13 @@ ALTER TABLE ONLY public.members
 
 ALTER TABLE ONLY public.requests
     ADD CONSTRAINT requests_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
+
+--
+-- Name: sign_in_challenges sign_in_challenges_member_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.sign_in_challenges
+    ADD CONSTRAINT sign_in_challenges_member_id_fkey FOREIGN KEY (member_id) REFERENCES public.members(id);
 
 --
 -- PostgreSQL database dump complete

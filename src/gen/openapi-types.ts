@@ -240,6 +240,159 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/account/v1/sign-in/second-step": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** SignInSecondStep finishes a sign-in whose password was accepted, for a member with two-factor sign-in: a code of their authenticator app, or one of their recovery codes (each works once). Throttled as SignIn is. */
+        post: operations["AccountService_SignInSecondStep"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/members": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** ListMembers lists the account's members with their roles. */
+        get: operations["AccountService_ListMembers"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/members/invite": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** InviteMember invites a person with a role and returns the invite link this once (one use, 24 hours). Owners and admins; only owners invite owners. */
+        post: operations["AccountService_InviteMember"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/members/remove": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** RemoveMember removes a member: their sessions end at once. Owners and admins; only owners remove owners; the last owner cannot be removed. */
+        post: operations["AccountService_RemoveMember"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/members/role": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** SetMemberRole changes a member's role. Owners and admins; only owners grant or change the owner role; the last owner cannot be demoted. */
+        post: operations["AccountService_SetMemberRole"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/two-factor/start": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** StartTwoFactorEnrollment gives the caller a new TOTP secret and its otpauth URI; it works once confirmed with a first code. */
+        post: operations["AccountService_StartTwoFactorEnrollment"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/two-factor/confirm": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** ConfirmTwoFactorEnrollment turns two-factor sign-in on with a first code and returns the recovery codes this once. */
+        post: operations["AccountService_ConfirmTwoFactorEnrollment"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/two-factor/disable": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** DisableTwoFactor turns the caller's two-factor sign-in off, with a current code or a recovery code. */
+        post: operations["AccountService_DisableTwoFactor"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/two-factor/required": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** SetTwoFactorRequired requires (or stops requiring) two-factor sign-in of every member of the account. Owners only, once their own is on. */
+        post: operations["AccountService_SetTwoFactorRequired"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -534,6 +687,14 @@ export interface components {
             id: string;
             email: string;
             account_id: string;
+            /** @description "owner", "admin", "member" or "viewer". */
+            role: string;
+            /** @description True once the member signs in with a second factor (TOTP). */
+            two_factor_enabled: boolean;
+            /** @description False while the invite is not accepted yet. */
+            invite_accepted: boolean;
+            /** Format: date-time */
+            created_at?: string;
         };
         "typesafe.account.v1.AcceptInviteRequest": {
             /** @description The token of the invite, as printed by the operator's CLI. */
@@ -542,7 +703,10 @@ export interface components {
             password: string;
         };
         "typesafe.account.v1.SignInResponse": {
+            /** @description Absent when a second step is due. */
             member?: components["schemas"]["typesafe.account.v1.Member"];
+            /** @description Set when the member signs in with a second factor: no session exists yet; send it to SignInSecondStep with a code, within 5 minutes. */
+            second_step_token: string;
         };
         /** @description Also refused: an email that is blank once trimmed. */
         "typesafe.account.v1.SignInRequest": {
@@ -579,6 +743,8 @@ export interface components {
             calls_in_flight: number;
             /** Format: date-time */
             created_at?: string;
+            /** @description Every member must sign in with a second factor. */
+            two_factor_required: boolean;
         };
         "typesafe.account.v1.Limits": {
             /**
@@ -812,7 +978,7 @@ export interface components {
         /** @description Something that happened to the account. */
         "typesafe.account.v1.ActivityEvent": {
             id: string;
-            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "credits_granted", "member_invited", "member_removed". */
+            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "credits_granted", "member_invited", "member_removed", "member_role_changed", "two_factor_enabled", "two_factor_disabled", "two_factor_required_changed". */
             kind: string;
             /** @description Who did it: a member's email, or "operator" for the CLI. */
             actor: string;
@@ -827,6 +993,78 @@ export interface components {
             page_size?: (number | string) | null;
             /** @description The next_page_token of the previous page; empty for the first page. */
             page_token?: string | null;
+        };
+        "typesafe.account.v1.SignInSecondStepResponse": {
+            member?: components["schemas"]["typesafe.account.v1.Member"];
+        };
+        "typesafe.account.v1.SignInSecondStepRequest": {
+            /** @description The second_step_token of SignIn. */
+            second_step_token?: string | null;
+            /** @description The 6-digit code of the authenticator app; or else */
+            code?: string | null;
+            /** @description one of the recovery codes. */
+            recovery_code?: string | null;
+        };
+        "typesafe.account.v1.ListMembersResponse": {
+            /** @description Oldest first. */
+            members: components["schemas"]["typesafe.account.v1.Member"][];
+        };
+        "typesafe.account.v1.InviteMemberResponse": {
+            member?: components["schemas"]["typesafe.account.v1.Member"];
+            /** @description The invite link: shown this once, one use. */
+            invite_url: string;
+            /** Format: date-time */
+            expires_at?: string;
+        };
+        "typesafe.account.v1.InviteMemberRequest": {
+            email?: string | null;
+            /** @description "owner", "admin", "member" or "viewer"; empty means "member". */
+            role?: string | null;
+        };
+        "typesafe.account.v1.RemoveMemberResponse": {
+            member?: components["schemas"]["typesafe.account.v1.Member"];
+            /**
+             * Format: int32
+             * @description The removed member's sessions that were ended.
+             */
+            sessions_ended: number;
+        };
+        "typesafe.account.v1.RemoveMemberRequest": {
+            member_id?: string | null;
+        };
+        "typesafe.account.v1.SetMemberRoleResponse": {
+            member?: components["schemas"]["typesafe.account.v1.Member"];
+        };
+        "typesafe.account.v1.SetMemberRoleRequest": {
+            member_id?: string | null;
+            /** @description "owner", "admin", "member" or "viewer". */
+            role?: string | null;
+        };
+        "typesafe.account.v1.StartTwoFactorEnrollmentResponse": {
+            /** @description The TOTP secret (base32), for typing into an authenticator app. */
+            secret: string;
+            /** @description The otpauth:// URI of the same secret, for a QR code. */
+            otpauth_uri: string;
+        };
+        "typesafe.account.v1.StartTwoFactorEnrollmentRequest": Record<string, never>;
+        "typesafe.account.v1.ConfirmTwoFactorEnrollmentResponse": {
+            /** @description One-time recovery codes, shown this once; each signs in once without the app. */
+            recovery_codes: string[];
+        };
+        "typesafe.account.v1.ConfirmTwoFactorEnrollmentRequest": {
+            /** @description A current 6-digit code of the new secret. */
+            code?: string | null;
+        };
+        "typesafe.account.v1.DisableTwoFactorResponse": Record<string, never>;
+        "typesafe.account.v1.DisableTwoFactorRequest": {
+            /** @description A current 6-digit code; or else */
+            code?: string | null;
+            /** @description one of the recovery codes. */
+            recovery_code?: string | null;
+        };
+        "typesafe.account.v1.SetTwoFactorRequiredResponse": Record<string, never>;
+        "typesafe.account.v1.SetTwoFactorRequiredRequest": {
+            required?: boolean | null;
         };
         /** @description ErrorDetail is attached to every error the service returns: as a typed detail on gRPC/Connect errors, and as `data` of the JSON envelope. */
         "typesafe.error.v1.ErrorDetail": {
@@ -1161,7 +1399,7 @@ export interface components {
                 };
             };
         };
-        /** @description SIGNED_OUT: Account area: no live session (never an API key); sign in. SIGN_IN_FAILED: Account area: wrong email or password (the same answer for both). */
+        /** @description SIGNED_OUT: Account area: no live session (never an API key); sign in. SIGN_IN_FAILED: Account area: wrong email or password (the same answer for both). SECOND_STEP_FAILED: Account area: a wrong, used or late code at the second step of sign-in, or its token expired. */
         AccountError401: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1173,16 +1411,16 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 40102 | 40103;
+                    code: 40102 | 40103 | 40105;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "SIGNED_OUT" | "SIGN_IN_FAILED";
+                        reason?: "SIGNED_OUT" | "SIGN_IN_FAILED" | "SECOND_STEP_FAILED";
                     };
                 };
             };
         };
-        /** @description CROSS_SITE_REFUSED: Account area: the call came from another site's page (its Origin). */
+        /** @description CROSS_SITE_REFUSED: Account area: the call came from another site's page (its Origin). ROLE_FORBIDDEN: Account area: the member's role does not allow this; data.rule names the rule. LAST_OWNER: Account area: the account's last owner cannot be removed or demoted. TWO_FACTOR_REQUIRED: Account area: the account requires two-factor sign-in; enroll a second factor first. */
         AccountError403: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1194,11 +1432,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 40301;
+                    code: 40301 | 40303 | 40304 | 40305;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "CROSS_SITE_REFUSED";
+                        reason?: "CROSS_SITE_REFUSED" | "ROLE_FORBIDDEN" | "LAST_OWNER" | "TWO_FACTOR_REQUIRED";
                     };
                 };
             };
@@ -1245,7 +1483,7 @@ export interface components {
                 };
             };
         };
-        /** @description INVITE_INVALID: Account area: the invite is unknown, used or expired; ask the operator for a new one. */
+        /** @description INVITE_INVALID: Account area: the invite is unknown, used or expired; ask an owner, an admin or the operator for a new one. */
         AccountError410: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1308,7 +1546,7 @@ export interface components {
                 };
             };
         };
-        /** @description SIGN_IN_THROTTLED: Account area: 5 failed sign-ins for this email within 15 minutes; wait Retry-After. */
+        /** @description SIGN_IN_THROTTLED: Account area: 5 failed sign-ins (or second steps) for this email within 15 minutes; wait Retry-After. */
         AccountError429: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -2099,6 +2337,418 @@ export interface operations {
                         /** @constant */
                         message: "ok";
                         data: components["schemas"]["typesafe.account.v1.ListActivityResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_SignInSecondStep: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.SignInSecondStepRequest"];
+            };
+        };
+        responses: {
+            /** @description The SignInSecondStepResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    /** @description The session cookie: a new session on sign-in, an expired cookie on sign-out. */
+                    "set-cookie"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.SignInSecondStepResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ListMembers: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The ListMembersResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ListMembersResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_InviteMember: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.InviteMemberRequest"];
+            };
+        };
+        responses: {
+            /** @description The InviteMemberResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.InviteMemberResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_RemoveMember: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.RemoveMemberRequest"];
+            };
+        };
+        responses: {
+            /** @description The RemoveMemberResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.RemoveMemberResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_SetMemberRole: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.SetMemberRoleRequest"];
+            };
+        };
+        responses: {
+            /** @description The SetMemberRoleResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.SetMemberRoleResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_StartTwoFactorEnrollment: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.StartTwoFactorEnrollmentRequest"];
+            };
+        };
+        responses: {
+            /** @description The StartTwoFactorEnrollmentResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.StartTwoFactorEnrollmentResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ConfirmTwoFactorEnrollment: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.ConfirmTwoFactorEnrollmentRequest"];
+            };
+        };
+        responses: {
+            /** @description The ConfirmTwoFactorEnrollmentResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ConfirmTwoFactorEnrollmentResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_DisableTwoFactor: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.DisableTwoFactorRequest"];
+            };
+        };
+        responses: {
+            /** @description The DisableTwoFactorResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.DisableTwoFactorResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_SetTwoFactorRequired: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.SetTwoFactorRequiredRequest"];
+            };
+        };
+        responses: {
+            /** @description The SetTwoFactorRequiredResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.SetTwoFactorRequiredResponse"];
                     };
                 };
             };

@@ -75,7 +75,7 @@ describe("the account area over JSON", () => {
     const { email, memberId, accountId } = await signedInMember();
     const signedIn = await call("POST", "/account/v1/sign-in", { body: { email, password: PASSWORD } });
     expect(signedIn.status).toBe(200);
-    expect(signedIn.body).toEqual({ code: 0, message: "ok", data: { member: { id: memberId, email, account_id: accountId } } });
+    expect(signedIn.body).toMatchObject({ code: 0, message: "ok", data: { member: { id: memberId, email, account_id: accountId, role: "member", invite_accepted: true } } });
     const [setCookie] = signedIn.headers.getSetCookie();
     expect(setCookie).toMatch(/^typesafe_session=[^;]+; Path=\/; HttpOnly; SameSite=Strict; Max-Age=\d+$/);
     expect(signedIn.headers.get("x-request-id")).toMatch(/./);
@@ -253,12 +253,21 @@ describe("the OpenAPI document's account section", () => {
         "POST /account/v1/usage",
         "POST /account/v1/usage/summary",
         "POST /account/v1/activity",
+        "POST /account/v1/sign-in/second-step",
+        "GET /account/v1/members",
+        "POST /account/v1/members/invite",
+        "POST /account/v1/members/remove",
+        "POST /account/v1/members/role",
+        "POST /account/v1/two-factor/start",
+        "POST /account/v1/two-factor/confirm",
+        "POST /account/v1/two-factor/disable",
+        "POST /account/v1/two-factor/required",
       ].sort(),
     );
     expect(document.components.securitySchemes.sessionCookie).toMatchObject({ type: "apiKey", in: "cookie", name: "typesafe_session" });
     for (const { path, operation } of accountOperations) {
       expect(operation["tags"], path).toEqual(["AccountService"]);
-      const sessionless = ["/account/v1/invites/accept", "/account/v1/sign-in", "/account/v1/sign-out"].includes(path);
+      const sessionless = ["/account/v1/invites/accept", "/account/v1/sign-in", "/account/v1/sign-in/second-step", "/account/v1/sign-out"].includes(path);
       expect(operation["security"], path).toEqual(sessionless ? [] : [{ sessionCookie: [] }]);
     }
     // The API keeps its key.

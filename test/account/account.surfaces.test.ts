@@ -270,7 +270,7 @@ describe("activity", () => {
       ["key_created", "k2"],
       ["key_created", "k1"],
       ["key_created", "k0"],
-      ["invite_accepted", ""],
+      ["invite_accepted", "as member"],
     ]);
     expect(second.nextPageToken).toBe("");
   });

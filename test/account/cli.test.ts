@@ -35,7 +35,8 @@ describe("members from the CLI", () => {
     expect(invited.stderr).toBe("");
     expect(invited.code).toBe(0);
     const printed = JSON.parse(invited.stdout);
-    expect(Object.keys(printed).sort()).toEqual(["account_id", "email", "expires_at", "invite_token", "invite_url", "member_id"]);
+    expect(Object.keys(printed).sort()).toEqual(["account_id", "email", "expires_at", "invite_token", "invite_url", "member_id", "role"]);
+    expect(printed.role).toBe("owner");
     expect(printed.email).toBe(email.toLowerCase());
     expect(printed.invite_url).toBe(`https://api.example.com/account/?invite=${printed.invite_token}`);
     const ttlMs = new Date(printed.expires_at).getTime() - Date.now();
@@ -49,14 +50,23 @@ describe("members from the CLI", () => {
     const listed = JSON.parse((await runAdmin(["members", "list", "--account", accountId], env())).stdout);
     expect(listed.members).toEqual([expect.objectContaining({ member_id: printed.member_id, email: email.toLowerCase(), invite_accepted: true })]);
 
+    // The account's only owner stays until another owner is there.
+    const refused = await runAdmin(["members", "remove", "--member", printed.member_id], env());
+    expect([refused.code, refused.stdout]).toEqual([2, ""]);
+    expect(refused.stderr).toMatch(/the last owner cannot be removed or demoted/);
+    const second = JSON.parse((await runAdmin(["members", "invite", "--account", accountId, "--email", uniqueEmail("next"), "--role", "owner"], env())).stdout);
+    expect(second.role).toBe("owner");
+
     const removed = await runAdmin(["members", "remove", "--member", printed.member_id], env());
     expect(JSON.parse(removed.stdout)).toMatchObject({ removed: true, member_id: printed.member_id, sessions_ended: 1 });
     expect((await refusal(client.getAccount({}))).reason).toBe("SIGNED_OUT");
-    expect(JSON.parse((await runAdmin(["members", "list", "--account", accountId], env())).stdout).members).toEqual([]);
+    expect(JSON.parse((await runAdmin(["members", "list", "--account", accountId], env())).stdout).members).toEqual([
+      expect.objectContaining({ member_id: second.member_id, role: "owner", invite_accepted: false }),
+    ]);
 
     const kinds = await database.db("account_activity").where({ account_id: accountId }).orderBy("id").pluck("kind");
-    expect(kinds).toEqual(["member_invited", "invite_accepted", "member_removed"]);
-  });
+    expect(kinds).toEqual(["member_invited", "invite_accepted", "member_invited", "member_removed"]);
+  }, 120_000);
 
   it("keys create, keys revoke and credits grant are logged as the operator's; accounts show reads the account area's view", async () => {
     const { accountId } = await createTestAccount(database.db, { units: 0, freeRequests: 3 });

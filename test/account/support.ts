@@ -7,6 +7,7 @@ import { createLogger } from "../../src/logger.js";
 import { createInvite } from "../../src/accounts/invites.js";
 import { ensureMember } from "../../src/accounts/members.js";
 import type { ScryptParams } from "../../src/accounts/passwords.js";
+import type { Role } from "../../src/accounts/roles.js";
 import { AccountService } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
 import { ErrorDetailSchema } from "../../src/gen/typesafe/error/v1/error_pb.js";
 import type { TestDatabase } from "../support/database.js";
@@ -112,10 +113,10 @@ export function accountClient(
   return { client: createClient(AccountService, transport), jar };
 }
 
-/** Invites a member as the CLI does (same functions), returning the token. */
-export async function inviteMember(db: Knex, accountId: string, email: string, now: Date): Promise<{ memberId: string; token: string }> {
+/** Invites a member as the CLI does (same functions), returning the token; a role other than the default "member" when given. */
+export async function inviteMember(db: Knex, accountId: string, email: string, now: Date, role?: Role): Promise<{ memberId: string; token: string }> {
   return db.transaction(async (tx) => {
-    const member = await ensureMember(tx, accountId, email);
+    const member = await ensureMember(tx, accountId, email, role);
     if (!member) throw new Error(`${email} belongs to another account`);
     const { token } = await createInvite(tx, member.id, now);
     return { memberId: member.id, token };

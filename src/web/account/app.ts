@@ -5,18 +5,20 @@
  * the session is an HttpOnly cookie the page cannot read, and it never stores
  * an API key anywhere (a new key's secret lives in the DOM until dismissed).
  */
-import type { ApiKey, GetAccountResponse } from "../../gen/typesafe/account/v1/account_service_pb.js";
+import type { ApiKey, GetAccountResponse, Member } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import { createActivityView } from "./activity-view.js";
 import { createAccountClient, errorText, isSignedOut } from "./client.js";
 import { byId, keyLabel } from "./dom.js";
 import { createKeysView } from "./keys-view.js";
 import { loadOverview, showAccount } from "./overview-view.js";
+import { createSecurityView } from "./security-view.js";
+import { createTeamView } from "./team-view.js";
 import { createUsageView } from "./usage-view.js";
 
-type SignedInView = "overview" | "keys" | "usage" | "activity";
-type View = "loading" | "sign-in" | "invite" | SignedInView;
-const SIGNED_IN_VIEWS: SignedInView[] = ["overview", "keys", "usage", "activity"];
-const ALL_VIEWS: View[] = ["loading", "sign-in", "invite", ...SIGNED_IN_VIEWS];
+type SignedInView = "overview" | "keys" | "usage" | "activity" | "team" | "security";
+type View = "loading" | "sign-in" | "second-step" | "invite" | SignedInView;
+const SIGNED_IN_VIEWS: SignedInView[] = ["overview", "keys", "usage", "activity", "team", "security"];
+const ALL_VIEWS: View[] = ["loading", "sign-in", "second-step", "invite", ...SIGNED_IN_VIEWS];
 const MIN_PASSWORD_CHARS = 12;
 
 const client = createAccountClient(location.origin);
@@ -25,10 +27,24 @@ const nav = byId("nav", HTMLElement);
 const who = byId("who", HTMLElement);
 const keyNames = new Map<string, string>();
 let signedIn = false;
+/** The signed-in member as GetAccount last read them, and whether the account requires a second factor. */
+let me: Member | undefined;
+let twoFactorRequired = false;
+/** The token of a sign-in whose password passed and whose second step is due; held only in memory. */
+let secondStepToken = "";
 
 const keysView = createKeysView({ client, fail, onKeys: rememberKeys });
 const usageView = createUsageView({ client, fail, keyName: (id) => keyNames.get(id) });
 const activityView = createActivityView({ client, fail });
+const teamView = createTeamView({ client, fail, me: () => me });
+const securityView = createSecurityView({
+  client,
+  fail,
+  refresh: async () => {
+    enterSignedIn(await client.getAccount({}));
+    return { member: me, twoFactorRequired };
+  },
+});
 
 /** Shows one view, marks its nav link, and moves focus to its heading when the reader asked for it. */
 function show(view: View, focus: boolean): void {
@@ -54,6 +70,8 @@ function rememberKeys(keys: ApiKey[]): void {
 
 /** The signed-in view named by the URL's fragment (#keys), the overview by default. */
 function currentView(): SignedInView {
+  // A member the account's rule holds back sees only where to set up their second factor.
+  if (twoFactorRequired && me?.twoFactorEnabled !== true) return "security";
   const name = location.hash.slice(1);
   return (SIGNED_IN_VIEWS as string[]).includes(name) ? (name as SignedInView) : "overview";
 }
@@ -73,6 +91,8 @@ async function route(focus: boolean): Promise<void> {
       await usageView.load();
     }
     if (view === "activity") await activityView.load();
+    if (view === "team") await teamView.load();
+    if (view === "security") await securityView.load();
   } catch (err) {
     fail(err, status);
   } finally {
@@ -84,7 +104,10 @@ function enterSignedIn(response: GetAccountResponse): void {
   signedIn = true;
   nav.hidden = false;
   who.hidden = false;
+  me = response.member;
+  twoFactorRequired = response.account?.twoFactorRequired === true;
   byId("who-email", HTMLElement).textContent = response.member?.email ?? "";
+  byId("who-role", HTMLElement).textContent = response.member?.role ?? "";
   if (response.account) showAccount(response.account);
 }
 
@@ -107,10 +130,16 @@ function toSignIn(message: string): void {
   keysView.clear();
   usageView.clear();
   activityView.clear();
+  teamView.clear();
+  securityView.clear();
   keyNames.clear();
+  me = undefined;
+  twoFactorRequired = false;
+  secondStepToken = "";
   nav.hidden = true;
   who.hidden = true;
   byId("who-email", HTMLElement).textContent = "";
+  byId("who-role", HTMLElement).textContent = "";
   byId("sign-in-password", HTMLInputElement).value = "";
   status.textContent = message;
   show("sign-in", true);
@@ -134,15 +163,43 @@ byId("sign-in-form", HTMLFormElement).addEventListener("submit", (event) => {
   password.removeAttribute("aria-invalid");
   void client
     .signIn({ email: email.value.trim(), password: password.value })
-    .then(async () => {
+    .then(async (answer) => {
       password.value = "";
       status.textContent = "";
+      if (answer.secondStepToken) {
+        secondStepToken = answer.secondStepToken;
+        show("second-step", false);
+        byId("second-step-code", HTMLInputElement).focus();
+        return;
+      }
       await resume(true);
     })
     .catch((err: unknown) => {
       password.value = "";
       error.textContent = errorText(err);
       password.focus();
+    });
+});
+
+byId("second-step-form", HTMLFormElement).addEventListener("submit", (event) => {
+  event.preventDefault();
+  const code = byId("second-step-code", HTMLInputElement);
+  const recoveryCode = byId("second-step-recovery", HTMLInputElement);
+  const error = byId("second-step-error", HTMLElement);
+  error.textContent = "";
+  if (!code.value.trim() && !recoveryCode.value.trim()) return invalid(code, error, "Enter the code of your app, or a recovery code.");
+  const answer = code.value.trim() ? { code: code.value.trim() } : { recoveryCode: recoveryCode.value.trim() };
+  void client
+    .signInSecondStep({ secondStepToken, ...answer })
+    .then(async () => {
+      code.value = recoveryCode.value = "";
+      secondStepToken = "";
+      await resume(true);
+    })
+    .catch((err: unknown) => {
+      code.value = recoveryCode.value = "";
+      error.textContent = errorText(err);
+      code.focus();
     });
 });
 

@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file typesafe/account/v1/account_service.proto.
  */
 export const file_typesafe_account_v1_account_service: GenFile = /*@__PURE__*/
-  fileDesc("Cil0eXBlc2FmZS9hY2NvdW50L3YxL2FjY291bnRfc2VydmljZS5wcm90bxITdHlwZXNhZmUuYWNjb3VudC52MSI3CgZNZW1iZXISCgoCaWQYASABKAkSDQoFZW1haWwYAiABKAkSEgoKYWNjb3VudF9pZBgDIAEoCSI9ChNBY2NlcHRJbnZpdGVSZXF1ZXN0EhQKDGludml0ZV90b2tlbhgBIAEoCRIQCghwYXNzd29yZBgCIAEoCSJDChRBY2NlcHRJbnZpdGVSZXNwb25zZRIrCgZtZW1iZXIYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciIwCg1TaWduSW5SZXF1ZXN0Eg0KBWVtYWlsGAEgASgJEhAKCHBhc3N3b3JkGAIgASgJIj0KDlNpZ25JblJlc3BvbnNlEisKBm1lbWJlchgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuTWVtYmVyIhAKDlNpZ25PdXRSZXF1ZXN0IhEKD1NpZ25PdXRSZXNwb25zZSITChFHZXRBY2NvdW50UmVxdWVzdCJwChJHZXRBY2NvdW50UmVzcG9uc2USLQoHYWNjb3VudBgBIAEoCzIcLnR5cGVzYWZlLmFjY291bnQudjEuQWNjb3VudBIrCgZtZW1iZXIYAiABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciKEAgoHQWNjb3VudBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhcKD2JhbGFuY2VfY3JlZGl0cxgDIAEoARIUCgxoZWxkX2NyZWRpdHMYBCABKAESGQoRYXZhaWxhYmxlX2NyZWRpdHMYBSABKAESHwoXZnJlZV9yZXF1ZXN0c19yZW1haW5pbmcYBiABKAUSKwoGbGltaXRzGAcgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5MaW1pdHMSFwoPY2FsbHNfaW5fZmxpZ2h0GAggASgFEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjwKBkxpbWl0cxIVCg1tYXhfaW5fZmxpZ2h0GAEgASgFEhsKE3JlcXVlc3RzX3Blcl9taW51dGUYAiABKAUi/AIKBkFwaUtleRIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEg4KBnByZWZpeBgDIAEoCRINCgVsYXN0NBgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjcmVhdGVkX2J5GAYgASgJEjUKDGxhc3RfdXNlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIzCgpyZXZva2VkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBiAEBEi4KBmxpbWl0cxgUIAEoCzIeLnR5cGVzYWZlLmFjY291bnQudjEuS2V5TGltaXRzEjkKDGJ1ZGdldF91c2FnZRgVIAEoCzIjLnR5cGVzYWZlLmFjY291bnQudjEuS2V5QnVkZ2V0VXNhZ2VCDwoNX2xhc3RfdXNlZF9hdEINCgtfcmV2b2tlZF9hdCLDAQoJS2V5TGltaXRzEjMKCmV4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSACIAQESDgoGc2NvcGVzGAIgAygJEhsKDmJ1ZGdldF9jcmVkaXRzGAMgASgBSAGIAQESFQoNYnVkZ2V0X3BlcmlvZBgEIAEoCRIbChNyZXF1ZXN0c19wZXJfbWludXRlGAUgASgFQg0KC19leHBpcmVzX2F0QhEKD19idWRnZXRfY3JlZGl0cyLfAQoOS2V5QnVkZ2V0VXNhZ2USFQoNc3BlbnRfY3JlZGl0cxgBIAEoARIUCgxoZWxkX2NyZWRpdHMYAiABKAESFAoMbGVmdF9jcmVkaXRzGAMgASgBEjUKDHBlcmlvZF9zdGFydBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIzCgpwZXJpb2RfZW5kGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBiAEBQg8KDV9wZXJpb2Rfc3RhcnRCDQoLX3BlcmlvZF9lbmQiEQoPTGlzdEtleXNSZXF1ZXN0Ij0KEExpc3RLZXlzUmVzcG9uc2USKQoEa2V5cxgBIAMoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5IlAKEENyZWF0ZUtleVJlcXVlc3QSDAoEbmFtZRgBIAEoCRIuCgZsaW1pdHMYFCABKAsyHi50eXBlc2FmZS5hY2NvdW50LnYxLktleUxpbWl0cyJSChBVcGRhdGVLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCRIuCgZsaW1pdHMYAiABKAsyHi50eXBlc2FmZS5hY2NvdW50LnYxLktleUxpbWl0cyI9ChFVcGRhdGVLZXlSZXNwb25zZRIoCgNrZXkYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLkFwaUtleSJECg5Sb2xsS2V5UmVxdWVzdBIOCgZrZXlfaWQYASABKAkSIgoab2xkX2tleV9leHBpcmVzX2luX3NlY29uZHMYAiABKAUieQoPUm9sbEtleVJlc3BvbnNlEigKA2tleRgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5Eg4KBnNlY3JldBgCIAEoCRIsCgdvbGRfa2V5GAMgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BcGlLZXkiTQoRQ3JlYXRlS2V5UmVzcG9uc2USKAoDa2V5GAEgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BcGlLZXkSDgoGc2VjcmV0GAIgASgJIiIKEFJldm9rZUtleVJlcXVlc3QSDgoGa2V5X2lkGAEgASgJIj0KEVJldm9rZUtleVJlc3BvbnNlEigKA2tleRgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5Is8BChBMaXN0VXNhZ2VSZXF1ZXN0EhAKCGVuZHBvaW50GAEgASgJEg4KBmtleV9pZBgUIAEoCRIuCgVzaW5jZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIuCgV1bnRpbBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAYgBARIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCUIICgZfc2luY2VCCAoGX3VudGlsIl8KEUxpc3RVc2FnZVJlc3BvbnNlEjEKB3JlY29yZHMYASADKAsyIC50eXBlc2FmZS5hY2NvdW50LnYxLlVzYWdlUmVjb3JkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSL4AQoLVXNhZ2VSZWNvcmQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghlbmRwb2ludBgCIAEoCRIOCgZrZXlfaWQYAyABKAkSDwoHZnVuZGluZxgEIAEoCRIYChByZXNlcnZlZF9jcmVkaXRzGAUgASgBEhcKD2NoYXJnZWRfY3JlZGl0cxgGIAEoARIOCgZzdGF0dXMYByABKAkSLgoKc3RhcnRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIscBChZHZXRVc2FnZVN1bW1hcnlSZXF1ZXN0Ei4KBXNpbmNlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAiAEBEi4KBXVudGlsGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBiAEBEhMKC2dyYW51bGFyaXR5GAMgASgJEg4KBmtleV9pZBgUIAEoCRIUCgxncm91cF9ieV9rZXkYFSABKAhCCAoGX3NpbmNlQggKBl91bnRpbCJMChdHZXRVc2FnZVN1bW1hcnlSZXNwb25zZRIxCgdidWNrZXRzGAEgAygLMiAudHlwZXNhZmUuYWNjb3VudC52MS5Vc2FnZUJ1Y2tldCKCAQoLVXNhZ2VCdWNrZXQSKQoFc3RhcnQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGVuZHBvaW50GAIgASgJEg0KBWNhbGxzGAMgASgFEhcKD2NoYXJnZWRfY3JlZGl0cxgEIAEoARIOCgZrZXlfaWQYFCABKAkiPAoTTGlzdEFjdGl2aXR5UmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJjChRMaXN0QWN0aXZpdHlSZXNwb25zZRIyCgZldmVudHMYASADKAsyIi50eXBlc2FmZS5hY2NvdW50LnYxLkFjdGl2aXR5RXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInAKDUFjdGl2aXR5RXZlbnQSCgoCaWQYASABKAkSDAoEa2luZBgCIAEoCRINCgVhY3RvchgDIAEoCRIOCgZkZXRhaWwYBCABKAkSJgoCYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wMv0LCg5BY2NvdW50U2VydmljZRKKAQoMQWNjZXB0SW52aXRlEigudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXNwb25zZSIlgtPkkwIfOgEqIhovYWNjb3VudC92MS9pbnZpdGVzL2FjY2VwdBJxCgZTaWduSW4SIi50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlcXVlc3QaIy50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlc3BvbnNlIh6C0+STAhg6ASoiEy9hY2NvdW50L3YxL3NpZ24taW4SdQoHU2lnbk91dBIjLnR5cGVzYWZlLmFjY291bnQudjEuU2lnbk91dFJlcXVlc3QaJC50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25PdXRSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS9zaWduLW91dBJ6CgpHZXRBY2NvdW50EiYudHlwZXNhZmUuYWNjb3VudC52MS5HZXRBY2NvdW50UmVxdWVzdBonLnR5cGVzYWZlLmFjY291bnQudjEuR2V0QWNjb3VudFJlc3BvbnNlIhuC0+STAhUSEy9hY2NvdW50L3YxL2FjY291bnQScQoITGlzdEtleXMSJC50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RLZXlzUmVxdWVzdBolLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdEtleXNSZXNwb25zZSIYgtPkkwISEhAvYWNjb3VudC92MS9rZXlzEncKCUNyZWF0ZUtleRIlLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVzcG9uc2UiG4LT5JMCFToBKiIQL2FjY291bnQvdjEva2V5cxJ+CglVcGRhdGVLZXkSJS50eXBlc2FmZS5hY2NvdW50LnYxLlVwZGF0ZUtleVJlcXVlc3QaJi50eXBlc2FmZS5hY2NvdW50LnYxLlVwZGF0ZUtleVJlc3BvbnNlIiKC0+STAhw6ASoiFy9hY2NvdW50L3YxL2tleXMvdXBkYXRlEnYKB1JvbGxLZXkSIy50eXBlc2FmZS5hY2NvdW50LnYxLlJvbGxLZXlSZXF1ZXN0GiQudHlwZXNhZmUuYWNjb3VudC52MS5Sb2xsS2V5UmVzcG9uc2UiIILT5JMCGjoBKiIVL2FjY291bnQvdjEva2V5cy9yb2xsEn4KCVJldm9rZUtleRIlLnR5cGVzYWZlLmFjY291bnQudjEuUmV2b2tlS2V5UmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuUmV2b2tlS2V5UmVzcG9uc2UiIoLT5JMCHDoBKiIXL2FjY291bnQvdjEva2V5cy9yZXZva2USeAoJTGlzdFVzYWdlEiUudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0VXNhZ2VSZXF1ZXN0GiYudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0VXNhZ2VSZXNwb25zZSIcgtPkkwIWOgEqIhEvYWNjb3VudC92MS91c2FnZRKSAQoPR2V0VXNhZ2VTdW1tYXJ5EisudHlwZXNhZmUuYWNjb3VudC52MS5HZXRVc2FnZVN1bW1hcnlSZXF1ZXN0GiwudHlwZXNhZmUuYWNjb3VudC52MS5HZXRVc2FnZVN1bW1hcnlSZXNwb25zZSIkgtPkkwIeOgEqIhkvYWNjb3VudC92MS91c2FnZS9zdW1tYXJ5EoQBCgxMaXN0QWN0aXZpdHkSKC50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RBY3Rpdml0eVJlcXVlc3QaKS50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RBY3Rpdml0eVJlc3BvbnNlIh+C0+STAhk6ASoiFC9hY2NvdW50L3YxL2FjdGl2aXR5YgZwcm90bzM", [file_google_api_annotations, file_google_protobuf_timestamp]);
+  fileDesc("Cil0eXBlc2FmZS9hY2NvdW50L3YxL2FjY291bnRfc2VydmljZS5wcm90bxITdHlwZXNhZmUuYWNjb3VudC52MSKqAQoGTWVtYmVyEgoKAmlkGAEgASgJEg0KBWVtYWlsGAIgASgJEhIKCmFjY291bnRfaWQYAyABKAkSDAoEcm9sZRgoIAEoCRIaChJ0d29fZmFjdG9yX2VuYWJsZWQYKSABKAgSFwoPaW52aXRlX2FjY2VwdGVkGCogASgIEi4KCmNyZWF0ZWRfYXQYKyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIj0KE0FjY2VwdEludml0ZVJlcXVlc3QSFAoMaW52aXRlX3Rva2VuGAEgASgJEhAKCHBhc3N3b3JkGAIgASgJIkMKFEFjY2VwdEludml0ZVJlc3BvbnNlEisKBm1lbWJlchgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuTWVtYmVyIjAKDVNpZ25JblJlcXVlc3QSDQoFZW1haWwYASABKAkSEAoIcGFzc3dvcmQYAiABKAkiWAoOU2lnbkluUmVzcG9uc2USKwoGbWVtYmVyGAEgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5NZW1iZXISGQoRc2Vjb25kX3N0ZXBfdG9rZW4YKCABKAkiWQoXU2lnbkluU2Vjb25kU3RlcFJlcXVlc3QSGQoRc2Vjb25kX3N0ZXBfdG9rZW4YASABKAkSDAoEY29kZRgCIAEoCRIVCg1yZWNvdmVyeV9jb2RlGAMgASgJIkcKGFNpZ25JblNlY29uZFN0ZXBSZXNwb25zZRIrCgZtZW1iZXIYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciIUChJMaXN0TWVtYmVyc1JlcXVlc3QiQwoTTGlzdE1lbWJlcnNSZXNwb25zZRIsCgdtZW1iZXJzGAEgAygLMhsudHlwZXNhZmUuYWNjb3VudC52MS5NZW1iZXIiMgoTSW52aXRlTWVtYmVyUmVxdWVzdBINCgVlbWFpbBgBIAEoCRIMCgRyb2xlGAIgASgJIocBChRJbnZpdGVNZW1iZXJSZXNwb25zZRIrCgZtZW1iZXIYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlchISCgppbnZpdGVfdXJsGAIgASgJEi4KCmV4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIigKE1JlbW92ZU1lbWJlclJlcXVlc3QSEQoJbWVtYmVyX2lkGAEgASgJIlsKFFJlbW92ZU1lbWJlclJlc3BvbnNlEisKBm1lbWJlchgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuTWVtYmVyEhYKDnNlc3Npb25zX2VuZGVkGAIgASgFIjcKFFNldE1lbWJlclJvbGVSZXF1ZXN0EhEKCW1lbWJlcl9pZBgBIAEoCRIMCgRyb2xlGAIgASgJIkQKFVNldE1lbWJlclJvbGVSZXNwb25zZRIrCgZtZW1iZXIYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciIhCh9TdGFydFR3b0ZhY3RvckVucm9sbG1lbnRSZXF1ZXN0IkcKIFN0YXJ0VHdvRmFjdG9yRW5yb2xsbWVudFJlc3BvbnNlEg4KBnNlY3JldBgBIAEoCRITCgtvdHBhdXRoX3VyaRgCIAEoCSIxCiFDb25maXJtVHdvRmFjdG9yRW5yb2xsbWVudFJlcXVlc3QSDAoEY29kZRgBIAEoCSI8CiJDb25maXJtVHdvRmFjdG9yRW5yb2xsbWVudFJlc3BvbnNlEhYKDnJlY292ZXJ5X2NvZGVzGAEgAygJIj4KF0Rpc2FibGVUd29GYWN0b3JSZXF1ZXN0EgwKBGNvZGUYASABKAkSFQoNcmVjb3ZlcnlfY29kZRgCIAEoCSIaChhEaXNhYmxlVHdvRmFjdG9yUmVzcG9uc2UiLwobU2V0VHdvRmFjdG9yUmVxdWlyZWRSZXF1ZXN0EhAKCHJlcXVpcmVkGAEgASgIIh4KHFNldFR3b0ZhY3RvclJlcXVpcmVkUmVzcG9uc2UiEAoOU2lnbk91dFJlcXVlc3QiEQoPU2lnbk91dFJlc3BvbnNlIhMKEUdldEFjY291bnRSZXF1ZXN0InAKEkdldEFjY291bnRSZXNwb25zZRItCgdhY2NvdW50GAEgASgLMhwudHlwZXNhZmUuYWNjb3VudC52MS5BY2NvdW50EisKBm1lbWJlchgCIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuTWVtYmVyIqECCgdBY2NvdW50EgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSFwoPYmFsYW5jZV9jcmVkaXRzGAMgASgBEhQKDGhlbGRfY3JlZGl0cxgEIAEoARIZChFhdmFpbGFibGVfY3JlZGl0cxgFIAEoARIfChdmcmVlX3JlcXVlc3RzX3JlbWFpbmluZxgGIAEoBRIrCgZsaW1pdHMYByABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLkxpbWl0cxIXCg9jYWxsc19pbl9mbGlnaHQYCCABKAUSLgoKY3JlYXRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGwoTdHdvX2ZhY3Rvcl9yZXF1aXJlZBgoIAEoCCI8CgZMaW1pdHMSFQoNbWF4X2luX2ZsaWdodBgBIAEoBRIbChNyZXF1ZXN0c19wZXJfbWludXRlGAIgASgFIvwCCgZBcGlLZXkSCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIOCgZwcmVmaXgYAyABKAkSDQoFbGFzdDQYBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKY3JlYXRlZF9ieRgGIAEoCRI1CgxsYXN0X3VzZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSACIAQESMwoKcmV2b2tlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAYgBARIuCgZsaW1pdHMYFCABKAsyHi50eXBlc2FmZS5hY2NvdW50LnYxLktleUxpbWl0cxI5CgxidWRnZXRfdXNhZ2UYFSABKAsyIy50eXBlc2FmZS5hY2NvdW50LnYxLktleUJ1ZGdldFVzYWdlQg8KDV9sYXN0X3VzZWRfYXRCDQoLX3Jldm9rZWRfYXQiwwEKCUtleUxpbWl0cxIzCgpleHBpcmVzX2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAiAEBEg4KBnNjb3BlcxgCIAMoCRIbCg5idWRnZXRfY3JlZGl0cxgDIAEoAUgBiAEBEhUKDWJ1ZGdldF9wZXJpb2QYBCABKAkSGwoTcmVxdWVzdHNfcGVyX21pbnV0ZRgFIAEoBUINCgtfZXhwaXJlc19hdEIRCg9fYnVkZ2V0X2NyZWRpdHMi3wEKDktleUJ1ZGdldFVzYWdlEhUKDXNwZW50X2NyZWRpdHMYASABKAESFAoMaGVsZF9jcmVkaXRzGAIgASgBEhQKDGxlZnRfY3JlZGl0cxgDIAEoARI1CgxwZXJpb2Rfc3RhcnQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSACIAQESMwoKcGVyaW9kX2VuZBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAYgBAUIPCg1fcGVyaW9kX3N0YXJ0Qg0KC19wZXJpb2RfZW5kIhEKD0xpc3RLZXlzUmVxdWVzdCI9ChBMaXN0S2V5c1Jlc3BvbnNlEikKBGtleXMYASADKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLkFwaUtleSJQChBDcmVhdGVLZXlSZXF1ZXN0EgwKBG5hbWUYASABKAkSLgoGbGltaXRzGBQgASgLMh4udHlwZXNhZmUuYWNjb3VudC52MS5LZXlMaW1pdHMiUgoQVXBkYXRlS2V5UmVxdWVzdBIOCgZrZXlfaWQYASABKAkSLgoGbGltaXRzGAIgASgLMh4udHlwZXNhZmUuYWNjb3VudC52MS5LZXlMaW1pdHMiPQoRVXBkYXRlS2V5UmVzcG9uc2USKAoDa2V5GAEgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BcGlLZXkiRAoOUm9sbEtleVJlcXVlc3QSDgoGa2V5X2lkGAEgASgJEiIKGm9sZF9rZXlfZXhwaXJlc19pbl9zZWNvbmRzGAIgASgFInkKD1JvbGxLZXlSZXNwb25zZRIoCgNrZXkYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLkFwaUtleRIOCgZzZWNyZXQYAiABKAkSLAoHb2xkX2tleRgDIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5Ik0KEUNyZWF0ZUtleVJlc3BvbnNlEigKA2tleRgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5Eg4KBnNlY3JldBgCIAEoCSIiChBSZXZva2VLZXlSZXF1ZXN0Eg4KBmtleV9pZBgBIAEoCSI9ChFSZXZva2VLZXlSZXNwb25zZRIoCgNrZXkYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLkFwaUtleSLPAQoQTGlzdFVzYWdlUmVxdWVzdBIQCghlbmRwb2ludBgBIAEoCRIOCgZrZXlfaWQYFCABKAkSLgoFc2luY2UYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSACIAQESLgoFdW50aWwYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAGIAQESEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAlCCAoGX3NpbmNlQggKBl91bnRpbCJfChFMaXN0VXNhZ2VSZXNwb25zZRIxCgdyZWNvcmRzGAEgAygLMiAudHlwZXNhZmUuYWNjb3VudC52MS5Vc2FnZVJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki+AEKC1VzYWdlUmVjb3JkEhIKCnJlcXVlc3RfaWQYASABKAkSEAoIZW5kcG9pbnQYAiABKAkSDgoGa2V5X2lkGAMgASgJEg8KB2Z1bmRpbmcYBCABKAkSGAoQcmVzZXJ2ZWRfY3JlZGl0cxgFIAEoARIXCg9jaGFyZ2VkX2NyZWRpdHMYBiABKAESDgoGc3RhdHVzGAcgASgJEi4KCnN0YXJ0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLHAQoWR2V0VXNhZ2VTdW1tYXJ5UmVxdWVzdBIuCgVzaW5jZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIuCgV1bnRpbBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAYgBARITCgtncmFudWxhcml0eRgDIAEoCRIOCgZrZXlfaWQYFCABKAkSFAoMZ3JvdXBfYnlfa2V5GBUgASgIQggKBl9zaW5jZUIICgZfdW50aWwiTAoXR2V0VXNhZ2VTdW1tYXJ5UmVzcG9uc2USMQoHYnVja2V0cxgBIAMoCzIgLnR5cGVzYWZlLmFjY291bnQudjEuVXNhZ2VCdWNrZXQiggEKC1VzYWdlQnVja2V0EikKBXN0YXJ0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghlbmRwb2ludBgCIAEoCRINCgVjYWxscxgDIAEoBRIXCg9jaGFyZ2VkX2NyZWRpdHMYBCABKAESDgoGa2V5X2lkGBQgASgJIjwKE0xpc3RBY3Rpdml0eVJlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiYwoUTGlzdEFjdGl2aXR5UmVzcG9uc2USMgoGZXZlbnRzGAEgAygLMiIudHlwZXNhZmUuYWNjb3VudC52MS5BY3Rpdml0eUV2ZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJwCg1BY3Rpdml0eUV2ZW50EgoKAmlkGAEgASgJEgwKBGtpbmQYAiABKAkSDQoFYWN0b3IYAyABKAkSDgoGZGV0YWlsGAQgASgJEiYKAmF0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcDL3FgoOQWNjb3VudFNlcnZpY2USigEKDEFjY2VwdEludml0ZRIoLnR5cGVzYWZlLmFjY291bnQudjEuQWNjZXB0SW52aXRlUmVxdWVzdBopLnR5cGVzYWZlLmFjY291bnQudjEuQWNjZXB0SW52aXRlUmVzcG9uc2UiJYLT5JMCHzoBKiIaL2FjY291bnQvdjEvaW52aXRlcy9hY2NlcHQScQoGU2lnbkluEiIudHlwZXNhZmUuYWNjb3VudC52MS5TaWduSW5SZXF1ZXN0GiMudHlwZXNhZmUuYWNjb3VudC52MS5TaWduSW5SZXNwb25zZSIegtPkkwIYOgEqIhMvYWNjb3VudC92MS9zaWduLWluEnUKB1NpZ25PdXQSIy50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25PdXRSZXF1ZXN0GiQudHlwZXNhZmUuYWNjb3VudC52MS5TaWduT3V0UmVzcG9uc2UiH4LT5JMCGToBKiIUL2FjY291bnQvdjEvc2lnbi1vdXQSegoKR2V0QWNjb3VudBImLnR5cGVzYWZlLmFjY291bnQudjEuR2V0QWNjb3VudFJlcXVlc3QaJy50eXBlc2FmZS5hY2NvdW50LnYxLkdldEFjY291bnRSZXNwb25zZSIbgtPkkwIVEhMvYWNjb3VudC92MS9hY2NvdW50EnEKCExpc3RLZXlzEiQudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0S2V5c1JlcXVlc3QaJS50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RLZXlzUmVzcG9uc2UiGILT5JMCEhIQL2FjY291bnQvdjEva2V5cxJ3CglDcmVhdGVLZXkSJS50eXBlc2FmZS5hY2NvdW50LnYxLkNyZWF0ZUtleVJlcXVlc3QaJi50eXBlc2FmZS5hY2NvdW50LnYxLkNyZWF0ZUtleVJlc3BvbnNlIhuC0+STAhU6ASoiEC9hY2NvdW50L3YxL2tleXMSfgoJVXBkYXRlS2V5EiUudHlwZXNhZmUuYWNjb3VudC52MS5VcGRhdGVLZXlSZXF1ZXN0GiYudHlwZXNhZmUuYWNjb3VudC52MS5VcGRhdGVLZXlSZXNwb25zZSIigtPkkwIcOgEqIhcvYWNjb3VudC92MS9rZXlzL3VwZGF0ZRJ2CgdSb2xsS2V5EiMudHlwZXNhZmUuYWNjb3VudC52MS5Sb2xsS2V5UmVxdWVzdBokLnR5cGVzYWZlLmFjY291bnQudjEuUm9sbEtleVJlc3BvbnNlIiCC0+STAho6ASoiFS9hY2NvdW50L3YxL2tleXMvcm9sbBJ+CglSZXZva2VLZXkSJS50eXBlc2FmZS5hY2NvdW50LnYxLlJldm9rZUtleVJlcXVlc3QaJi50eXBlc2FmZS5hY2NvdW50LnYxLlJldm9rZUtleVJlc3BvbnNlIiKC0+STAhw6ASoiFy9hY2NvdW50L3YxL2tleXMvcmV2b2tlEngKCUxpc3RVc2FnZRIlLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdFVzYWdlUmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdFVzYWdlUmVzcG9uc2UiHILT5JMCFjoBKiIRL2FjY291bnQvdjEvdXNhZ2USkgEKD0dldFVzYWdlU3VtbWFyeRIrLnR5cGVzYWZlLmFjY291bnQudjEuR2V0VXNhZ2VTdW1tYXJ5UmVxdWVzdBosLnR5cGVzYWZlLmFjY291bnQudjEuR2V0VXNhZ2VTdW1tYXJ5UmVzcG9uc2UiJILT5JMCHjoBKiIZL2FjY291bnQvdjEvdXNhZ2Uvc3VtbWFyeRKEAQoMTGlzdEFjdGl2aXR5EigudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0QWN0aXZpdHlSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0QWN0aXZpdHlSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS9hY3Rpdml0eRKbAQoQU2lnbkluU2Vjb25kU3RlcBIsLnR5cGVzYWZlLmFjY291bnQudjEuU2lnbkluU2Vjb25kU3RlcFJlcXVlc3QaLS50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblNlY29uZFN0ZXBSZXNwb25zZSIqgtPkkwIkOgEqIh8vYWNjb3VudC92MS9zaWduLWluL3NlY29uZC1zdGVwEn0KC0xpc3RNZW1iZXJzEicudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0TWVtYmVyc1JlcXVlc3QaKC50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RNZW1iZXJzUmVzcG9uc2UiG4LT5JMCFRITL2FjY291bnQvdjEvbWVtYmVycxKKAQoMSW52aXRlTWVtYmVyEigudHlwZXNhZmUuYWNjb3VudC52MS5JbnZpdGVNZW1iZXJSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5JbnZpdGVNZW1iZXJSZXNwb25zZSIlgtPkkwIfOgEqIhovYWNjb3VudC92MS9tZW1iZXJzL2ludml0ZRKKAQoMUmVtb3ZlTWVtYmVyEigudHlwZXNhZmUuYWNjb3VudC52MS5SZW1vdmVNZW1iZXJSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5SZW1vdmVNZW1iZXJSZXNwb25zZSIlgtPkkwIfOgEqIhovYWNjb3VudC92MS9tZW1iZXJzL3JlbW92ZRKLAQoNU2V0TWVtYmVyUm9sZRIpLnR5cGVzYWZlLmFjY291bnQudjEuU2V0TWVtYmVyUm9sZVJlcXVlc3QaKi50eXBlc2FmZS5hY2NvdW50LnYxLlNldE1lbWJlclJvbGVSZXNwb25zZSIjgtPkkwIdOgEqIhgvYWNjb3VudC92MS9tZW1iZXJzL3JvbGUSsAEKGFN0YXJ0VHdvRmFjdG9yRW5yb2xsbWVudBI0LnR5cGVzYWZlLmFjY291bnQudjEuU3RhcnRUd29GYWN0b3JFbnJvbGxtZW50UmVxdWVzdBo1LnR5cGVzYWZlLmFjY291bnQudjEuU3RhcnRUd29GYWN0b3JFbnJvbGxtZW50UmVzcG9uc2UiJ4LT5JMCIToBKiIcL2FjY291bnQvdjEvdHdvLWZhY3Rvci9zdGFydBK4AQoaQ29uZmlybVR3b0ZhY3RvckVucm9sbG1lbnQSNi50eXBlc2FmZS5hY2NvdW50LnYxLkNvbmZpcm1Ud29GYWN0b3JFbnJvbGxtZW50UmVxdWVzdBo3LnR5cGVzYWZlLmFjY291bnQudjEuQ29uZmlybVR3b0ZhY3RvckVucm9sbG1lbnRSZXNwb25zZSIpgtPkkwIjOgEqIh4vYWNjb3VudC92MS90d28tZmFjdG9yL2NvbmZpcm0SmgEKEERpc2FibGVUd29GYWN0b3ISLC50eXBlc2FmZS5hY2NvdW50LnYxLkRpc2FibGVUd29GYWN0b3JSZXF1ZXN0Gi0udHlwZXNhZmUuYWNjb3VudC52MS5EaXNhYmxlVHdvRmFjdG9yUmVzcG9uc2UiKYLT5JMCIzoBKiIeL2FjY291bnQvdjEvdHdvLWZhY3Rvci9kaXNhYmxlEqcBChRTZXRUd29GYWN0b3JSZXF1aXJlZBIwLnR5cGVzYWZlLmFjY291bnQudjEuU2V0VHdvRmFjdG9yUmVxdWlyZWRSZXF1ZXN0GjEudHlwZXNhZmUuYWNjb3VudC52MS5TZXRUd29GYWN0b3JSZXF1aXJlZFJlc3BvbnNlIiqC0+STAiQ6ASoiHy9hY2NvdW50L3YxL3R3by1mYWN0b3IvcmVxdWlyZWRiBnByb3RvMw", [file_google_api_annotations, file_google_protobuf_timestamp]);
 
 /**
  * A person who may sign in to an account.
@@ -35,6 +35,32 @@ export type Member = Message<"typesafe.account.v1.Member"> & {
    * @generated from field: string account_id = 3;
    */
   accountId: string;
+
+  /**
+   * "owner", "admin", "member" or "viewer".
+   *
+   * @generated from field: string role = 40;
+   */
+  role: string;
+
+  /**
+   * True once the member signs in with a second factor (TOTP).
+   *
+   * @generated from field: bool two_factor_enabled = 41;
+   */
+  twoFactorEnabled: boolean;
+
+  /**
+   * False while the invite is not accepted yet.
+   *
+   * @generated from field: bool invite_accepted = 42;
+   */
+  inviteAccepted: boolean;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp created_at = 43;
+   */
+  createdAt?: Timestamp | undefined;
 };
 
 /**
@@ -114,9 +140,19 @@ export const SignInRequestSchema: GenMessage<SignInRequest> = /*@__PURE__*/
  */
 export type SignInResponse = Message<"typesafe.account.v1.SignInResponse"> & {
   /**
+   * Absent when a second step is due.
+   *
    * @generated from field: typesafe.account.v1.Member member = 1;
    */
   member?: Member | undefined;
+
+  /**
+   * Set when the member signs in with a second factor: no session exists yet;
+   * send it to SignInSecondStep with a code, within 5 minutes.
+   *
+   * @generated from field: string second_step_token = 40;
+   */
+  secondStepToken: string;
 };
 
 /**
@@ -125,6 +161,369 @@ export type SignInResponse = Message<"typesafe.account.v1.SignInResponse"> & {
  */
 export const SignInResponseSchema: GenMessage<SignInResponse> = /*@__PURE__*/
   messageDesc(file_typesafe_account_v1_account_service, 4);
+
+/**
+ * @generated from message typesafe.account.v1.SignInSecondStepRequest
+ */
+export type SignInSecondStepRequest = Message<"typesafe.account.v1.SignInSecondStepRequest"> & {
+  /**
+   * The second_step_token of SignIn.
+   *
+   * @generated from field: string second_step_token = 1;
+   */
+  secondStepToken: string;
+
+  /**
+   * The 6-digit code of the authenticator app; or else
+   *
+   * @generated from field: string code = 2;
+   */
+  code: string;
+
+  /**
+   * one of the recovery codes.
+   *
+   * @generated from field: string recovery_code = 3;
+   */
+  recoveryCode: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.SignInSecondStepRequest.
+ * Use `create(SignInSecondStepRequestSchema)` to create a new message.
+ */
+export const SignInSecondStepRequestSchema: GenMessage<SignInSecondStepRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 5);
+
+/**
+ * @generated from message typesafe.account.v1.SignInSecondStepResponse
+ */
+export type SignInSecondStepResponse = Message<"typesafe.account.v1.SignInSecondStepResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.Member member = 1;
+   */
+  member?: Member | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.SignInSecondStepResponse.
+ * Use `create(SignInSecondStepResponseSchema)` to create a new message.
+ */
+export const SignInSecondStepResponseSchema: GenMessage<SignInSecondStepResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 6);
+
+/**
+ * @generated from message typesafe.account.v1.ListMembersRequest
+ */
+export type ListMembersRequest = Message<"typesafe.account.v1.ListMembersRequest"> & {
+};
+
+/**
+ * Describes the message typesafe.account.v1.ListMembersRequest.
+ * Use `create(ListMembersRequestSchema)` to create a new message.
+ */
+export const ListMembersRequestSchema: GenMessage<ListMembersRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 7);
+
+/**
+ * @generated from message typesafe.account.v1.ListMembersResponse
+ */
+export type ListMembersResponse = Message<"typesafe.account.v1.ListMembersResponse"> & {
+  /**
+   * Oldest first.
+   *
+   * @generated from field: repeated typesafe.account.v1.Member members = 1;
+   */
+  members: Member[];
+};
+
+/**
+ * Describes the message typesafe.account.v1.ListMembersResponse.
+ * Use `create(ListMembersResponseSchema)` to create a new message.
+ */
+export const ListMembersResponseSchema: GenMessage<ListMembersResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 8);
+
+/**
+ * @generated from message typesafe.account.v1.InviteMemberRequest
+ */
+export type InviteMemberRequest = Message<"typesafe.account.v1.InviteMemberRequest"> & {
+  /**
+   * @generated from field: string email = 1;
+   */
+  email: string;
+
+  /**
+   * "owner", "admin", "member" or "viewer"; empty means "member".
+   *
+   * @generated from field: string role = 2;
+   */
+  role: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.InviteMemberRequest.
+ * Use `create(InviteMemberRequestSchema)` to create a new message.
+ */
+export const InviteMemberRequestSchema: GenMessage<InviteMemberRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 9);
+
+/**
+ * @generated from message typesafe.account.v1.InviteMemberResponse
+ */
+export type InviteMemberResponse = Message<"typesafe.account.v1.InviteMemberResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.Member member = 1;
+   */
+  member?: Member | undefined;
+
+  /**
+   * The invite link: shown this once, one use.
+   *
+   * @generated from field: string invite_url = 2;
+   */
+  inviteUrl: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp expires_at = 3;
+   */
+  expiresAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.InviteMemberResponse.
+ * Use `create(InviteMemberResponseSchema)` to create a new message.
+ */
+export const InviteMemberResponseSchema: GenMessage<InviteMemberResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 10);
+
+/**
+ * @generated from message typesafe.account.v1.RemoveMemberRequest
+ */
+export type RemoveMemberRequest = Message<"typesafe.account.v1.RemoveMemberRequest"> & {
+  /**
+   * @generated from field: string member_id = 1;
+   */
+  memberId: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.RemoveMemberRequest.
+ * Use `create(RemoveMemberRequestSchema)` to create a new message.
+ */
+export const RemoveMemberRequestSchema: GenMessage<RemoveMemberRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 11);
+
+/**
+ * @generated from message typesafe.account.v1.RemoveMemberResponse
+ */
+export type RemoveMemberResponse = Message<"typesafe.account.v1.RemoveMemberResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.Member member = 1;
+   */
+  member?: Member | undefined;
+
+  /**
+   * The removed member's sessions that were ended.
+   *
+   * @generated from field: int32 sessions_ended = 2;
+   */
+  sessionsEnded: number;
+};
+
+/**
+ * Describes the message typesafe.account.v1.RemoveMemberResponse.
+ * Use `create(RemoveMemberResponseSchema)` to create a new message.
+ */
+export const RemoveMemberResponseSchema: GenMessage<RemoveMemberResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 12);
+
+/**
+ * @generated from message typesafe.account.v1.SetMemberRoleRequest
+ */
+export type SetMemberRoleRequest = Message<"typesafe.account.v1.SetMemberRoleRequest"> & {
+  /**
+   * @generated from field: string member_id = 1;
+   */
+  memberId: string;
+
+  /**
+   * "owner", "admin", "member" or "viewer".
+   *
+   * @generated from field: string role = 2;
+   */
+  role: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.SetMemberRoleRequest.
+ * Use `create(SetMemberRoleRequestSchema)` to create a new message.
+ */
+export const SetMemberRoleRequestSchema: GenMessage<SetMemberRoleRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 13);
+
+/**
+ * @generated from message typesafe.account.v1.SetMemberRoleResponse
+ */
+export type SetMemberRoleResponse = Message<"typesafe.account.v1.SetMemberRoleResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.Member member = 1;
+   */
+  member?: Member | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.SetMemberRoleResponse.
+ * Use `create(SetMemberRoleResponseSchema)` to create a new message.
+ */
+export const SetMemberRoleResponseSchema: GenMessage<SetMemberRoleResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 14);
+
+/**
+ * @generated from message typesafe.account.v1.StartTwoFactorEnrollmentRequest
+ */
+export type StartTwoFactorEnrollmentRequest = Message<"typesafe.account.v1.StartTwoFactorEnrollmentRequest"> & {
+};
+
+/**
+ * Describes the message typesafe.account.v1.StartTwoFactorEnrollmentRequest.
+ * Use `create(StartTwoFactorEnrollmentRequestSchema)` to create a new message.
+ */
+export const StartTwoFactorEnrollmentRequestSchema: GenMessage<StartTwoFactorEnrollmentRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 15);
+
+/**
+ * @generated from message typesafe.account.v1.StartTwoFactorEnrollmentResponse
+ */
+export type StartTwoFactorEnrollmentResponse = Message<"typesafe.account.v1.StartTwoFactorEnrollmentResponse"> & {
+  /**
+   * The TOTP secret (base32), for typing into an authenticator app.
+   *
+   * @generated from field: string secret = 1;
+   */
+  secret: string;
+
+  /**
+   * The otpauth:// URI of the same secret, for a QR code.
+   *
+   * @generated from field: string otpauth_uri = 2;
+   */
+  otpauthUri: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.StartTwoFactorEnrollmentResponse.
+ * Use `create(StartTwoFactorEnrollmentResponseSchema)` to create a new message.
+ */
+export const StartTwoFactorEnrollmentResponseSchema: GenMessage<StartTwoFactorEnrollmentResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 16);
+
+/**
+ * @generated from message typesafe.account.v1.ConfirmTwoFactorEnrollmentRequest
+ */
+export type ConfirmTwoFactorEnrollmentRequest = Message<"typesafe.account.v1.ConfirmTwoFactorEnrollmentRequest"> & {
+  /**
+   * A current 6-digit code of the new secret.
+   *
+   * @generated from field: string code = 1;
+   */
+  code: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.ConfirmTwoFactorEnrollmentRequest.
+ * Use `create(ConfirmTwoFactorEnrollmentRequestSchema)` to create a new message.
+ */
+export const ConfirmTwoFactorEnrollmentRequestSchema: GenMessage<ConfirmTwoFactorEnrollmentRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 17);
+
+/**
+ * @generated from message typesafe.account.v1.ConfirmTwoFactorEnrollmentResponse
+ */
+export type ConfirmTwoFactorEnrollmentResponse = Message<"typesafe.account.v1.ConfirmTwoFactorEnrollmentResponse"> & {
+  /**
+   * One-time recovery codes, shown this once; each signs in once without the app.
+   *
+   * @generated from field: repeated string recovery_codes = 1;
+   */
+  recoveryCodes: string[];
+};
+
+/**
+ * Describes the message typesafe.account.v1.ConfirmTwoFactorEnrollmentResponse.
+ * Use `create(ConfirmTwoFactorEnrollmentResponseSchema)` to create a new message.
+ */
+export const ConfirmTwoFactorEnrollmentResponseSchema: GenMessage<ConfirmTwoFactorEnrollmentResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 18);
+
+/**
+ * @generated from message typesafe.account.v1.DisableTwoFactorRequest
+ */
+export type DisableTwoFactorRequest = Message<"typesafe.account.v1.DisableTwoFactorRequest"> & {
+  /**
+   * A current 6-digit code; or else
+   *
+   * @generated from field: string code = 1;
+   */
+  code: string;
+
+  /**
+   * one of the recovery codes.
+   *
+   * @generated from field: string recovery_code = 2;
+   */
+  recoveryCode: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.DisableTwoFactorRequest.
+ * Use `create(DisableTwoFactorRequestSchema)` to create a new message.
+ */
+export const DisableTwoFactorRequestSchema: GenMessage<DisableTwoFactorRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 19);
+
+/**
+ * @generated from message typesafe.account.v1.DisableTwoFactorResponse
+ */
+export type DisableTwoFactorResponse = Message<"typesafe.account.v1.DisableTwoFactorResponse"> & {
+};
+
+/**
+ * Describes the message typesafe.account.v1.DisableTwoFactorResponse.
+ * Use `create(DisableTwoFactorResponseSchema)` to create a new message.
+ */
+export const DisableTwoFactorResponseSchema: GenMessage<DisableTwoFactorResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 20);
+
+/**
+ * @generated from message typesafe.account.v1.SetTwoFactorRequiredRequest
+ */
+export type SetTwoFactorRequiredRequest = Message<"typesafe.account.v1.SetTwoFactorRequiredRequest"> & {
+  /**
+   * @generated from field: bool required = 1;
+   */
+  required: boolean;
+};
+
+/**
+ * Describes the message typesafe.account.v1.SetTwoFactorRequiredRequest.
+ * Use `create(SetTwoFactorRequiredRequestSchema)` to create a new message.
+ */
+export const SetTwoFactorRequiredRequestSchema: GenMessage<SetTwoFactorRequiredRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 21);
+
+/**
+ * @generated from message typesafe.account.v1.SetTwoFactorRequiredResponse
+ */
+export type SetTwoFactorRequiredResponse = Message<"typesafe.account.v1.SetTwoFactorRequiredResponse"> & {
+};
+
+/**
+ * Describes the message typesafe.account.v1.SetTwoFactorRequiredResponse.
+ * Use `create(SetTwoFactorRequiredResponseSchema)` to create a new message.
+ */
+export const SetTwoFactorRequiredResponseSchema: GenMessage<SetTwoFactorRequiredResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 22);
 
 /**
  * @generated from message typesafe.account.v1.SignOutRequest
@@ -137,7 +536,7 @@ export type SignOutRequest = Message<"typesafe.account.v1.SignOutRequest"> & {
  * Use `create(SignOutRequestSchema)` to create a new message.
  */
 export const SignOutRequestSchema: GenMessage<SignOutRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 5);
+  messageDesc(file_typesafe_account_v1_account_service, 23);
 
 /**
  * @generated from message typesafe.account.v1.SignOutResponse
@@ -150,7 +549,7 @@ export type SignOutResponse = Message<"typesafe.account.v1.SignOutResponse"> & {
  * Use `create(SignOutResponseSchema)` to create a new message.
  */
 export const SignOutResponseSchema: GenMessage<SignOutResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 6);
+  messageDesc(file_typesafe_account_v1_account_service, 24);
 
 /**
  * @generated from message typesafe.account.v1.GetAccountRequest
@@ -163,7 +562,7 @@ export type GetAccountRequest = Message<"typesafe.account.v1.GetAccountRequest">
  * Use `create(GetAccountRequestSchema)` to create a new message.
  */
 export const GetAccountRequestSchema: GenMessage<GetAccountRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 7);
+  messageDesc(file_typesafe_account_v1_account_service, 25);
 
 /**
  * @generated from message typesafe.account.v1.GetAccountResponse
@@ -187,7 +586,7 @@ export type GetAccountResponse = Message<"typesafe.account.v1.GetAccountResponse
  * Use `create(GetAccountResponseSchema)` to create a new message.
  */
 export const GetAccountResponseSchema: GenMessage<GetAccountResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 8);
+  messageDesc(file_typesafe_account_v1_account_service, 26);
 
 /**
  * An account's money and limits. Credits are decimals (1 credit = 1,000,000
@@ -250,6 +649,13 @@ export type Account = Message<"typesafe.account.v1.Account"> & {
    * @generated from field: google.protobuf.Timestamp created_at = 9;
    */
   createdAt?: Timestamp | undefined;
+
+  /**
+   * Every member must sign in with a second factor.
+   *
+   * @generated from field: bool two_factor_required = 40;
+   */
+  twoFactorRequired: boolean;
 };
 
 /**
@@ -257,7 +663,7 @@ export type Account = Message<"typesafe.account.v1.Account"> & {
  * Use `create(AccountSchema)` to create a new message.
  */
 export const AccountSchema: GenMessage<Account> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 9);
+  messageDesc(file_typesafe_account_v1_account_service, 27);
 
 /**
  * @generated from message typesafe.account.v1.Limits
@@ -283,7 +689,7 @@ export type Limits = Message<"typesafe.account.v1.Limits"> & {
  * Use `create(LimitsSchema)` to create a new message.
  */
 export const LimitsSchema: GenMessage<Limits> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 10);
+  messageDesc(file_typesafe_account_v1_account_service, 28);
 
 /**
  * An API key, as the account area shows it: never its secret.
@@ -363,7 +769,7 @@ export type ApiKey = Message<"typesafe.account.v1.ApiKey"> & {
  * Use `create(ApiKeySchema)` to create a new message.
  */
 export const ApiKeySchema: GenMessage<ApiKey> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 11);
+  messageDesc(file_typesafe_account_v1_account_service, 29);
 
 /**
  * What one key may do, beside its account's limits. Unset fields mean no
@@ -417,7 +823,7 @@ export type KeyLimits = Message<"typesafe.account.v1.KeyLimits"> & {
  * Use `create(KeyLimitsSchema)` to create a new message.
  */
 export const KeyLimitsSchema: GenMessage<KeyLimits> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 12);
+  messageDesc(file_typesafe_account_v1_account_service, 30);
 
 /**
  * A key's budget in its current period.
@@ -464,7 +870,7 @@ export type KeyBudgetUsage = Message<"typesafe.account.v1.KeyBudgetUsage"> & {
  * Use `create(KeyBudgetUsageSchema)` to create a new message.
  */
 export const KeyBudgetUsageSchema: GenMessage<KeyBudgetUsage> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 13);
+  messageDesc(file_typesafe_account_v1_account_service, 31);
 
 /**
  * @generated from message typesafe.account.v1.ListKeysRequest
@@ -477,7 +883,7 @@ export type ListKeysRequest = Message<"typesafe.account.v1.ListKeysRequest"> & {
  * Use `create(ListKeysRequestSchema)` to create a new message.
  */
 export const ListKeysRequestSchema: GenMessage<ListKeysRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 14);
+  messageDesc(file_typesafe_account_v1_account_service, 32);
 
 /**
  * @generated from message typesafe.account.v1.ListKeysResponse
@@ -496,7 +902,7 @@ export type ListKeysResponse = Message<"typesafe.account.v1.ListKeysResponse"> &
  * Use `create(ListKeysResponseSchema)` to create a new message.
  */
 export const ListKeysResponseSchema: GenMessage<ListKeysResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 15);
+  messageDesc(file_typesafe_account_v1_account_service, 33);
 
 /**
  * @generated from message typesafe.account.v1.CreateKeyRequest
@@ -522,7 +928,7 @@ export type CreateKeyRequest = Message<"typesafe.account.v1.CreateKeyRequest"> &
  * Use `create(CreateKeyRequestSchema)` to create a new message.
  */
 export const CreateKeyRequestSchema: GenMessage<CreateKeyRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 16);
+  messageDesc(file_typesafe_account_v1_account_service, 34);
 
 /**
  * @generated from message typesafe.account.v1.UpdateKeyRequest
@@ -546,7 +952,7 @@ export type UpdateKeyRequest = Message<"typesafe.account.v1.UpdateKeyRequest"> &
  * Use `create(UpdateKeyRequestSchema)` to create a new message.
  */
 export const UpdateKeyRequestSchema: GenMessage<UpdateKeyRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 17);
+  messageDesc(file_typesafe_account_v1_account_service, 35);
 
 /**
  * @generated from message typesafe.account.v1.UpdateKeyResponse
@@ -563,7 +969,7 @@ export type UpdateKeyResponse = Message<"typesafe.account.v1.UpdateKeyResponse">
  * Use `create(UpdateKeyResponseSchema)` to create a new message.
  */
 export const UpdateKeyResponseSchema: GenMessage<UpdateKeyResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 18);
+  messageDesc(file_typesafe_account_v1_account_service, 36);
 
 /**
  * @generated from message typesafe.account.v1.RollKeyRequest
@@ -587,7 +993,7 @@ export type RollKeyRequest = Message<"typesafe.account.v1.RollKeyRequest"> & {
  * Use `create(RollKeyRequestSchema)` to create a new message.
  */
 export const RollKeyRequestSchema: GenMessage<RollKeyRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 19);
+  messageDesc(file_typesafe_account_v1_account_service, 37);
 
 /**
  * @generated from message typesafe.account.v1.RollKeyResponse
@@ -620,7 +1026,7 @@ export type RollKeyResponse = Message<"typesafe.account.v1.RollKeyResponse"> & {
  * Use `create(RollKeyResponseSchema)` to create a new message.
  */
 export const RollKeyResponseSchema: GenMessage<RollKeyResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 20);
+  messageDesc(file_typesafe_account_v1_account_service, 38);
 
 /**
  * @generated from message typesafe.account.v1.CreateKeyResponse
@@ -644,7 +1050,7 @@ export type CreateKeyResponse = Message<"typesafe.account.v1.CreateKeyResponse">
  * Use `create(CreateKeyResponseSchema)` to create a new message.
  */
 export const CreateKeyResponseSchema: GenMessage<CreateKeyResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 21);
+  messageDesc(file_typesafe_account_v1_account_service, 39);
 
 /**
  * @generated from message typesafe.account.v1.RevokeKeyRequest
@@ -661,7 +1067,7 @@ export type RevokeKeyRequest = Message<"typesafe.account.v1.RevokeKeyRequest"> &
  * Use `create(RevokeKeyRequestSchema)` to create a new message.
  */
 export const RevokeKeyRequestSchema: GenMessage<RevokeKeyRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 22);
+  messageDesc(file_typesafe_account_v1_account_service, 40);
 
 /**
  * @generated from message typesafe.account.v1.RevokeKeyResponse
@@ -678,7 +1084,7 @@ export type RevokeKeyResponse = Message<"typesafe.account.v1.RevokeKeyResponse">
  * Use `create(RevokeKeyResponseSchema)` to create a new message.
  */
 export const RevokeKeyResponseSchema: GenMessage<RevokeKeyResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 23);
+  messageDesc(file_typesafe_account_v1_account_service, 41);
 
 /**
  * @generated from message typesafe.account.v1.ListUsageRequest
@@ -732,7 +1138,7 @@ export type ListUsageRequest = Message<"typesafe.account.v1.ListUsageRequest"> &
  * Use `create(ListUsageRequestSchema)` to create a new message.
  */
 export const ListUsageRequestSchema: GenMessage<ListUsageRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 24);
+  messageDesc(file_typesafe_account_v1_account_service, 42);
 
 /**
  * @generated from message typesafe.account.v1.ListUsageResponse
@@ -756,7 +1162,7 @@ export type ListUsageResponse = Message<"typesafe.account.v1.ListUsageResponse">
  * Use `create(ListUsageResponseSchema)` to create a new message.
  */
 export const ListUsageResponseSchema: GenMessage<ListUsageResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 25);
+  messageDesc(file_typesafe_account_v1_account_service, 43);
 
 /**
  * One finished call of the account.
@@ -824,7 +1230,7 @@ export type UsageRecord = Message<"typesafe.account.v1.UsageRecord"> & {
  * Use `create(UsageRecordSchema)` to create a new message.
  */
 export const UsageRecordSchema: GenMessage<UsageRecord> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 26);
+  messageDesc(file_typesafe_account_v1_account_service, 44);
 
 /**
  * @generated from message typesafe.account.v1.GetUsageSummaryRequest
@@ -871,7 +1277,7 @@ export type GetUsageSummaryRequest = Message<"typesafe.account.v1.GetUsageSummar
  * Use `create(GetUsageSummaryRequestSchema)` to create a new message.
  */
 export const GetUsageSummaryRequestSchema: GenMessage<GetUsageSummaryRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 27);
+  messageDesc(file_typesafe_account_v1_account_service, 45);
 
 /**
  * @generated from message typesafe.account.v1.GetUsageSummaryResponse
@@ -890,7 +1296,7 @@ export type GetUsageSummaryResponse = Message<"typesafe.account.v1.GetUsageSumma
  * Use `create(GetUsageSummaryResponseSchema)` to create a new message.
  */
 export const GetUsageSummaryResponseSchema: GenMessage<GetUsageSummaryResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 28);
+  messageDesc(file_typesafe_account_v1_account_service, 46);
 
 /**
  * @generated from message typesafe.account.v1.UsageBucket
@@ -933,7 +1339,7 @@ export type UsageBucket = Message<"typesafe.account.v1.UsageBucket"> & {
  * Use `create(UsageBucketSchema)` to create a new message.
  */
 export const UsageBucketSchema: GenMessage<UsageBucket> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 29);
+  messageDesc(file_typesafe_account_v1_account_service, 47);
 
 /**
  * @generated from message typesafe.account.v1.ListActivityRequest
@@ -959,7 +1365,7 @@ export type ListActivityRequest = Message<"typesafe.account.v1.ListActivityReque
  * Use `create(ListActivityRequestSchema)` to create a new message.
  */
 export const ListActivityRequestSchema: GenMessage<ListActivityRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 30);
+  messageDesc(file_typesafe_account_v1_account_service, 48);
 
 /**
  * @generated from message typesafe.account.v1.ListActivityResponse
@@ -983,7 +1389,7 @@ export type ListActivityResponse = Message<"typesafe.account.v1.ListActivityResp
  * Use `create(ListActivityResponseSchema)` to create a new message.
  */
 export const ListActivityResponseSchema: GenMessage<ListActivityResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 31);
+  messageDesc(file_typesafe_account_v1_account_service, 49);
 
 /**
  * Something that happened to the account.
@@ -999,7 +1405,8 @@ export type ActivityEvent = Message<"typesafe.account.v1.ActivityEvent"> & {
   /**
    * One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted",
    * "key_created", "key_revoked", "credits_granted", "member_invited",
-   * "member_removed".
+   * "member_removed", "member_role_changed", "two_factor_enabled",
+   * "two_factor_disabled", "two_factor_required_changed".
    *
    * @generated from field: string kind = 2;
    */
@@ -1030,7 +1437,7 @@ export type ActivityEvent = Message<"typesafe.account.v1.ActivityEvent"> & {
  * Use `create(ActivityEventSchema)` to create a new message.
  */
 export const ActivityEventSchema: GenMessage<ActivityEvent> = /*@__PURE__*/
-  messageDesc(file_typesafe_account_v1_account_service, 32);
+  messageDesc(file_typesafe_account_v1_account_service, 50);
 
 /**
  * AccountService is the account area: the members of an account sign in with
@@ -1172,6 +1579,105 @@ export const AccountService: GenService<{
     methodKind: "unary";
     input: typeof ListActivityRequestSchema;
     output: typeof ListActivityResponseSchema;
+  },
+  /**
+   * SignInSecondStep finishes a sign-in whose password was accepted, for a
+   * member with two-factor sign-in: a code of their authenticator app, or
+   * one of their recovery codes (each works once). Throttled as SignIn is.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.SignInSecondStep
+   */
+  signInSecondStep: {
+    methodKind: "unary";
+    input: typeof SignInSecondStepRequestSchema;
+    output: typeof SignInSecondStepResponseSchema;
+  },
+  /**
+   * ListMembers lists the account's members with their roles.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.ListMembers
+   */
+  listMembers: {
+    methodKind: "unary";
+    input: typeof ListMembersRequestSchema;
+    output: typeof ListMembersResponseSchema;
+  },
+  /**
+   * InviteMember invites a person with a role and returns the invite link
+   * this once (one use, 24 hours). Owners and admins; only owners invite owners.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.InviteMember
+   */
+  inviteMember: {
+    methodKind: "unary";
+    input: typeof InviteMemberRequestSchema;
+    output: typeof InviteMemberResponseSchema;
+  },
+  /**
+   * RemoveMember removes a member: their sessions end at once. Owners and
+   * admins; only owners remove owners; the last owner cannot be removed.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.RemoveMember
+   */
+  removeMember: {
+    methodKind: "unary";
+    input: typeof RemoveMemberRequestSchema;
+    output: typeof RemoveMemberResponseSchema;
+  },
+  /**
+   * SetMemberRole changes a member's role. Owners and admins; only owners
+   * grant or change the owner role; the last owner cannot be demoted.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.SetMemberRole
+   */
+  setMemberRole: {
+    methodKind: "unary";
+    input: typeof SetMemberRoleRequestSchema;
+    output: typeof SetMemberRoleResponseSchema;
+  },
+  /**
+   * StartTwoFactorEnrollment gives the caller a new TOTP secret and its
+   * otpauth URI; it works once confirmed with a first code.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.StartTwoFactorEnrollment
+   */
+  startTwoFactorEnrollment: {
+    methodKind: "unary";
+    input: typeof StartTwoFactorEnrollmentRequestSchema;
+    output: typeof StartTwoFactorEnrollmentResponseSchema;
+  },
+  /**
+   * ConfirmTwoFactorEnrollment turns two-factor sign-in on with a first code
+   * and returns the recovery codes this once.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.ConfirmTwoFactorEnrollment
+   */
+  confirmTwoFactorEnrollment: {
+    methodKind: "unary";
+    input: typeof ConfirmTwoFactorEnrollmentRequestSchema;
+    output: typeof ConfirmTwoFactorEnrollmentResponseSchema;
+  },
+  /**
+   * DisableTwoFactor turns the caller's two-factor sign-in off, with a
+   * current code or a recovery code.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.DisableTwoFactor
+   */
+  disableTwoFactor: {
+    methodKind: "unary";
+    input: typeof DisableTwoFactorRequestSchema;
+    output: typeof DisableTwoFactorResponseSchema;
+  },
+  /**
+   * SetTwoFactorRequired requires (or stops requiring) two-factor sign-in
+   * of every member of the account. Owners only, once their own is on.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.SetTwoFactorRequired
+   */
+  setTwoFactorRequired: {
+    methodKind: "unary";
+    input: typeof SetTwoFactorRequiredRequestSchema;
+    output: typeof SetTwoFactorRequiredResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_typesafe_account_v1_account_service, 0);
