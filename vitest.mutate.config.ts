@@ -11,7 +11,7 @@ export default defineConfig({
       "test/metering/{ledger,meter,meter-rules,metered-rpc,lost-replies,abandon-race,batch-lock-order,crash,admission-refusal,resolve-with-retry,sweeper}.test.ts",
       "test/db/{pooled-statement,statement-batcher}.test.ts",
       "test/decision/answer-math*.test.ts",
-      "test/upstream/token-window.test.ts",
+      "test/upstream/logprob-window.test.ts",
       // The account area's rules: in-process servers, so every mutant is live in them (the CLI's tests spawn processes, where none is).
       "test/account/{rules,account.security,account.surfaces,account.happy,team,two-factor}.test.ts",
     ],

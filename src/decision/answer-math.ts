@@ -1,6 +1,6 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { AnswerSchema } from "../gen/typesafe/decision/v1/decision_service_pb.js";
-import type { TokenLogprob } from "../upstream/token-window.js";
+import type { TokenLogprob } from "../upstream/logprob-window.js";
 import type { LabelSet } from "./labels.js";
 
 /**

@@ -1,7 +1,7 @@
 import crypto from "node:crypto";
 import { setMaxListeners } from "node:events";
 import type { Logger } from "../logger.js";
-import { linkedSignal } from "../signals.js";
+import { linkedSignal } from "../abort-signals.js";
 import {
   LlmCallError,
   type CallOptions,
@@ -11,7 +11,7 @@ import {
   type LlmCapabilities,
   type LlmClient,
 } from "../upstream/llm-client.js";
-import { isReasoningOpener, mostProbable } from "../upstream/token-window.js";
+import { isReasoningOpener, mostProbable } from "../upstream/logprob-window.js";
 import {
   averageDistributions,
   choiceAnswer,

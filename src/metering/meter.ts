@@ -7,7 +7,7 @@ import { apiError } from "../errors.js";
 import type { Logger } from "../logger.js";
 import { createBatcher } from "../db/statement-batcher.js";
 import { isDatabaseUnavailable } from "../db/unavailable.js";
-import { linkedSignal } from "../signals.js";
+import { linkedSignal } from "../abort-signals.js";
 import { isRefusal, refusalError } from "./admission-refusal.js";
 import { billingOf, type Billing } from "./billing.js";
 import { createHolds, type HoldStats } from "./holds.js";

@@ -15,7 +15,7 @@ import { unitsToCredits } from "../units.js";
 import { cacheKey, createSingleFlight, createTtlCache, EMPTY_TTL_MS, normalizeQuery, TTL_MS } from "./cache.js";
 import { fuse, normalizeItems, postFilter, type NormalizedItem, type RankedList } from "./merge.js";
 import { createRateGate } from "./rate-gate.js";
-import { linkedSignal, type LinkedSignal } from "../signals.js";
+import { linkedSignal, type LinkedSignal } from "../abort-signals.js";
 import { parseSourceCatalog, type SourceEntry } from "./source-config.js";
 import { createArxivSource } from "./sources/arxiv.js";
 import { createBraveSource } from "./sources/brave.js";

@@ -3,7 +3,7 @@ import type { LlmConfig } from "../config.js";
 import type { Logger } from "../logger.js";
 import { isRetryableStatus, postWithRetry, UpstreamError, type HttpResponse } from "./http.js";
 import { createFairSemaphore } from "./fair-semaphore.js";
-import { isReasoningOpener, mostProbable, type TokenLogprob } from "./token-window.js";
+import { isReasoningOpener, mostProbable, type TokenLogprob } from "./logprob-window.js";
 
 /**
  * A client for OpenAI-compatible Chat Completions, shaped for reading one

@@ -13,7 +13,7 @@ import {
   scoreAnswer,
   scoreConfidence,
 } from "../../src/decision/answer-math.js";
-import { isReasoningOpener, mostProbable } from "../../src/upstream/token-window.js";
+import { isReasoningOpener, mostProbable } from "../../src/upstream/logprob-window.js";
 import { parseVerbalized } from "../../src/decision/engine.js";
 import { letterLabels, NOUL_LABELS, optionOrder, scoreLabels, splitIntoGroups } from "../../src/decision/labels.js";
 import { choiceBlock, estimateTokens, renderState } from "../../src/decision/prompt.js";

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import { ConfigError } from "../../src/config-error.js";
 import { cacheKey, createSingleFlight, createTtlCache, normalizeQuery } from "../../src/search/cache.js";
 import { createRateGate, FIRST_FAILURE_SUSPENSION_MS, MAX_FAILURE_SUSPENSION_MS } from "../../src/search/rate-gate.js";
-import { linkedSignal } from "../../src/signals.js";
+import { linkedSignal } from "../../src/abort-signals.js";
 import { parseSourceCatalog } from "../../src/search/source-config.js";
 
 /** A clock the test moves by hand: TTLs and budgets are checked without waiting. */

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { isReasoningOpener, mostProbable } from "../../src/upstream/token-window.js";
+import { isReasoningOpener, mostProbable } from "../../src/upstream/logprob-window.js";
 
 const w = (entries: Record<string, number>) => Object.entries(entries).map(([token, p]) => ({ token, logprob: Math.log(p) }));
 
