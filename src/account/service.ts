@@ -4,9 +4,21 @@ import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
 import { listActivity, recordActivity, type DbActivityRow } from "../accounts/activity.js";
 import { KEY_PREFIX } from "../accounts/api-keys.js";
-import { consumeInvite } from "../accounts/invites.js";
+import { consumeInvite, findLiveInvite } from "../accounts/invites.js";
 import { findMember, findMemberByEmail, MAX_EMAIL_CHARS, normalizeEmail, setPasswordHash } from "../accounts/members.js";
-import { createDummyHash, hashPassword, MAX_PASSWORD_CHARS, passwordProblem, SCRYPT_PARAMS, verifyPassword, type ScryptParams } from "../accounts/passwords.js";
+import type { PasswordWork } from "../accounts/password-work.js";
+import { passwordStrengthProblem } from "../accounts/password-strength.js";
+import {
+  createDummyHash,
+  hashPassword,
+  MAX_PASSWORD_CHARS,
+  passwordLength,
+  passwordProblem,
+  SCRYPT_PARAMS,
+  verifyPassword,
+  type ScryptParams,
+} from "../accounts/passwords.js";
+import { kRemoteAddress } from "../rpc/context.js";
 import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
 import { createApiKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
@@ -24,7 +36,7 @@ import { unitsToCredits } from "../units.js";
 import { throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
 import { kSessionToken, memberOf } from "./door.js";
-import { callCursor, decodePageToken, encodePageToken, pageSize, usageFilter } from "./usage-query.js";
+import { activityCursor, callCursor, checkedTime, encodePageToken, pageSize, usageFilter } from "./usage-query.js";
 
 /** The longest key name. */
 export const MAX_KEY_NAME_CHARS = 64;
@@ -40,6 +52,10 @@ export interface AccountServiceDeps {
   metrics?: Pick<Metrics, "recordSignIn">;
   /** The cost of new password hashes (tests lower it; stored hashes keep their own). */
   scryptParams?: ScryptParams;
+  /** The one queue every password hash and check waits in. */
+  passwordWork: PasswordWork;
+  /** Live keys one account may have. */
+  maxKeysPerAccount: number;
 }
 
 /**
@@ -52,6 +68,7 @@ export interface AccountServiceDeps {
 export function createAccountService(deps: AccountServiceDeps): ServiceImpl<typeof AccountService> {
   const { db, cookie, policy, now } = deps;
   const scryptParams = deps.scryptParams ?? SCRYPT_PARAMS;
+  const { passwordWork } = deps;
   // Made once, up front, so that even the first sign-in of an unknown email costs only the verification.
   const dummyHash = createDummyHash(scryptParams);
 
@@ -65,8 +82,14 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       const problem = passwordProblem(req.password);
       throwIfInvalid(problem ? [{ field: "password", rule: problem }] : []);
       throwIfInvalid(req.inviteToken === "" ? [{ field: "invite_token", rule: "required: the token of the invite link" }] : []);
+      // A dead invite costs one indexed read: no strength check, no scrypt, for a caller with nothing to accept.
+      const invitedId = await findLiveInvite(db, req.inviteToken, now());
+      if (!invitedId) throw inviteInvalid();
+      const invited = await findMember(db, invitedId);
+      const weak = passwordStrengthProblem(req.password, invited ? [invited.email] : []);
+      throwIfInvalid(weak ? [{ field: "password", rule: weak }] : []);
       // Hashed before the transaction: it takes a while, and holds no connection meanwhile.
-      const passwordHash = await hashPassword(req.password, scryptParams);
+      const passwordHash = await passwordWork.run(clientOf(ctx), () => hashPassword(req.password, scryptParams), retryAfter(ctx));
       const at = now();
       const member = await db.transaction(async (tx) => {
         const memberId = await consumeInvite(tx, req.inviteToken, at);
@@ -81,43 +104,53 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         await signedIn(ctx, member, at, tx);
         return member;
       });
-      if (!member) throw apiError("INVITE_INVALID", "invite_token: this invite is unknown, used or expired; ask for a new one", { field: "invite_token", rule: "a live invite" });
+      if (!member) throw inviteInvalid();
       return { member: memberMessage(member) };
     },
 
     async signIn(req, ctx) {
       const email = normalizeEmail(req.email);
+      const chars = passwordLength(req.password);
       throwIfInvalid([
-        ...(email === "" || email.length > MAX_EMAIL_CHARS ? [{ field: "email", rule: `required, at most ${MAX_EMAIL_CHARS} characters` }] : []),
-        ...(req.password === "" || req.password.length > MAX_PASSWORD_CHARS ? [{ field: "password", rule: `required, at most ${MAX_PASSWORD_CHARS} characters` }] : []),
+        ...(email === "" || email.length > MAX_EMAIL_CHARS || /[\p{Cc}\p{Cs}]/u.test(email)
+          ? [{ field: "email", rule: `required, at most ${MAX_EMAIL_CHARS} characters, no control characters` }]
+          : []),
+        ...(chars === 0 || chars > MAX_PASSWORD_CHARS ? [{ field: "password", rule: `required, at most ${MAX_PASSWORD_CHARS} characters` }] : []),
       ]);
-      const retryAfterMs = await countSignInAttempt(db, email, now());
-      if (retryAfterMs !== undefined) {
-        deps.metrics?.recordSignIn("throttled");
-        const seconds = String(Math.ceil(retryAfterMs / 1000));
-        ctx.responseHeader.set("retry-after", seconds);
-        throw apiError("SIGN_IN_THROTTLED", `too many failed sign-ins for this email: try again in ${seconds} s`, {
-          metadata: { retry_after_seconds: seconds, retry_after_ms: String(retryAfterMs) },
-        });
-      }
-      const member = await findMemberByEmail(db, email);
-      // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
-      const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash), scryptParams);
-      const at = now();
-      if (!member || member.password_hash === null || !matches) {
-        deps.metrics?.recordSignIn("failed");
-        if (member) await recordActivity(db, { accountId: member.account_id, kind: "sign_in_failed", actor: member.email, at });
-        throw apiError("SIGN_IN_FAILED", "wrong email or password");
-      }
-      const signedInMember = { memberId: member.id, accountId: member.account_id, email: member.email };
-      await db.transaction(async (tx) => {
-        await clearSignInAttempts(tx, email);
-        await endPreviousSession(tx, ctx, at);
-        await signedIn(ctx, signedInMember, at, tx);
-        await recordActivity(tx, { accountId: member.account_id, kind: "signed_in", actor: member.email, at });
-      });
-      deps.metrics?.recordSignIn("ok");
-      return { member: memberMessage(signedInMember) };
+      // The queue is asked first: a refused attempt is not counted against the email.
+      return passwordWork.run(
+        clientOf(ctx),
+        async () => {
+          const retryAfterMs = await countSignInAttempt(db, email, now());
+          if (retryAfterMs !== undefined) {
+            deps.metrics?.recordSignIn("throttled");
+            const seconds = String(Math.ceil(retryAfterMs / 1000));
+            ctx.responseHeader.set("retry-after", seconds);
+            throw apiError("SIGN_IN_THROTTLED", `too many failed sign-ins for this email: try again in ${seconds} s`, {
+              metadata: { retry_after_seconds: seconds, retry_after_ms: String(retryAfterMs) },
+            });
+          }
+          const member = await findMemberByEmail(db, email);
+          // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
+          const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash), scryptParams);
+          const at = now();
+          if (!member || member.password_hash === null || !matches) {
+            deps.metrics?.recordSignIn("failed");
+            if (member) await recordActivity(db, { accountId: member.account_id, kind: "sign_in_failed", actor: member.email, at });
+            throw apiError("SIGN_IN_FAILED", "wrong email or password");
+          }
+          const signedInMember = { memberId: member.id, accountId: member.account_id, email: member.email };
+          await db.transaction(async (tx) => {
+            await clearSignInAttempts(tx, email);
+            await endPreviousSession(tx, ctx, at);
+            await signedIn(ctx, signedInMember, at, tx);
+            await recordActivity(tx, { accountId: member.account_id, kind: "signed_in", actor: member.email, at });
+          });
+          deps.metrics?.recordSignIn("ok");
+          return { member: memberMessage(signedInMember) };
+        },
+        retryAfter(ctx),
+      );
     },
 
     async signOut(_req, ctx) {
@@ -191,7 +224,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
 
     async listUsage(req, ctx) {
       const member = memberOf(ctx);
-      const filter = usageFilter({ endpoint: req.endpoint, since: optionalDate(req.since), until: optionalDate(req.until) });
+      const filter = usageFilter({ endpoint: req.endpoint, since: optionalDate(req.since, "since"), until: optionalDate(req.until, "until") });
       const size = pageSize(req.pageSize);
       const after = callCursor(req.pageToken);
       const { calls, more } = await listFinishedCalls(db, member.accountId, filter, { size, after });
@@ -217,8 +250,8 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       const granularity = req.granularity === "" ? "day" : req.granularity;
       throwIfInvalid(granularity !== "day" && granularity !== "hour" ? [{ field: "granularity", rule: '"day", "hour" or empty' }] : []);
       const unit = granularity as "day" | "hour";
-      const until = optionalDate(req.until) ?? now();
-      const since = optionalDate(req.since) ?? new Date(until.getTime() - 30 * DAY_MS);
+      const until = optionalDate(req.until, "until") ?? now();
+      const since = optionalDate(req.since, "since") ?? new Date(until.getTime() - 30 * DAY_MS);
       throwIfInvalid([
         ...(since.getTime() >= until.getTime() ? [{ field: "since", rule: "must be before until" }] : []),
         ...(until.getTime() - since.getTime() > MAX_SUMMARY_DAYS[unit] * DAY_MS
@@ -234,8 +267,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     async listActivity(req, ctx) {
       const member = memberOf(ctx);
       const size = pageSize(req.pageSize);
-      const position = decodePageToken(req.pageToken);
-      throwIfInvalid(position && !/^\d+$/.test(position.id) ? [{ field: "page_token", rule: "the next_page_token of an earlier page" }] : []);
+      const position = activityCursor(req.pageToken);
       const { rows, more } = await listActivity(db, member.accountId, { size, after: position });
       const last = rows.at(-1);
       return {
@@ -250,6 +282,20 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     const previous = ctx.values.get(kSessionToken);
     if (previous !== undefined) await endSession(tx, previous, at);
   }
+}
+
+function inviteInvalid(): Error {
+  return apiError("INVITE_INVALID", "invite_token: this invite is unknown, used or expired; ask for a new one", { field: "invite_token", rule: "a live invite" });
+}
+
+/** Who the password work is counted against: the peer's address. */
+function clientOf(ctx: HandlerContext): string {
+  return ctx.values.get(kRemoteAddress);
+}
+
+/** Puts a refusal's delay in Retry-After, as every 429 of the service does. */
+function retryAfter(ctx: HandlerContext): (seconds: number) => void {
+  return (seconds) => ctx.responseHeader.set("retry-after", String(seconds));
 }
 
 function memberMessage(member: SessionMember): Member {
@@ -275,6 +321,7 @@ function keyLabel(key: { display_prefix: string; last4: string; name: string }):
   return `${key.display_prefix}…${key.last4}${key.name ? ` (${key.name})` : ""}`;
 }
 
-function optionalDate(timestamp: Timestamp | undefined): Date | undefined {
-  return timestamp ? timestampDate(timestamp) : undefined;
+/** A request's time, checked: a Timestamp out of range (binary callers can send any seconds) is a 400. */
+function optionalDate(timestamp: Timestamp | undefined, field: string): Date | undefined {
+  return checkedTime(timestamp ? timestampDate(timestamp) : undefined, field);
 }

@@ -8,7 +8,7 @@ import { requestHeaders } from "../rpc/node-headers.js";
 import { unitsToCredits } from "../units.js";
 import { throwIfInvalid } from "../validation.js";
 import { kMember, openAccountDoor, type AccountDoorOptions } from "./door.js";
-import { usageFilter } from "./usage-query.js";
+import { checkedTime, usageFilter } from "./usage-query.js";
 import { createContextValues } from "@connectrpc/connect";
 
 /** Where the CSV download of ListUsage's rows is served. */
@@ -32,7 +32,7 @@ export function createUsageCsvHandler(deps: { db: Knex; door: AccountDoorOptions
     void observeCall(deps.observer, { requestId, procedure: USAGE_CSV_PATH, protocol: "gateway" }, async () => {
       if (req.method !== "GET") throw apiError("METHOD_NOT_ALLOWED", `${USAGE_CSV_PATH} accepts GET`, { metadata: { allow: "GET" } });
       const values = createContextValues();
-      await openAccountDoor(deps.door, { methodName: "UsageCsv", header: requestHeaders(req), host: req.headers.host ?? req.headers[":authority"]?.toString(), values });
+      await openAccountDoor(deps.door, { methodName: "UsageCsv", header: requestHeaders(req), values });
       const member = values.get(kMember)!;
       const query = new URL(req.url ?? "/", "http://localhost").searchParams;
       const filter = usageFilter({ endpoint: query.get("endpoint") ?? "", since: queryDate(query, "since"), until: queryDate(query, "until") });
@@ -76,14 +76,15 @@ function csvLine(call: FinishedCall): string {
 }
 
 /**
- * One field as RFC 4180 writes it: quoted when it holds a comma, quote or line
- * break, quotes doubled. A field a spreadsheet would read as a formula (=, +,
- * -, @ first) is quoted with a leading apostrophe, as OWASP's CSV injection
- * page advises; none of today's columns can hold one, the rule guards new ones.
+ * One field as RFC 4180 writes it: quoted when it holds a comma, semicolon
+ * (some spreadsheets' separator), quote or line break, quotes doubled. Every
+ * field a spreadsheet could read as a formula (=, +, -, @, tab or CR first)
+ * is quoted with a leading apostrophe, as OWASP's CSV injection page says:
+ * without exceptions, since "-1+1|cmd" starts like a number.
  */
 export function csvField(value: string): string {
-  const safe = /^[=+\-@\t\r]/.test(value) && !/^-?\d/.test(value) ? `'${value}` : value;
-  return /[",\r\n]/.test(safe) || safe !== value ? `"${safe.replaceAll('"', '""')}"` : safe;
+  const safe = /^[=+\-@\t\r]/.test(value) ? `'${value}` : value;
+  return /[",;\r\n]/.test(safe) || safe !== value ? `"${safe.replaceAll('"', '""')}"` : safe;
 }
 
 function queryDate(query: URLSearchParams, name: string): Date | undefined {
@@ -91,5 +92,5 @@ function queryDate(query: URLSearchParams, name: string): Date | undefined {
   if (raw === null || raw === "") return undefined;
   const date = new Date(raw);
   throwIfInvalid(Number.isNaN(date.getTime()) || !/^\d{4}-\d{2}-\d{2}/.test(raw) ? [{ field: name, rule: "an RFC 3339 time, e.g. 2026-11-26T00:00:00Z" }] : []);
-  return date;
+  return checkedTime(date, name);
 }

@@ -3,7 +3,7 @@ import { createContextValues, createHandlerContext, type HandlerContext } from "
 import { apiError, describeError, toPublicError } from "../errors.js";
 import type { Logger } from "../logger.js";
 import { kCallPhases, serverTimingHeader, type CallPhases } from "../rpc/call-phases.js";
-import { kRequestId } from "../rpc/context.js";
+import { kRemoteAddress, kRequestId } from "../rpc/context.js";
 import { observeCall, type CallObserver } from "../rpc/observe.js";
 import type { Metrics } from "../metrics.js";
 import { throwIfInvalid } from "../validation.js";
@@ -136,7 +136,7 @@ export function createGateway(options: GatewayOptions) {
       url: requestUrl(req),
       requestHeader: requestHeaders(req),
       requestSignal: requestAbort.signal,
-      contextValues: createContextValues().set(kRequestId, requestId).set(kCallPhases, phases),
+      contextValues: createContextValues().set(kRequestId, requestId).set(kCallPhases, phases).set(kRemoteAddress, req.socket?.remoteAddress ?? ""),
     });
     const procedure = `/${route.method.parent.typeName}/${route.method.name}`;
     try {

@@ -1103,6 +1103,27 @@ export interface components {
                 };
             };
         };
+        /** @description KEY_LIMIT_REACHED: Account area: the account has as many live keys as it may; revoke one first. */
+        AccountError409: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 40902;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "KEY_LIMIT_REACHED";
+                    };
+                };
+            };
+        };
         /** @description INVITE_INVALID: Account area: the invite is unknown, used or expired; ask the operator for a new one. */
         AccountError410: {
             headers: {
@@ -1166,7 +1187,7 @@ export interface components {
                 };
             };
         };
-        /** @description SIGN_IN_THROTTLED: Account area: 5 failed sign-ins for this email within 15 minutes; wait Retry-After. */
+        /** @description SIGN_IN_THROTTLED: Account area: 5 failed sign-ins for this email within 15 minutes; wait Retry-After. PASSWORD_CHECKS_BUSY: Account area: too many password checks are waiting, from this client or in all; wait Retry-After. */
         AccountError429: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1180,11 +1201,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 42903;
+                    code: 42903 | 42904;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "SIGN_IN_THROTTLED";
+                        reason?: "SIGN_IN_THROTTLED" | "PASSWORD_CHECKS_BUSY";
                     };
                 };
             };
@@ -1460,6 +1481,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -1508,6 +1530,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -1556,6 +1579,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -1598,6 +1622,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -1640,6 +1665,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -1686,6 +1712,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -1732,6 +1759,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -1778,6 +1806,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -1824,6 +1853,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -1870,6 +1900,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];

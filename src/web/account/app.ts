@@ -154,7 +154,8 @@ byId("invite-form", HTMLFormElement).addEventListener("submit", (event) => {
   error.textContent = "";
   password.removeAttribute("aria-invalid");
   again.removeAttribute("aria-invalid");
-  if (password.value.length < MIN_PASSWORD_CHARS) return invalid(password, error, `The password needs at least ${MIN_PASSWORD_CHARS} characters.`);
+  // Counted as the service counts: code points of the NFC form.
+  if ([...password.value.normalize("NFC")].length < MIN_PASSWORD_CHARS) return invalid(password, error, `The password needs at least ${MIN_PASSWORD_CHARS} characters.`);
   if (again.value !== password.value) return invalid(again, error, "The two passwords differ.");
   const inviteToken = new URLSearchParams(location.search).get("invite") ?? "";
   void client
