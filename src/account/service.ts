@@ -21,7 +21,7 @@ import {
 import { kRemoteAddress } from "../rpc/context.js";
 import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
-import { createApiKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
+import { countLiveKeysLocked, createApiKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
 import { apiError } from "../errors.js";
 import {
   AccountService,
@@ -36,7 +36,7 @@ import { unitsToCredits } from "../units.js";
 import { throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
 import { kSessionToken, memberOf } from "./door.js";
-import { activityCursor, callCursor, checkedTime, encodePageToken, pageSize, usageFilter } from "./usage-query.js";
+import { activityCursor, callCursor, checkedTime, encodePageToken, keyCursor, pageSize, usageFilter } from "./usage-query.js";
 
 /** The longest key name. */
 export const MAX_KEY_NAME_CHARS = 64;
@@ -185,9 +185,13 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       };
     },
 
-    async listKeys(_req, ctx) {
+    async listKeys(req, ctx) {
       const member = memberOf(ctx);
-      return { keys: (await listAccountKeys(db, member.accountId)).map(keyMessage) };
+      const size = pageSize(req.pageSize);
+      const position = keyCursor(req.pageToken);
+      const { keys, more } = await listAccountKeys(db, member.accountId, { size, after: position && { createdAt: position.at, id: position.id } });
+      const last = keys.at(-1);
+      return { keys: keys.map(keyMessage), nextPageToken: more && last ? encodePageToken(last.created_at, last.id) : "" };
     },
 
     async createKey(req, ctx) {
@@ -200,6 +204,11 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       );
       const at = now();
       const { apiKey, row } = await db.transaction(async (tx) => {
+        if ((await countLiveKeysLocked(tx, member.accountId)) >= deps.maxKeysPerAccount) {
+          throw apiError("KEY_LIMIT_REACHED", `this account has ${deps.maxKeysPerAccount} live keys, the most it may have: revoke one first`, {
+            metadata: { max_keys: String(deps.maxKeysPerAccount) },
+          });
+        }
         const created = await createApiKey(tx, member.accountId, { name, createdBy: member.email });
         await recordActivity(tx, { accountId: member.accountId, kind: "key_created", actor: member.email, detail: keyLabel(created.row), at });
         return created;

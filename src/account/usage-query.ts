@@ -74,6 +74,16 @@ export function activityCursor(token: string): { at: Date; id: string } | undefi
   return position;
 }
 
+/** A keys page token's position; its id must be a key's (a uuid). */
+export function keyCursor(token: string): { at: Date; id: string } | undefined {
+  const position = decodePageToken(token);
+  if (!position) return undefined;
+  throwIfInvalid(UUID.test(position.id) ? [] : [{ field: "page_token", rule: "the next_page_token of an earlier page" }]);
+  return position;
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
 /** A usage page token as the metering view's cursor; the id must be a request's (a uuid). */
 export function callCursor(token: string): CallCursor | undefined {
   const position = decodePageToken(token);

@@ -561,6 +561,8 @@ export interface components {
         "typesafe.account.v1.ListKeysResponse": {
             /** @description Newest first. */
             keys: components["schemas"]["typesafe.account.v1.ApiKey"][];
+            /** @description Empty on the last page. */
+            next_page_token: string;
         };
         /** @description An API key, as the account area shows it: never its secret. */
         "typesafe.account.v1.ApiKey": {

@@ -7,7 +7,7 @@
  */
 import type { ApiKey, GetAccountResponse } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import { createActivityView } from "./activity-view.js";
-import { createAccountClient, errorText, isSignedOut } from "./client.js";
+import { createAccountClient, errorText, isSignedOut, listAllKeys } from "./client.js";
 import { byId, keyLabel } from "./dom.js";
 import { createKeysView } from "./keys-view.js";
 import { loadOverview, showAccount } from "./overview-view.js";
@@ -69,7 +69,7 @@ async function route(focus: boolean): Promise<void> {
     if (view === "overview") await loadOverview(client);
     if (view === "keys") await keysView.load();
     if (view === "usage") {
-      if (keyNames.size === 0) rememberKeys((await client.listKeys({})).keys);
+      if (keyNames.size === 0) rememberKeys(await listAllKeys(client));
       await usageView.load();
     }
     if (view === "activity") await activityView.load();
