@@ -18,7 +18,7 @@ import {
   verifyPassword,
   type ScryptParams,
 } from "../accounts/passwords.js";
-import { kRemoteAddress } from "../rpc/context.js";
+import { kRemoteAddress } from "../call/context.js";
 import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
 import { countLiveKeysLocked, createApiKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";

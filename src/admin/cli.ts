@@ -271,7 +271,7 @@ function credits(name: string, value: string): number {
 async function openStore(databaseUrl: string | undefined, dataDir: string, logger: ReturnType<typeof createLogger>) {
   if (databaseUrl) {
     const db = createKnex(databaseUrl, 2);
-    await migrate(db, true);
+    await migrate(db, { useAdvisoryLock: true });
     return { db, close: () => db.destroy() };
   }
   const running = await readPublishedSocket(dataDir);

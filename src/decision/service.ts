@@ -14,8 +14,8 @@ import {
 import type { Logger } from "../logger.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
-import { authenticate, requireApiKey } from "../rpc/auth.js";
-import { callPhasesOf } from "../rpc/call-phases.js";
+import { authenticate, requireApiKey } from "../call/auth.js";
+import { callPhasesOf } from "../call/call-phases.js";
 import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
 import { createDecisionEngine, firstCallMessages, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";

@@ -2,8 +2,8 @@ import { create, fromJson, toJson, type DescMessage, type DescMethodUnary, type 
 import { createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
 import { apiError, describeError, toPublicError } from "../errors.js";
 import type { Logger } from "../logger.js";
-import { kCallPhases, serverTimingHeader, type CallPhases } from "../rpc/call-phases.js";
-import { kRemoteAddress, kRequestId } from "../rpc/context.js";
+import { kCallPhases, serverTimingHeader, type CallPhases } from "../call/call-phases.js";
+import { kRemoteAddress, kRequestId } from "../call/context.js";
 import { observeCall, type CallObserver } from "../rpc/observe.js";
 import type { Metrics } from "../metrics.js";
 import { throwIfInvalid } from "../validation.js";

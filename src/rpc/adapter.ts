@@ -9,7 +9,7 @@ import { ACCEPTED_COMPRESSIONS } from "../request/compression.js";
 import { createRequestId } from "../request/request-id.js";
 import { gateBody, gatedBody, isPayloadTooLarge, RECURSION_LIMIT, type BodyGateOptions } from "./body-gate.js";
 import { createGrpcUnaryPath } from "./grpc-unary.js";
-import { kRemoteAddress } from "./context.js";
+import { kRemoteAddress } from "../call/context.js";
 import { observeCall, type CallObserver } from "./observe.js";
 
 type NodeRequest = http.IncomingMessage | http2.Http2ServerRequest;
