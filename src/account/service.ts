@@ -322,6 +322,8 @@ function keyMessage(key: AccountKeyRow): ApiKey {
     createdBy: key.created_by,
     lastUsedAt: key.last_used_at ? timestampFromDate(key.last_used_at) : undefined,
     revokedAt: key.revoked_at ? timestampFromDate(key.revoked_at) : undefined,
+    keptBy: key.kept_by ?? "",
+    keptAt: key.kept_at ? timestampFromDate(key.kept_at) : undefined,
   });
 }
 

@@ -25,6 +25,9 @@ export interface DbApiKeyRow {
   created_by: string;
   created_at: Date;
   revoked_at: Date | null;
+  /** Who kept the key working when its creator was removed (member-removal.ts), or null. */
+  kept_by: string | null;
+  kept_at: Date | null;
 }
 
 /** Inserts an account row with empty balances; its opening credits are granted by the caller, through metering. */
@@ -63,7 +66,7 @@ export async function createApiKey(
   return { keyId: row!.id, apiKey, row: row! };
 }
 
-const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at"] as const;
+const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at", "kept_by", "kept_at"] as const;
 
 /** Where a page of keys starts: after this key (exclusive), newest first. */
 export interface KeyCursor {

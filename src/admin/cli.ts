@@ -8,8 +8,8 @@ import { createApiKey, findAccount, isUuid, listApiKeys, revokeApiKey, type DbAc
 import { createAccount, grant } from "./account-funding.js";
 import { OPERATOR, recordActivity } from "../accounts/activity.js";
 import { createInvite } from "../accounts/invites.js";
-import { emailProblem, ensureMember, listMembers, markMemberRemoved, normalizeEmail } from "../accounts/members.js";
-import { endMemberSessions } from "../accounts/sessions.js";
+import { emailProblem, ensureMember, listMembers, normalizeEmail } from "../accounts/members.js";
+import { removeMember, type RemovedMemberKey } from "../accounts/member-removal.js";
 import { readAccountMoney, type AccountMoney } from "../metering/account-views.js";
 import { createLogger } from "../logger.js";
 import { parseCredits, unitsToCredits } from "../units.js";
@@ -26,7 +26,7 @@ const USAGE = `usage: npm run --silent admin -- <command>
   usage --account ID [--limit N]
   members invite --account ID --email E
   members list --account ID
-  members remove --member MEMBER_ID
+  members remove --member MEMBER_ID [--keep-keys]
 
 Prints one JSON object on stdout. Credits are decimals (1 credit = 1,000,000 input tokens).`;
 
@@ -81,6 +81,7 @@ function parseCommandLine(argv: string[]) {
         email: { type: "string" },
         member: { type: "string" },
         limit: { type: "string" },
+        "keep-keys": { type: "boolean" },
         help: { type: "boolean", short: "h" },
       },
     });
@@ -200,17 +201,20 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
     }
     case "members remove": {
       const memberId = requiredOption(options, "member");
-      const removed = await db.transaction(async (tx) => {
-        const member = await markMemberRemoved(tx, memberId, now);
-        if (!member) return undefined;
-        // Their sessions end in the same transaction: no call is served for them after this commits.
-        const sessionsEnded = await endMemberSessions(tx, member.id, now);
-        await tx("member_invites").where({ member_id: member.id }).whereNull("used_at").update({ used_at: now });
-        await recordActivity(tx, { accountId: member.account_id, kind: "member_removed", actor: OPERATOR, detail: member.email, at: now });
-        return { member, sessionsEnded };
-      });
+      const keepKeys = options["keep-keys"] === true;
+      // One transaction: no call is served for the member, nor with their revoked keys, after it commits.
+      const removed = await db.transaction((tx) => removeMember(tx, { memberId, actor: OPERATOR, keepKeys, now }));
       if (!removed) throw new UsageError(`no member with id ${memberId}`);
-      return { removed: true, member_id: removed.member.id, account_id: removed.member.account_id, email: removed.member.email, sessions_ended: removed.sessionsEnded };
+      const keyJson = (k: RemovedMemberKey) => ({ key_id: k.id, name: k.name, prefix: k.display_prefix, last4: k.last4 });
+      return {
+        removed: true,
+        member_id: removed.member.id,
+        account_id: removed.member.account_id,
+        email: removed.member.email,
+        sessions_ended: removed.sessionsEnded,
+        keys_revoked: removed.keysRevoked.map(keyJson),
+        keys_kept: removed.keysKept.map(keyJson),
+      };
     }
     default:
       throw new UsageError(`unknown command "${command}"\n\n${USAGE}`);

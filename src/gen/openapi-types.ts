@@ -587,6 +587,13 @@ export interface components {
              * @description When it was revoked; absent while it works.
              */
             revoked_at?: string;
+            /** @description Who chose to keep it working when its creator was removed from the account; empty otherwise. */
+            kept_by: string;
+            /**
+             * Format: date-time
+             * @description When it was kept; absent unless kept_by is set.
+             */
+            kept_at?: string;
         };
         "typesafe.account.v1.CreateKeyResponse": {
             key?: components["schemas"]["typesafe.account.v1.ApiKey"];
