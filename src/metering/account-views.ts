@@ -84,6 +84,8 @@ export interface CallFilter {
   since?: Date;
   /** Started before. */
   until?: Date;
+  /** Admitted with this key (a uuid, checked by the caller). */
+  keyId?: string;
 }
 
 /** Where a page of calls starts: after this call (exclusive), newest first. */
@@ -104,7 +106,10 @@ export async function listFinishedCalls(
     .where({ account_id: accountId })
     .whereIn("status", FINISHED_STATUSES as unknown as string[]);
   applyFilter(query, filter);
-  if (page.after) query.whereRaw("(created_at, id) < (?, ?)", [page.after.startedAt, page.after.requestId]);
+  if (page.after) {
+    // The plain bound lets the (account_id, created_at) index start at the cursor; the row comparison breaks ties.
+    query.where("created_at", "<=", page.after.startedAt).whereRaw("(created_at, id) < (?, ?)", [page.after.startedAt, page.after.requestId]);
+  }
   const rows = await query.orderBy([{ column: "created_at", order: "desc" }, { column: "id", order: "desc" }]).limit(page.size + 1);
   const calls = rows.slice(0, page.size).map(
     (row): FinishedCall => ({
@@ -158,4 +163,5 @@ function applyFilter(query: Knex.QueryBuilder, filter: CallFilter): void {
   if (filter.endpoint) query.where({ endpoint: filter.endpoint });
   if (filter.since) query.where("created_at", ">=", filter.since);
   if (filter.until) query.where("created_at", "<", filter.until);
+  if (filter.keyId) query.where({ key_id: filter.keyId });
 }
