@@ -120,4 +120,14 @@ describe("revoking a key touches that key only", () => {
     expect(await revokeAccountKey(database.db, a.accountId, b.keyId, new Date())).toBeUndefined();
     expect(await findAccountIdByKeyHash(database.db, hashApiKey(b.apiKey))).toBe(b.accountId);
   });
+
+  it("a second revoke keeps the first time and says so; malformed ids find nothing rather than failing in SQL", async () => {
+    const a = await createTestAccount(database.db);
+    const first = await revokeAccountKey(database.db, a.accountId, a.keyId, new Date(Date.UTC(2030, 0, 1)));
+    const again = await revokeAccountKey(database.db, a.accountId, a.keyId, new Date(Date.UTC(2031, 0, 1)));
+    expect([first?.revokedNow, again?.revokedNow]).toEqual([true, false]);
+    expect(again?.key.revoked_at).toEqual(new Date(Date.UTC(2030, 0, 1)));
+    expect(await revokeAccountKey(database.db, a.accountId, "not-a-uuid", new Date())).toBeUndefined();
+    expect(await revokeAccountKey(database.db, "not-a-uuid", a.keyId, new Date())).toBeUndefined();
+  });
 });
