@@ -22,9 +22,12 @@ import { createSearchService } from "./search/service.js";
 import { startServer, type RunningServer } from "./server.js";
 import { createAccountService } from "./account/service.js";
 import { sessionCookieFor } from "./account/cookie.js";
+import { listeningOrigins } from "./account/origin.js";
+import { answerHeadersFor } from "./account/answer-headers.js";
 import { accountRouteDoor, createAccountDoorInterceptor, type AccountDoorOptions } from "./account/door.js";
 import { createUsageCsvHandler, USAGE_CSV_PATH } from "./account/usage-csv.js";
 import { countLiveSessions } from "./accounts/sessions.js";
+import { createPasswordWork } from "./accounts/password-work.js";
 import type { ScryptParams } from "./accounts/passwords.js";
 import { AccountService } from "./gen/typesafe/account/v1/account_service_pb.js";
 import { withAccountPage } from "./web/account-page.js";
@@ -69,8 +72,20 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
 
   const observer = { logger, metrics };
   const sessionCookie = sessionCookieFor(config.account.publicUrl);
-  const accountDoor: AccountDoorOptions = { db, cookie: sessionCookie, policy: sessionPolicy, publicOrigin: new URL(config.account.publicUrl).origin, now };
-  const account = createAccountService({ db, cookie: sessionCookie, policy: sessionPolicy, now, metrics, scryptParams: overrides.scryptParams, publicUrl: config.account.publicUrl });
+  // Without a configured public URL, the listening address's origins join once the port is bound.
+  const allowedOrigins = new Set([new URL(config.account.publicUrl).origin]);
+  const accountDoor: AccountDoorOptions = { db, cookie: sessionCookie, policy: sessionPolicy, allowedOrigins, now };
+  const account = createAccountService({
+    db,
+    cookie: sessionCookie,
+    policy: sessionPolicy,
+    now,
+    metrics,
+    scryptParams: overrides.scryptParams,
+    passwordWork: createPasswordWork(config.account.passwordWork),
+    maxKeysPerAccount: config.account.maxKeysPerAccount,
+    publicUrl: config.account.publicUrl,
+  });
   const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
 
   const isReady = async () => {
@@ -111,6 +126,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
         maxBodyBytes: config.maxBodyBytes,
         keyedServices: new Set(keyedServices.map(({ service }) => service.typeName)),
         grpcShortPath: config.grpcShortPath,
+        answerHeaders: answerHeadersFor,
         logger,
         shutdown,
         connections: config.connections,
@@ -124,6 +140,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     await database.close();
     throw err;
   }
+  if (!config.account.publicUrlConfigured) for (const origin of listeningOrigins(config.host, server.port)) allowedOrigins.add(origin);
   meter.startSweeper();
   logger.info("listening", { url: server.url, database: database.kind });
   logger.info("enabled", enabledSummary(config));

@@ -72,6 +72,12 @@ export interface AccountAreaConfig {
   publicUrl: string;
   /** True when TYPESAFE_PUBLIC_URL is not set and publicUrl is this process's own HOST and PORT (right for the service, a guess for the CLI). */
   publicUrlIsGuessed: boolean;
+  /** True when TYPESAFE_PUBLIC_URL was set; else the public URL is the listening address (its real port once bound). */
+  publicUrlConfigured: boolean;
+  /** Password hashes (scrypt) computed at once, waiting, and per client (TYPESAFE_PASSWORD_CHECKS_*). */
+  passwordWork: { concurrent: number; queued: number; perClient: number };
+  /** Live (unrevoked) keys one account may have (TYPESAFE_MAX_KEYS_PER_ACCOUNT). */
+  maxKeysPerAccount: number;
   /** A session unused this long ends (OWASP suggests 15-30 minutes for low-risk sites). */
   sessionIdleMs: number;
   /** A session ends this long after sign-in, however busy. */
@@ -238,6 +244,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     account: {
       publicUrl: (publicUrl && !publicUrlProblem(publicUrl) ? publicUrl : `http://${host.includes(":") ? `[${host}]` : host}:${port}`).replace(/\/+$/, ""),
       publicUrlIsGuessed: !(publicUrl && !publicUrlProblem(publicUrl)),
+      publicUrlConfigured: publicUrl !== undefined,
+      passwordWork: {
+        concurrent: int("TYPESAFE_PASSWORD_CHECKS_CONCURRENT", 2, 1, 64),
+        queued: int("TYPESAFE_PASSWORD_CHECKS_QUEUED", 8, 0, 1_000),
+        perClient: int("TYPESAFE_PASSWORD_CHECKS_PER_CLIENT", 2, 1, 1_000),
+      },
+      maxKeysPerAccount: int("TYPESAFE_MAX_KEYS_PER_ACCOUNT", 100, 1, 100_000),
       sessionIdleMs: int("TYPESAFE_SESSION_IDLE_MINUTES", 30, 1, 24 * 60) * 60_000,
       sessionAbsoluteMs: int("TYPESAFE_SESSION_ABSOLUTE_HOURS", 12, 1, 24 * 30) * 3_600_000,
     },

@@ -30,6 +30,7 @@ export const REASONS = {
   NOT_FOUND: { grpc: Code.NotFound, http: 404, envelope: 40401, meaning: "No such path." },
   METHOD_NOT_ALLOWED: { grpc: Code.Unimplemented, http: 405, envelope: 40501, meaning: "The path does not accept this HTTP method." },
   IDEMPOTENCY_IN_PROGRESS: { grpc: Code.Aborted, http: 409, envelope: 40901, meaning: "A request with this Idempotency-Key is still in flight." },
+  KEY_LIMIT_REACHED: { grpc: Code.FailedPrecondition, http: 409, envelope: 40902, meaning: "Account area: the account has as many live keys as it may; revoke one first." },
   INVITE_INVALID: { grpc: Code.FailedPrecondition, http: 410, envelope: 41001, meaning: "Account area: the invite is unknown, used or expired; ask an owner, an admin or the operator for a new one." },
   PAYLOAD_TOO_LARGE: { grpc: Code.ResourceExhausted, http: 413, envelope: 41301, meaning: "The body exceeds 96 KB." },
   UNSUPPORTED_MEDIA_TYPE: { grpc: Code.InvalidArgument, http: 415, envelope: 41501, meaning: "The body must be application/json." },
@@ -38,6 +39,7 @@ export const REASONS = {
   RATE_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42901, meaning: "More than 60 calls in a rolling minute, or more than the API key's own limit." },
   CONCURRENCY_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42902, meaning: "More than 5 calls in flight." },
   SIGN_IN_THROTTLED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42903, meaning: "Account area: 5 failed sign-ins (or second steps) for this email within 15 minutes; wait Retry-After." },
+  PASSWORD_CHECKS_BUSY: { grpc: Code.ResourceExhausted, http: 429, envelope: 42904, meaning: "Account area: too many password checks are waiting, from this client or in all; wait Retry-After." },
   CANCELLED: { grpc: Code.Canceled, http: 499, envelope: 49901, meaning: "The caller went away before the answer; nothing was charged." },
   INTERNAL: { grpc: Code.Internal, http: 500, envelope: 50001, meaning: "Unexpected error; the request id is in the log." },
   UPSTREAM_FAILED: { grpc: Code.Unavailable, http: 502, envelope: 50201, meaning: "The upstream LLM or every search source failed." },
@@ -52,6 +54,7 @@ export type Reason = keyof typeof REASONS;
 export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>([
   "SIGNED_OUT",
   "SIGN_IN_FAILED",
+  "CROSS_SITE_REFUSED",
   "SECOND_STEP_FAILED",
   "CROSS_SITE_REFUSED",
   "ROLE_FORBIDDEN",

@@ -24,6 +24,8 @@ export interface ServerOptions {
   /** Services whose calls need an API key (their body is not read without one). */
   keyedServices: ReadonlySet<string>;
   grpcShortPath?: boolean;
+  /** Headers every answer to a path must carry, whichever handler writes it (errors included). */
+  answerHeaders?: (path: string) => Readonly<Record<string, string>> | undefined;
   logger: Logger;
   /** Aborted when the grace period of a shutdown ends; the gateway listens to it too. */
   shutdown: AbortController;
@@ -53,7 +55,7 @@ export interface RunningServer {
 export async function startServer(options: ServerOptions, host: string, port: number): Promise<RunningServer> {
   const { shutdown } = options;
   let closing = false;
-  const handler = createRpcHandler({
+  const rpcHandler = createRpcHandler({
     routes: options.routes,
     fallback: options.fallback,
     interceptors: options.interceptors,
@@ -63,6 +65,15 @@ export async function startServer(options: ServerOptions, host: string, port: nu
     shutdownSignal: shutdown.signal,
     logger: options.logger,
   });
+  const { answerHeaders } = options;
+  const handler: typeof rpcHandler = answerHeaders
+    ? (req, res) => {
+        // Set before any handler writes: Node merges them into whatever head is written later.
+        const headers = answerHeaders((req.url ?? "").split("?", 1)[0]!);
+        if (headers) for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
+        rpcHandler(req, res);
+      }
+    : rpcHandler;
   const { connections: limits, metrics } = options;
   const onTimeout = metrics ? metrics.recordConnectionTimeout.bind(metrics) : () => {};
   // Node's own keep-alive timer is off: the guard closes idle connections and counts them.

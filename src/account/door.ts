@@ -23,8 +23,8 @@ export interface AccountDoorOptions {
   db: Knex;
   cookie: SessionCookie;
   policy: SessionPolicy;
-  /** The origin of the public URL: pages of this origin may call. */
-  publicOrigin: string;
+  /** The origins whose pages may call: the public URL's (isCrossSite). */
+  allowedOrigins: ReadonlySet<string>;
   now: () => Date;
 }
 
@@ -37,9 +37,9 @@ export interface AccountDoorOptions {
  */
 export async function openAccountDoor(
   options: AccountDoorOptions,
-  call: { methodName: string; header: Headers; host: string | undefined; values: HandlerContext["values"] },
+  call: { methodName: string; header: Headers; values: HandlerContext["values"] },
 ): Promise<void> {
-  if (isCrossSite(call.header, options.publicOrigin, call.host)) {
+  if (isCrossSite(call.header, options.allowedOrigins)) {
     throw apiError("CROSS_SITE_REFUSED", "origin: calls to the account area must come from its own pages", {
       field: "origin",
       rule: "the service's own origin",
@@ -57,7 +57,7 @@ export async function openAccountDoor(
 export function createAccountDoorInterceptor(options: AccountDoorOptions): Interceptor {
   return (next) => async (req) => {
     if (req.service.typeName !== AccountService.typeName) return next(req);
-    await openAccountDoor(options, { methodName: req.method.name, header: req.header, host: hostOf(req.url, req.header), values: req.contextValues });
+    await openAccountDoor(options, { methodName: req.method.name, header: req.header, values: req.contextValues });
     const res = await next(req);
     res.header.set("cache-control", "no-store");
     return res;
@@ -71,19 +71,8 @@ export function createAccountDoorInterceptor(options: AccountDoorOptions): Inter
  */
 export function accountRouteDoor(options: AccountDoorOptions): (ctx: HandlerContext) => Promise<void> {
   return async (ctx) => {
-    await openAccountDoor(options, { methodName: ctx.method.name, header: ctx.requestHeader, host: hostOf(ctx.url, ctx.requestHeader), values: ctx.values });
+    await openAccountDoor(options, { methodName: ctx.method.name, header: ctx.requestHeader, values: ctx.values });
   };
-}
-
-/** The host a call was sent to: its Host header, else the authority connect-node put in its URL (HTTP/2). */
-function hostOf(url: string, header: Headers): string | undefined {
-  const host = header.get("host");
-  if (host !== null) return host;
-  try {
-    return new URL(url).host || undefined;
-  } catch {
-    return undefined;
-  }
 }
 
 /** The member a call acts for; the door has set it on every call that needs one. */

@@ -4,13 +4,25 @@ import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
 import { listActivity, recordActivity, type DbActivityRow } from "../accounts/activity.js";
 import { KEY_PREFIX } from "../accounts/api-keys.js";
-import { consumeInvite, inviteUrl } from "../accounts/invites.js";
+import { consumeInvite, findLiveInvite, inviteUrl } from "../accounts/invites.js";
 import { emailProblem, findMember, findMemberByEmail, listMembers, MAX_EMAIL_CHARS, normalizeEmail, setPasswordHash, type DbMemberRow } from "../accounts/members.js";
-import { createDummyHash, hashPassword, MAX_PASSWORD_CHARS, passwordProblem, SCRYPT_PARAMS, verifyPassword, type ScryptParams } from "../accounts/passwords.js";
+import type { PasswordWork } from "../accounts/password-work.js";
+import { passwordStrengthProblem } from "../accounts/password-strength.js";
+import {
+  createDummyHash,
+  hashPassword,
+  MAX_PASSWORD_CHARS,
+  passwordLength,
+  passwordProblem,
+  SCRYPT_PARAMS,
+  verifyPassword,
+  type ScryptParams,
+} from "../accounts/passwords.js";
+import { kRemoteAddress } from "../call/context.js";
 import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
 import { isRole, memberChangeRefusal, OWNER_ROLE_RULE, ROLES, type Role } from "../accounts/roles.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
-import { createApiKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
+import { countLiveKeysLocked, createApiKey, findAccountKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
 import { keyLimitsOf, MAX_ROLL_GRACE_SECONDS, NO_KEY_LIMITS, parseKeyLimits, periodEnd, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
 import { changeMemberRole, findTeamMember, LAST_OWNER_RULE, removeTeamMember, inviteTeamMember } from "../accounts/team.js";
 import {
@@ -43,7 +55,7 @@ import { throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
 import { allowed } from "./access.js";
 import { kSessionToken, memberOf } from "./door.js";
-import { callCursor, decodePageToken, encodePageToken, pageSize, usageFilter } from "./usage-query.js";
+import { activityCursor, callCursor, checkedTime, encodePageToken, keyCursor, pageSize, usageFilter } from "./usage-query.js";
 
 /** The longest key name. */
 export const MAX_KEY_NAME_CHARS = 64;
@@ -61,6 +73,10 @@ export interface AccountServiceDeps {
   scryptParams?: ScryptParams;
   /** Where people reach the service: invite links start with it. */
   publicUrl: string;
+  /** The one queue every password hash and check waits in. */
+  passwordWork: PasswordWork;
+  /** Live keys one account may have. */
+  maxKeysPerAccount: number;
 }
 
 /**
@@ -73,6 +89,7 @@ export interface AccountServiceDeps {
 export function createAccountService(deps: AccountServiceDeps): ServiceImpl<typeof AccountService> {
   const { db, cookie, policy, now } = deps;
   const scryptParams = deps.scryptParams ?? SCRYPT_PARAMS;
+  const { passwordWork } = deps;
   // Made once, up front, so that even the first sign-in of an unknown email costs only the verification.
   const dummyHash = createDummyHash(scryptParams);
 
@@ -86,8 +103,14 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       const problem = passwordProblem(req.password);
       throwIfInvalid(problem ? [{ field: "password", rule: problem }] : []);
       throwIfInvalid(req.inviteToken === "" ? [{ field: "invite_token", rule: "required: the token of the invite link" }] : []);
+      // A dead invite costs one indexed read: no strength check, no scrypt, for a caller with nothing to accept.
+      const invitedId = await findLiveInvite(db, req.inviteToken, now());
+      if (!invitedId) throw inviteInvalid();
+      const invited = await findMember(db, invitedId);
+      const weak = passwordStrengthProblem(req.password, invited ? [invited.email] : []);
+      throwIfInvalid(weak ? [{ field: "password", rule: weak }] : []);
       // Hashed before the transaction: it takes a while, and holds no connection meanwhile.
-      const passwordHash = await hashPassword(req.password, scryptParams);
+      const passwordHash = await passwordWork.run(clientOf(ctx), () => hashPassword(req.password, scryptParams), retryAfter(ctx));
       const at = now();
       const member = await db.transaction(async (tx) => {
         const memberId = await consumeInvite(tx, req.inviteToken, at);
@@ -101,47 +124,57 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         await signedIn(ctx, row.id, at, tx);
         return row;
       });
-      if (!member) throw apiError("INVITE_INVALID", "invite_token: this invite is unknown, used or expired; ask for a new one", { field: "invite_token", rule: "a live invite" });
+      if (!member) throw inviteInvalid();
       return { member: memberMessage({ ...member, password_hash: "" }) };
     },
 
     async signIn(req, ctx) {
       const email = normalizeEmail(req.email);
+      const chars = passwordLength(req.password);
       throwIfInvalid([
-        ...(email === "" || email.length > MAX_EMAIL_CHARS ? [{ field: "email", rule: `required, at most ${MAX_EMAIL_CHARS} characters` }] : []),
+        ...(email === "" || email.length > MAX_EMAIL_CHARS || /[\p{Cc}\p{Cs}]/u.test(email)
+          ? [{ field: "email", rule: `required, at most ${MAX_EMAIL_CHARS} characters, no control characters` }]
+          : []),
         ...(email !== "" && email.length <= MAX_EMAIL_CHARS && emailProblem(email) ? [{ field: "email", rule: emailProblem(email)! }] : []),
-        ...(req.password === "" || req.password.length > MAX_PASSWORD_CHARS ? [{ field: "password", rule: `required, at most ${MAX_PASSWORD_CHARS} characters` }] : []),
+        ...(chars === 0 || chars > MAX_PASSWORD_CHARS ? [{ field: "password", rule: `required, at most ${MAX_PASSWORD_CHARS} characters` }] : []),
       ]);
-      const retryAfterMs = await countSignInAttempt(db, email, now());
-      if (retryAfterMs !== undefined) {
-        deps.metrics?.recordSignIn("throttled");
-        throw throttled(ctx, retryAfterMs);
-      }
-      const member = await findMemberByEmail(db, email);
-      // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
-      const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash), scryptParams);
-      const at = now();
-      if (!member || member.password_hash === null || !matches) {
-        deps.metrics?.recordSignIn("failed");
-        if (member) await recordActivity(db, { accountId: member.account_id, kind: "sign_in_failed", actor: member.email, at });
-        throw apiError("SIGN_IN_FAILED", "wrong email or password");
-      }
-      if (member.totp_enabled_at !== null) {
-        // The password was right; no session until the second step passes.
-        const secondStepToken = await db.transaction(async (tx) => {
-          await clearSignInAttempts(tx, email);
-          return createSignInChallenge(tx, member.id, at);
-        });
-        return { secondStepToken };
-      }
-      await db.transaction(async (tx) => {
-        await clearSignInAttempts(tx, email);
-        await endPreviousSession(tx, ctx, at);
-        await signedIn(ctx, member.id, at, tx);
-        await recordActivity(tx, { accountId: member.account_id, kind: "signed_in", actor: member.email, at });
-      });
-      deps.metrics?.recordSignIn("ok");
-      return { member: memberMessage(member) };
+      // The queue is asked first: a refused attempt is not counted against the email.
+      return passwordWork.run(
+        clientOf(ctx),
+        async () => {
+          const retryAfterMs = await countSignInAttempt(db, email, now());
+          if (retryAfterMs !== undefined) {
+            deps.metrics?.recordSignIn("throttled");
+            throw throttled(ctx, retryAfterMs);
+          }
+          const member = await findMemberByEmail(db, email);
+          // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
+          const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash), scryptParams);
+          const at = now();
+          if (!member || member.password_hash === null || !matches) {
+            deps.metrics?.recordSignIn("failed");
+            if (member) await recordActivity(db, { accountId: member.account_id, kind: "sign_in_failed", actor: member.email, at });
+            throw apiError("SIGN_IN_FAILED", "wrong email or password");
+          }
+          if (member.totp_enabled_at !== null) {
+            // The password was right; no session until the second step passes.
+            const secondStepToken = await db.transaction(async (tx) => {
+              await clearSignInAttempts(tx, email);
+              return createSignInChallenge(tx, member.id, at);
+            });
+            return { secondStepToken };
+          }
+          await db.transaction(async (tx) => {
+            await clearSignInAttempts(tx, email);
+            await endPreviousSession(tx, ctx, at);
+            await signedIn(ctx, member.id, at, tx);
+            await recordActivity(tx, { accountId: member.account_id, kind: "signed_in", actor: member.email, at });
+          });
+          deps.metrics?.recordSignIn("ok");
+          return { member: memberMessage(member) };
+        },
+        retryAfter(ctx),
+      );
     },
 
     async signInSecondStep(req, ctx) {
@@ -214,9 +247,13 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       };
     },
 
-    async listKeys(_req, ctx) {
+    async listKeys(req, ctx) {
       const member = allowed(ctx, "read");
-      return { keys: (await listAccountKeys(db, member.accountId)).map(keyMessage) };
+      const size = pageSize(req.pageSize);
+      const position = keyCursor(req.pageToken);
+      const { keys, more } = await listAccountKeys(db, member.accountId, { size, after: position && { createdAt: position.at, id: position.id } });
+      const last = keys.at(-1);
+      return { keys: keys.map(keyMessage), nextPageToken: more && last ? encodePageToken(last.created_at, last.id) : "" };
     },
 
     async createKey(req, ctx) {
@@ -230,6 +267,11 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       const at = now();
       const limits = req.limits ? await checkedLimits(member.accountId, req.limits, at, "limits") : NO_KEY_LIMITS;
       const { apiKey, keyId } = await db.transaction(async (tx) => {
+        if ((await countLiveKeysLocked(tx, member.accountId)) >= deps.maxKeysPerAccount) {
+          throw apiError("KEY_LIMIT_REACHED", `this account has ${deps.maxKeysPerAccount} live keys, the most it may have: revoke one first`, {
+            metadata: { max_keys: String(deps.maxKeysPerAccount) },
+          });
+        }
         const created = await createApiKey(tx, member.accountId, { name, createdBy: member.email });
         await setKeyLimits(tx, member.accountId, created.keyId, limits);
         await recordActivity(tx, { accountId: member.accountId, kind: "key_created", actor: member.email, detail: keyLabel(created.row), at });
@@ -290,7 +332,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
 
     async listUsage(req, ctx) {
       const member = allowed(ctx, "read");
-      const filter = usageFilter({ endpoint: req.endpoint, since: optionalDate(req.since), until: optionalDate(req.until), keyId: req.keyId });
+      const filter = usageFilter({ endpoint: req.endpoint, since: optionalDate(req.since, "since"), until: optionalDate(req.until, "until"), keyId: req.keyId });
       const size = pageSize(req.pageSize);
       const after = callCursor(req.pageToken);
       const { calls, more } = await listFinishedCalls(db, member.accountId, filter, { size, after });
@@ -316,8 +358,8 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       const granularity = req.granularity === "" ? "day" : req.granularity;
       throwIfInvalid(granularity !== "day" && granularity !== "hour" ? [{ field: "granularity", rule: '"day", "hour" or empty' }] : []);
       const unit = granularity as "day" | "hour";
-      const until = optionalDate(req.until) ?? now();
-      const since = optionalDate(req.since) ?? new Date(until.getTime() - 30 * DAY_MS);
+      const until = optionalDate(req.until, "until") ?? now();
+      const since = optionalDate(req.since, "since") ?? new Date(until.getTime() - 30 * DAY_MS);
       throwIfInvalid([
         ...(since.getTime() >= until.getTime() ? [{ field: "since", rule: "must be before until" }] : []),
         ...(until.getTime() - since.getTime() > MAX_SUMMARY_DAYS[unit] * DAY_MS
@@ -340,8 +382,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     async listActivity(req, ctx) {
       const member = allowed(ctx, "read");
       const size = pageSize(req.pageSize);
-      const position = decodePageToken(req.pageToken);
-      throwIfInvalid(position && !/^\d+$/.test(position.id) ? [{ field: "page_token", rule: "the next_page_token of an earlier page" }] : []);
+      const position = activityCursor(req.pageToken);
       const { rows, more } = await listActivity(db, member.accountId, { size, after: position });
       const last = rows.at(-1);
       return {
@@ -393,14 +434,17 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         const target = await findTeamMember(tx, actor.accountId, req.memberId);
         if (!target) return undefined;
         refuseChange(actor.role, { from: target.role });
-        const outcome = await removeTeamMember(tx, actor.accountId, target.id, at);
-        if (outcome === "last_owner" || outcome === undefined) return outcome;
-        await recordActivity(tx, { accountId: actor.accountId, kind: "member_removed", actor: actor.email, detail: outcome.member.email, at });
-        return outcome;
+        return removeTeamMember(tx, { accountId: actor.accountId, memberId: target.id, actor: actor.email, keepKeys: req.keepKeys, now: at });
       });
       if (removed === "last_owner") throw lastOwner();
       if (!removed) throw memberNotFound();
-      return { member: memberMessage(removed.member), sessionsEnded: removed.sessionsEnded };
+      const keyIds = (keys: Array<{ id: string }>) => keys.map((key) => key.id);
+      return {
+        member: memberMessage(removed.member),
+        sessionsEnded: removed.sessionsEnded,
+        revokedKeyIds: keyIds(removed.keysRevoked),
+        keptKeyIds: keyIds(removed.keysKept),
+      };
     },
 
     async setMemberRole(req, ctx) {
@@ -513,7 +557,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
   }
 
   async function keyOfAccount(accountId: string, keyId: string): Promise<ApiKey> {
-    const key = isUuid(keyId) ? (await listAccountKeys(db, accountId)).find((k) => k.id === keyId) : undefined;
+    const key = await findAccountKey(db, accountId, keyId);
     if (!key) throw apiError("NOT_FOUND", "key_id: no such key", { field: "key_id", rule: "a key of your account" });
     return keyMessage(key);
   }
@@ -580,6 +624,34 @@ function throttled(ctx: HandlerContext, retryAfterMs: number) {
   return apiError("SIGN_IN_THROTTLED", `too many failed sign-ins for this email: try again in ${seconds} s`, {
     metadata: { retry_after_seconds: seconds, retry_after_ms: String(retryAfterMs) },
   });
+
+function inviteInvalid(): Error {
+  return apiError("INVITE_INVALID", "invite_token: this invite is unknown, used or expired; ask for a new one", { field: "invite_token", rule: "a live invite" });
+}
+
+/** Who the password work is counted against: the peer's address. */
+function clientOf(ctx: HandlerContext): string {
+  return ctx.values.get(kRemoteAddress);
+}
+
+/** Puts a refusal's delay in Retry-After, as every 429 of the service does. */
+function retryAfter(ctx: HandlerContext): (seconds: number) => void {
+  return (seconds) => ctx.responseHeader.set("retry-after", String(seconds));
+}
+}
+
+function inviteInvalid(): Error {
+  return apiError("INVITE_INVALID", "invite_token: this invite is unknown, used or expired; ask for a new one", { field: "invite_token", rule: "a live invite" });
+}
+
+/** Who the password work is counted against: the peer's address. */
+function clientOf(ctx: HandlerContext): string {
+  return ctx.values.get(kRemoteAddress);
+}
+
+/** Puts a refusal's delay in Retry-After, as every 429 of the service does. */
+function retryAfter(ctx: HandlerContext): (seconds: number) => void {
+  return (seconds) => ctx.responseHeader.set("retry-after", String(seconds));
 }
 
 /** A key as a member sees it: never its secret or hash. */
@@ -595,6 +667,8 @@ function keyMessage(key: AccountKeyRow): ApiKey {
     revokedAt: key.revoked_at ? timestampFromDate(key.revoked_at) : undefined,
     limits: limitsMessage(keyLimitsOf(key)),
     budgetUsage: key.budget_units === null || key.budget_period === null ? undefined : budgetUsageMessage(key),
+    keptBy: key.kept_by ?? "",
+    keptAt: key.kept_at ? timestampFromDate(key.kept_at) : undefined,
   });
 }
 
@@ -626,6 +700,7 @@ function keyLabel(key: { display_prefix: string; last4: string; name: string }):
   return `${key.display_prefix}…${key.last4}${key.name ? ` (${key.name})` : ""}`;
 }
 
-function optionalDate(timestamp: Timestamp | undefined): Date | undefined {
-  return timestamp ? timestampDate(timestamp) : undefined;
+/** A request's time, checked: a Timestamp out of range (binary callers can send any seconds) is a 400. */
+function optionalDate(timestamp: Timestamp | undefined, field: string): Date | undefined {
+  return checkedTime(timestamp ? timestampDate(timestamp) : undefined, field);
 }

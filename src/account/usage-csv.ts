@@ -9,49 +9,65 @@ import { unitsToCredits } from "../units.js";
 import { throwIfInvalid } from "../validation.js";
 import { allowedMember } from "./access.js";
 import { kMember, openAccountDoor, type AccountDoorOptions } from "./door.js";
-import { usageFilter } from "./usage-query.js";
+import { checkedTime, usageFilter } from "./usage-query.js";
+import { isUuid } from "../accounts/store.js";
 import { createContextValues } from "@connectrpc/connect";
 
 /** Where the CSV download of ListUsage's rows is served. */
 export const USAGE_CSV_PATH = "/account/v1/usage.csv";
-/** The most rows one download holds (newest first); narrow the range for older ones. */
-export const MAX_CSV_ROWS = 100_000;
+/** Rows read from the database at a time: what the export holds in memory, whatever the period's size. */
 const PAGE_ROWS = 1_000;
 
 const COLUMNS = ["request_id", "endpoint", "key_id", "funding", "reserved_credits", "charged_credits", "status", "started_at", "finished_at"];
 
 /**
- * GET /account/v1/usage.csv?endpoint=&key_id=&since=&until= : the rows ListUsage
- * pages through, as one CSV file (RFC 4180). The same door as the RPCs
- * (origin, session cookie), the same filters, the same account filter in SQL,
- * and the same log line per call.
+ * GET /account/v1/usage.csv?endpoint=&key_id=&since=&until= : every row
+ * ListUsage pages through, as one CSV file (RFC 4180), newest first. The same
+ * door as the RPCs (origin, session cookie), the same filters, the same
+ * account filter in SQL, and the same log line per call.
+ *
+ * It streams: the rows are read a page at a time by keyset, each page
+ * written before the next is read, and the next read waits while the
+ * client's connection is full (back-pressure), so memory stays at one page
+ * however long the period. A client that goes away ends the export at its
+ * next page. Calls started after the export began (newer than its first
+ * row) are not in it; a call still running is not either, until it ends.
  */
 export function createUsageCsvHandler(deps: { db: Knex; door: AccountDoorOptions; observer: CallObserver }) {
   return (req: NodeRequest, res: NodeResponse): void => {
     const requestId = crypto.randomUUID();
     const headers = { "x-request-id": requestId, "cache-control": "no-store" };
+    let gone = false;
+    res.on("close", () => (gone = !res.writableFinished));
     void observeCall(deps.observer, { requestId, procedure: USAGE_CSV_PATH, protocol: "gateway" }, async () => {
       if (req.method !== "GET") throw apiError("METHOD_NOT_ALLOWED", `${USAGE_CSV_PATH} accepts GET`, { metadata: { allow: "GET" } });
       const values = createContextValues();
-      await openAccountDoor(deps.door, { methodName: "UsageCsv", header: requestHeaders(req), host: req.headers.host ?? req.headers[":authority"]?.toString(), values });
+      await openAccountDoor(deps.door, { methodName: "UsageCsv", header: requestHeaders(req), values });
       const member = allowedMember(values.get(kMember)!, "read");
       const query = new URL(req.url ?? "/", "http://localhost").searchParams;
-      const filter = usageFilter({ endpoint: query.get("endpoint") ?? "", since: queryDate(query, "since"), until: queryDate(query, "until"), keyId: query.get("key_id") ?? "" });
+      const keyId = query.get("key_id") ?? "";
+      throwIfInvalid(keyId !== "" && !isUuid(keyId) ? [{ field: "key_id", rule: "the id of a key of your account" }] : []);
+      const filter = {
+        ...usageFilter({ endpoint: query.get("endpoint") ?? "", since: queryDate(query, "since"), until: queryDate(query, "until") }),
+        keyId: keyId === "" ? undefined : keyId,
+      };
       res.writeHead(200, {
         ...headers,
         "content-type": "text/csv; charset=utf-8; header=present",
         "content-disposition": 'attachment; filename="usage.csv"',
       });
-      res.write(COLUMNS.join(",") + "\r\n");
+      let room = res.write(COLUMNS.join(",") + "\r\n");
       let after: { startedAt: Date; requestId: string } | undefined;
-      for (let written = 0; written < MAX_CSV_ROWS; ) {
-        const { calls, more } = await listFinishedCalls(deps.db, member.accountId, filter, { size: Math.min(PAGE_ROWS, MAX_CSV_ROWS - written), after });
-        res.write(calls.map(csvLine).join(""));
-        written += calls.length;
+      while (!gone) {
+        if (!room) await drainedOrGone(res);
+        if (gone) break;
+        const { calls, more } = await listFinishedCalls(deps.db, member.accountId, filter, { size: PAGE_ROWS, after });
+        room = res.write(calls.map(csvLine).join(""));
         const last = calls.at(-1);
         if (!more || !last) break;
         after = { startedAt: last.startedAt, requestId: last.requestId };
       }
+      if (gone) throw apiError("CANCELLED", "the client went away during the export");
       res.end();
     }).catch((err: unknown) => {
       if (res.headersSent) return void res.destroy();
@@ -59,6 +75,19 @@ export function createUsageCsvHandler(deps: { db: Knex; door: AccountDoorOptions
       sendError(res, err, headers);
     });
   };
+}
+
+/** Resolves when the response can take more, or when its connection closed. */
+function drainedOrGone(res: NodeResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      res.off("drain", done);
+      res.off("close", done);
+      resolve();
+    };
+    res.on("drain", done);
+    res.on("close", done);
+  });
 }
 
 function csvLine(call: FinishedCall): string {
@@ -77,14 +106,15 @@ function csvLine(call: FinishedCall): string {
 }
 
 /**
- * One field as RFC 4180 writes it: quoted when it holds a comma, quote or line
- * break, quotes doubled. A field a spreadsheet would read as a formula (=, +,
- * -, @ first) is quoted with a leading apostrophe, as OWASP's CSV injection
- * page advises; none of today's columns can hold one, the rule guards new ones.
+ * One field as RFC 4180 writes it: quoted when it holds a comma, semicolon
+ * (some spreadsheets' separator), quote or line break, quotes doubled. Every
+ * field a spreadsheet could read as a formula (=, +, -, @, tab or CR first)
+ * is quoted with a leading apostrophe, as OWASP's CSV injection page says:
+ * without exceptions, since "-1+1|cmd" starts like a number.
  */
 export function csvField(value: string): string {
-  const safe = /^[=+\-@\t\r]/.test(value) && !/^-?\d/.test(value) ? `'${value}` : value;
-  return /[",\r\n]/.test(safe) || safe !== value ? `"${safe.replaceAll('"', '""')}"` : safe;
+  const safe = /^[=+\-@\t\r]/.test(value) ? `'${value}` : value;
+  return /[",;\r\n]/.test(safe) || safe !== value ? `"${safe.replaceAll('"', '""')}"` : safe;
 }
 
 function queryDate(query: URLSearchParams, name: string): Date | undefined {
@@ -92,5 +122,5 @@ function queryDate(query: URLSearchParams, name: string): Date | undefined {
   if (raw === null || raw === "") return undefined;
   const date = new Date(raw);
   throwIfInvalid(Number.isNaN(date.getTime()) || !/^\d{4}-\d{2}-\d{2}/.test(raw) ? [{ field: name, rule: "an RFC 3339 time, e.g. 2026-11-26T00:00:00Z" }] : []);
-  return date;
+  return checkedTime(date, name);
 }

@@ -9,6 +9,18 @@ export const MAX_PAGE_SIZE = 500;
 /** The endpoints usage can be filtered by. */
 export const USAGE_ENDPOINTS: readonly string[] = ["decide", "search"];
 
+/** The times PostgreSQL and the page tokens both hold: years 1 to 9999 (UTC). */
+const FIRST_YEAR_MS = new Date("0001-01-01T00:00:00Z").getTime();
+const AFTER_LAST_YEAR_MS = new Date("+010000-01-01T00:00:00Z").getTime();
+
+/** A time a caller sent, checked: an invalid or out-of-range one is a 400 naming its field, never a database error. */
+export function checkedTime(date: Date | undefined, field: string): Date | undefined {
+  if (date === undefined) return undefined;
+  const ms = date.getTime();
+  throwIfInvalid(Number.isNaN(ms) || ms < FIRST_YEAR_MS || ms >= AFTER_LAST_YEAR_MS ? [{ field, rule: "a time between the years 1 and 9999" }] : []);
+  return date;
+}
+
 /** The usage filter of a request (RPC or CSV query), checked: a bad field is a 400 naming it. */
 export function usageFilter(input: { endpoint: string; since?: Date; until?: Date; keyId?: string }): CallFilter {
   const violations: Violation[] = [];
@@ -45,13 +57,33 @@ export function decodePageToken(token: string, field = "page_token"): { at: Date
     const parsed: unknown = JSON.parse(Buffer.from(token, "base64url").toString("utf8"));
     if (Array.isArray(parsed) && parsed.length === 2 && typeof parsed[0] === "string" && typeof parsed[1] === "string") {
       const at = new Date(parsed[0]);
-      if (!Number.isNaN(at.getTime()) && /^[0-9a-f-]{1,36}$/i.test(parsed[1])) return { at, id: parsed[1] };
+      const ms = at.getTime();
+      if (ms >= FIRST_YEAR_MS && ms < AFTER_LAST_YEAR_MS && /^[0-9a-f-]{1,36}$/i.test(parsed[1])) return { at, id: parsed[1] };
     }
   } catch {
     // falls through to the 400
   }
   throwIfInvalid([{ field, rule: "the next_page_token of an earlier page" }]);
   return undefined;
+}
+
+/** The largest id a bigint column holds. */
+const MAX_BIGINT = 2n ** 63n - 1n;
+
+/** An activity page token's position; its id must be an event's (a bigint). */
+export function activityCursor(token: string): { at: Date; id: string } | undefined {
+  const position = decodePageToken(token);
+  if (!position) return undefined;
+  throwIfInvalid(/^\d{1,19}$/.test(position.id) && BigInt(position.id) <= MAX_BIGINT ? [] : [{ field: "page_token", rule: "the next_page_token of an earlier page" }]);
+  return position;
+}
+
+/** A keys page token's position; its id must be a key's (a uuid). */
+export function keyCursor(token: string): { at: Date; id: string } | undefined {
+  const position = decodePageToken(token);
+  if (!position) return undefined;
+  throwIfInvalid(UUID.test(position.id) ? [] : [{ field: "page_token", rule: "the next_page_token of an earlier page" }]);
+  return position;
 }
 
 /** A usage page token as the metering view's cursor; the id must be a request's (a uuid). */

@@ -26,6 +26,23 @@ export async function createInvite(db: Knex.Transaction, memberId: string, now: 
 }
 
 /**
+ * The member id of a live invite, read without using it: an invite that
+ * cannot be accepted is refused before any password work is done for it.
+ * consumeInvite still decides, in the transaction that sets the password.
+ */
+export async function findLiveInvite(db: Knex | Knex.Transaction, token: string, now: Date): Promise<string | undefined> {
+  if (!isWellFormedToken(token)) return undefined;
+  const row = await db("member_invites as i")
+    .select("i.member_id")
+    .where("i.token_hash", hashToken(token))
+    .whereNull("i.used_at")
+    .where("i.expires_at", ">", now)
+    .whereExists(db("members as m").select(db.raw("1")).whereRaw("m.id = i.member_id").whereNull("m.removed_at"))
+    .first();
+  return row?.member_id as string | undefined;
+}
+
+/**
  * Uses an invite: the member id of a live, unused, unexpired invite of a
  * member not removed, marked used in the same statement so that two
  * acceptances of one token cannot both succeed. Anything else is undefined,

@@ -71,9 +71,11 @@ export async function setPasswordHash(db: Knex | Knex.Transaction, memberId: str
   await db("members").where({ id: memberId }).update({ password_hash: passwordHash });
 }
 
-/** Marks a member removed; their sessions must be ended in the same transaction (endMemberSessions). */
-export async function markMemberRemoved(db: Knex | Knex.Transaction, memberId: string, now: Date): Promise<DbMemberRow | undefined> {
+/** Marks a member (of `accountId`, when given) removed; the rest of a removal is member-removal.ts's. */
+export async function markMemberRemoved(db: Knex | Knex.Transaction, memberId: string, now: Date, accountId?: string): Promise<DbMemberRow | undefined> {
   if (!isUuid(memberId)) return undefined;
-  const [row] = await db<DbMemberRow>("members").where({ id: memberId }).whereNull("removed_at").update({ removed_at: now }).returning("*");
+  const query = db<DbMemberRow>("members").where({ id: memberId }).whereNull("removed_at");
+  if (accountId !== undefined) query.where({ account_id: accountId });
+  const [row] = await query.update({ removed_at: now }).returning("*");
   return row;
 }

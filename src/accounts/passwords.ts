@@ -16,9 +16,18 @@ const MAX_SCRYPT_BYTES = 256 * 1024 * 1024;
 /** Node refuses scrypt above `maxmem` (default 32 MiB), counted with some overhead: room above MAX_SCRYPT_BYTES. */
 const MAX_MEM = 2 * MAX_SCRYPT_BYTES;
 
-/** Which rule a new password breaks, or undefined when it is acceptable. */
+/**
+ * How long a password is, by the one count every rule uses: code points of
+ * its NFC form, which is what is hashed. (UTF-16 units would count an emoji
+ * twice, so a password could be set under one count and refused under another.)
+ */
+export function passwordLength(password: string): number {
+  return [...password.normalize("NFC")].length;
+}
+
+/** Which length rule a new password breaks, or undefined; its strength is password-strength.ts's. */
 export function passwordProblem(password: string): string | undefined {
-  const chars = [...password].length;
+  const chars = passwordLength(password);
   if (chars < MIN_PASSWORD_CHARS) return `at least ${MIN_PASSWORD_CHARS} characters`;
   if (chars > MAX_PASSWORD_CHARS) return `at most ${MAX_PASSWORD_CHARS} characters`;
   return undefined;

@@ -27,6 +27,9 @@ export interface DbApiKeyRow {
   revoked_at: Date | null;
   /** When it stops working; null for never (the key's other limits: key-limits.ts). */
   expires_at: Date | null;
+  /** Who kept the key working when its creator was removed (member-removal.ts), or null. */
+  kept_by: string | null;
+  kept_at: Date | null;
 }
 
 /** Inserts an account row with empty balances; its opening credits are granted by the caller, through metering. */
@@ -93,17 +96,49 @@ export async function createApiKey(
   return { keyId: row!.id, apiKey, row: { ...row!, expires_at: null } };
 }
 
-const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at", "expires_at"] as const;
+const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at", "expires_at", "kept_by", "kept_at"] as const;
 
-/** The account's keys, newest first, each with the time of its newest call (the requests' key index). */
-export async function listAccountKeys(db: Knex | Knex.Transaction, accountId: string): Promise<AccountKeyRow[]> {
-  if (!isUuid(accountId)) return [];
+/** Where a page of keys starts: after this key (exclusive), newest first. */
+export interface KeyCursor {
+  createdAt: Date;
+  id: string;
+}
+
+/** A page of the account's keys, newest first, each with the time of its newest call (the requests' key index), and whether more follow. */
+export async function listAccountKeys(
+  db: Knex | Knex.Transaction,
+  accountId: string,
+  page: { size: number; after?: KeyCursor },
+): Promise<{ keys: AccountKeyRow[]; more: boolean }> {
+  if (!isUuid(accountId) || (page.after && !isUuid(page.after.id))) return { keys: [], more: false };
+  const query = accountKeys(db).where("k.account_id", accountId);
+  if (page.after) query.whereRaw("(k.created_at, k.id) < (?, ?)", [page.after.createdAt, page.after.id]);
+  const rows: AccountKeyRow[] = await query.orderBy([{ column: "k.created_at", order: "desc" }, { column: "k.id", order: "desc" }]).limit(page.size + 1);
+  return { keys: rows.slice(0, page.size), more: rows.length > page.size };
+}
+
+/** One key of this account as the account area lists it, or undefined (another account's, unknown, malformed). */
+export async function findAccountKey(db: Knex | Knex.Transaction, accountId: string, keyId: string): Promise<AccountKeyRow | undefined> {
+  if (!isUuid(keyId) || !isUuid(accountId)) return undefined;
+  return accountKeys(db).where("k.account_id", accountId).where("k.id", keyId).first();
+}
+
+function accountKeys(db: Knex | Knex.Transaction): Knex.QueryBuilder {
   return db("api_keys as k")
     .select(KEY_COLUMNS.map((c) => `k.${c}`))
     .select(KEY_LIMIT_SELECTS.map((select) => db.raw(select)))
-    .select(db.raw("(SELECT max(r.created_at) FROM requests r WHERE r.key_id = k.id) AS last_used_at"))
-    .where("k.account_id", accountId)
-    .orderBy([{ column: "k.created_at", order: "desc" }, { column: "k.id", order: "desc" }]);
+    .select(db.raw("(SELECT max(r.created_at) FROM requests r WHERE r.key_id = k.id) AS last_used_at"));
+}
+
+/**
+ * Serializes key creation within one account for the rest of the
+ * transaction, and counts its live keys: two creations at once cannot both
+ * pass a cap. An advisory lock, not the account row, which every call locks.
+ */
+export async function countLiveKeysLocked(tx: Knex.Transaction, accountId: string): Promise<number> {
+  await tx.raw("SELECT pg_advisory_xact_lock(hashtextextended(?, 36))", [accountId]);
+  const row = await tx("api_keys").where({ account_id: accountId }).whereNull("revoked_at").count<{ count: string }[]>({ count: "*" }).first();
+  return Number(row?.count ?? 0);
 }
 
 /**
@@ -119,7 +154,7 @@ export async function revokeAccountKey(
 ): Promise<{ key: AccountKeyRow; revokedNow: boolean } | undefined> {
   if (!isUuid(keyId) || !isUuid(accountId)) return undefined;
   const updated = await db("api_keys").where({ id: keyId, account_id: accountId }).whereNull("revoked_at").update({ revoked_at: now }).returning("id");
-  const key = (await listAccountKeys(db, accountId)).find((k) => k.id === keyId);
+  const key = await findAccountKey(db, accountId, keyId);
   return key && { key, revokedNow: updated.length > 0 };
 }
 

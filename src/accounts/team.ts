@@ -1,8 +1,8 @@
 import type { Knex } from "knex";
+import { removeMember, type MemberRemoval } from "./member-removal.js";
 import { createInvite } from "./invites.js";
 import { ensureMember, findMemberByEmail, normalizeEmail, type DbMemberRow } from "./members.js";
 import type { Role } from "./roles.js";
-import { endMemberSessions } from "./sessions.js";
 import { isUuid } from "./store.js";
 
 /** The rule the last owner is kept by. */
@@ -28,26 +28,27 @@ export async function findTeamMember(db: Knex | Knex.Transaction, accountId: str
 }
 
 /**
- * Removes a member of the account: their sessions end and their open invite
- * stops working, in the same transaction. "last_owner" when they are the
- * account's only owner; undefined when no such member is in the account.
+ * Removes a member of the account (of any account when none is given, as
+ * the operator does), unless they are its last owner: their sessions end,
+ * their open invites and sign-in challenges stop working, and the keys they
+ * created are revoked, or kept and marked by the actor (member-removal.ts),
+ * in the caller's transaction. Undefined when no such member is there.
  */
 export async function removeTeamMember(
   tx: Knex.Transaction,
-  accountId: string,
-  memberId: string,
-  now: Date,
-): Promise<{ member: DbMemberRow; sessionsEnded: number } | "last_owner" | undefined> {
-  if (!isUuid(memberId) || !isUuid(accountId)) return undefined;
+  request: { accountId?: string; memberId: string; actor: string; keepKeys: boolean; now: Date },
+): Promise<MemberRemoval | "last_owner" | undefined> {
+  const { memberId, now } = request;
+  if (!isUuid(memberId) || (request.accountId !== undefined && !isUuid(request.accountId))) return undefined;
+  const accountId = request.accountId ?? (await tx<DbMemberRow>("members").where({ id: memberId }).whereNull("removed_at").first())?.account_id;
+  if (accountId === undefined) return undefined;
   const team = await lockTeam(tx, accountId);
   const target = team.find((m) => m.id === memberId);
   if (!target) return undefined;
   if (isLastOwner(team, target)) return "last_owner";
-  const [member] = await tx<DbMemberRow>("members").where({ id: memberId }).update({ removed_at: now }).returning("*");
-  const sessionsEnded = await endMemberSessions(tx, memberId, now);
-  await tx("member_invites").where({ member_id: memberId }).whereNull("used_at").update({ used_at: now });
+  const removal = await removeMember(tx, { ...request, accountId });
   await tx("sign_in_challenges").where({ member_id: memberId }).whereNull("used_at").update({ used_at: now });
-  return { member: member!, sessionsEnded };
+  return removal;
 }
 
 /**

@@ -4,7 +4,7 @@ import { ConfigError } from "../config-error.js";
 import { loadConfig } from "../config.js";
 import { createKnex, migrate, openDatabase } from "../db/database.js";
 import { readPublishedSocket } from "../db/published-socket.js";
-import { createApiKey, findAccount, isUuid, listAccountKeys, listApiKeys, revokeApiKey, type AccountKeyRow, type DbAccountRow } from "../accounts/store.js";
+import { createApiKey, findAccount, findAccountKey, isUuid, listAccountKeys, listApiKeys, revokeApiKey, type AccountKeyRow, type DbAccountRow } from "../accounts/store.js";
 import { keyLimitsOf, MAX_ROLL_GRACE_SECONDS, parseKeyLimits, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
 import { createAccount, grant } from "./account-funding.js";
 import { OPERATOR, recordActivity } from "../accounts/activity.js";
@@ -12,6 +12,7 @@ import { createInvite, inviteUrl } from "../accounts/invites.js";
 import { emailProblem, ensureMember, findMember, findMemberByEmail, listMembers, normalizeEmail } from "../accounts/members.js";
 import { isRole, ROLES, type Role } from "../accounts/roles.js";
 import { changeMemberRole, hasOwner, LAST_OWNER_RULE, removeTeamMember } from "../accounts/team.js";
+import type { RemovedMemberKey } from "../accounts/member-removal.js";
 import { disableTotp } from "../accounts/two-factor.js";
 import { readAccountMoney, type AccountMoney } from "../metering/account-views.js";
 import { createLogger } from "../logger.js";
@@ -32,7 +33,7 @@ const USAGE = `usage: npm run --silent admin -- <command>
   members invite --account ID --email E [--role owner|admin|member|viewer]
   members list --account ID
   members role --member MEMBER_ID --role owner|admin|member|viewer
-  members remove --member MEMBER_ID
+  members remove --member MEMBER_ID [--keep-keys]
   members reset-two-factor --member MEMBER_ID
 
 LIMITS: [--expires-at ISO-8601] [--scopes decisions,search] [--budget C --budget-period day|week|month|total]
@@ -98,6 +99,7 @@ function parseCommandLine(argv: string[]) {
         "budget-period": { type: "string" },
         rate: { type: "string" },
         "grace-seconds": { type: "string" },
+        "keep-keys": { type: "boolean" },
         help: { type: "boolean", short: "h" },
       },
     });
@@ -174,7 +176,8 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
     case "keys list": {
       const account = await requireAccount(db, requiredOption(options, "account"));
       const keys = await listApiKeys(db, account.id);
-      const withLimits = new Map((await listAccountKeys(db, account.id)).map((k) => [k.id, k]));
+      // The operator sees every key at once: one page as large as the account may hold.
+      const withLimits = new Map((await listAccountKeys(db, account.id, { size: keys.length + 1 })).keys.map((k) => [k.id, k]));
       return {
         account_id: account.id,
         keys: keys.map((k) => ({
@@ -295,18 +298,21 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
     }
     case "members remove": {
       const memberId = requiredOption(options, "member");
-      const removed = await db.transaction(async (tx) => {
-        const member = await findMember(tx, memberId);
-        if (!member) return undefined;
-        // Their sessions end in the same transaction: no call is served for them after this commits.
-        const outcome = await removeTeamMember(tx, member.account_id, member.id, now);
-        if (outcome === "last_owner" || outcome === undefined) return outcome;
-        await recordActivity(tx, { accountId: member.account_id, kind: "member_removed", actor: OPERATOR, detail: member.email, at: now });
-        return outcome;
-      });
+      const keepKeys = options["keep-keys"] === true;
+      // One transaction: no call is served for the member, nor with their revoked keys, after it commits.
+      const removed = await db.transaction((tx) => removeTeamMember(tx, { memberId, actor: OPERATOR, keepKeys, now }));
       if (removed === "last_owner") throw new UsageError(`${LAST_OWNER_RULE}: make another member owner first (members role)`);
       if (!removed) throw new UsageError(`no member with id ${memberId}`);
-      return { removed: true, member_id: removed.member.id, account_id: removed.member.account_id, email: removed.member.email, sessions_ended: removed.sessionsEnded };
+      const keyJson = (k: RemovedMemberKey) => ({ key_id: k.id, name: k.name, prefix: k.display_prefix, last4: k.last4 });
+      return {
+        removed: true,
+        member_id: removed.member.id,
+        account_id: removed.member.account_id,
+        email: removed.member.email,
+        sessions_ended: removed.sessionsEnded,
+        keys_revoked: removed.keysRevoked.map(keyJson),
+        keys_kept: removed.keysKept.map(keyJson),
+      };
     }
     case "members reset-two-factor": {
       // For a member who lost both their authenticator and their recovery codes.
@@ -419,7 +425,7 @@ const LIMIT_OPTIONS: Record<string, string> = {
 };
 
 async function keyJson(db: Knex, accountId: string, keyId: string) {
-  const key = (await listAccountKeys(db, accountId)).find((k) => k.id === keyId)!;
+  const key = (await findAccountKey(db, accountId, keyId))!;
   return limitsJson(key);
 }
 

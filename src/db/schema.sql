@@ -1057,7 +1057,9 @@ CREATE TABLE public.api_keys (
     rate_limit integer,
     budget_spent bigint DEFAULT 0 NOT NULL,
     budget_period_start timestamp with time zone,
-    recent timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL
+    recent timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
+    kept_by text,
+    kept_at timestamp with time zone
 );
 
 --

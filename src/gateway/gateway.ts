@@ -3,7 +3,7 @@ import { createContextValues, createHandlerContext, type HandlerContext } from "
 import { apiError, describeError, toPublicError } from "../errors.js";
 import type { Logger } from "../logger.js";
 import { kCallPhases, serverTimingHeader, type CallPhases } from "../call/call-phases.js";
-import { kRequestId } from "../call/context.js";
+import { kRemoteAddress, kRequestId } from "../call/context.js";
 import { observeCall, type CallObserver } from "../rpc/observe.js";
 import type { Metrics } from "../metrics.js";
 import { throwIfInvalid } from "../validation.js";
@@ -146,13 +146,13 @@ export function createGateway(options: GatewayOptions) {
       url: requestUrl(req),
       requestHeader: requestHeaders(req),
       requestSignal: requestAbort.signal,
-      contextValues: createContextValues().set(kRequestId, requestId).set(kCallPhases, phases),
+      contextValues: createContextValues().set(kRequestId, requestId).set(kCallPhases, phases).set(kRemoteAddress, req.socket?.remoteAddress ?? ""),
     });
     const procedure = `/${route.method.parent.typeName}/${route.method.name}`;
     try {
       const data = await observeCall(observer, { requestId, procedure, protocol: "gateway", phases }, async () => {
         await route.door(ctx);
-        const request = route.httpMethod === "POST" ? await parseBody(route, req, res) : create(route.method.input);
+        const request = route.httpMethod === "POST" ? await parseBody(route, req, res) : parseQuery(route.method.input, req.url ?? "");
         const output = create(route.method.output, await route.impl(request, ctx));
         const json = toJson(route.method.output, output, { useProtoFieldName: true, alwaysEmitImplicit: true }) as Record<string, unknown>;
         route.reshapeAnswerJson?.(json);
@@ -214,6 +214,33 @@ async function sendMetrics(res: NodeResponse, metrics: Metrics, requestId: strin
  * have it (Host, or HTTP/2's :authority), so doors that compare the host see
  * it on both surfaces; only the path when neither is there.
  */
+/**
+ * A GET's request message from its query string: each parameter named as a
+ * field of the message (snake_case or its JSON name) is that field's value
+ * in proto JSON ("10" is an int32 there); other parameters are ignored, as
+ * before GETs read any. A parameter given twice, or a value the field cannot
+ * hold, is a 400 naming it.
+ */
+export function parseQuery(schema: DescMessage, url: string): MessageShape<DescMessage> {
+  const query = new URLSearchParams(url.includes("?") ? url.slice(url.indexOf("?") + 1) : "");
+  const json: Record<string, string> = {};
+  for (const field of schema.fields) {
+    if (field.fieldKind !== "scalar" && field.fieldKind !== "enum") continue;
+    for (const name of new Set([field.name, field.jsonName])) {
+      const values = query.getAll(name);
+      if (values.length === 0) continue;
+      throwIfInvalid(values.length > 1 || field.name in json ? [{ field: field.name, rule: "given once" }] : []);
+      json[field.name] = values[0]!;
+    }
+  }
+  try {
+    return fromJson(schema, json);
+  } catch (err) {
+    const field = Object.keys(json).find((name) => String(err).includes(name)) ?? "query";
+    throw apiError("INVALID_ARGUMENT", `${field}: not a value this parameter takes`, { field, rule: "a value of the field's type", cause: err });
+  }
+}
+
 function requestUrl(req: NodeRequest): string {
   const path = req.url ?? "";
   const host = req.headers.host ?? req.headers[":authority"];

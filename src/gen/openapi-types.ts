@@ -761,6 +761,8 @@ export interface components {
         "typesafe.account.v1.ListKeysResponse": {
             /** @description Newest first. */
             keys: components["schemas"]["typesafe.account.v1.ApiKey"][];
+            /** @description Empty on the last page. */
+            next_page_token: string;
         };
         /** @description An API key, as the account area shows it: never its secret. */
         "typesafe.account.v1.ApiKey": {
@@ -785,6 +787,13 @@ export interface components {
              * @description When it was revoked; absent while it works.
              */
             revoked_at?: string;
+            /** @description Who chose to keep it working when its creator was removed from the account; empty otherwise. */
+            kept_by: string;
+            /**
+             * Format: date-time
+             * @description When it was kept; absent unless kept_by is set.
+             */
+            kept_at?: string;
             /** @description What it may do. */
             limits?: components["schemas"]["typesafe.account.v1.KeyLimits"];
             /** @description What it spent of its budget in the current period; absent without a budget. */
@@ -1028,9 +1037,15 @@ export interface components {
              * @description The removed member's sessions that were ended.
              */
             sessions_ended: number;
+            /** @description The keys the member created that the removal revoked. */
+            revoked_key_ids: string[];
+            /** @description The keys the member created that stay working, marked as kept (keep_keys). */
+            kept_key_ids: string[];
         };
         "typesafe.account.v1.RemoveMemberRequest": {
             member_id?: string | null;
+            /** @description Keep the keys the member created working, marked as kept by the caller; by default they are revoked with the removal. */
+            keep_keys?: boolean | null;
         };
         "typesafe.account.v1.SetMemberRoleResponse": {
             member?: components["schemas"]["typesafe.account.v1.Member"];
@@ -1197,7 +1212,7 @@ export interface components {
                 };
             };
         };
-        /** @description IDEMPOTENCY_IN_PROGRESS: A request with this Idempotency-Key is still in flight. */
+        /** @description IDEMPOTENCY_IN_PROGRESS: A request with this Idempotency-Key is still in flight. KEY_LIMIT_REACHED: Account area: the account has as many live keys as it may; revoke one first. */
         Error409: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1207,11 +1222,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 40901;
+                    code: 40901 | 40902;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "IDEMPOTENCY_IN_PROGRESS";
+                        reason?: "IDEMPOTENCY_IN_PROGRESS" | "KEY_LIMIT_REACHED";
                     };
                 };
             };
@@ -1273,7 +1288,7 @@ export interface components {
                 };
             };
         };
-        /** @description RATE_LIMITED: More than 60 calls in a rolling minute, or more than the API key's own limit. CONCURRENCY_LIMITED: More than 5 calls in flight. */
+        /** @description RATE_LIMITED: More than 60 calls in a rolling minute, or more than the API key's own limit. CONCURRENCY_LIMITED: More than 5 calls in flight. PASSWORD_CHECKS_BUSY: Account area: too many password checks are waiting, from this client or in all; wait Retry-After. */
         Error429: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1291,11 +1306,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 42901 | 42902;
+                    code: 42901 | 42902 | 42904;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "RATE_LIMITED" | "CONCURRENCY_LIMITED";
+                        reason?: "RATE_LIMITED" | "CONCURRENCY_LIMITED" | "PASSWORD_CHECKS_BUSY";
                     };
                 };
             };

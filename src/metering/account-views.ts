@@ -106,7 +106,10 @@ export async function listFinishedCalls(
     .where({ account_id: accountId })
     .whereIn("status", FINISHED_STATUSES as unknown as string[]);
   applyFilter(query, filter);
-  if (page.after) query.whereRaw("(created_at, id) < (?, ?)", [page.after.startedAt, page.after.requestId]);
+  if (page.after) {
+    // The plain bound lets the (account_id, created_at) index start at the cursor; the row comparison breaks ties.
+    query.where("created_at", "<=", page.after.startedAt).whereRaw("(created_at, id) < (?, ?)", [page.after.startedAt, page.after.requestId]);
+  }
   const rows = await query.orderBy([{ column: "created_at", order: "desc" }, { column: "id", order: "desc" }]).limit(page.size + 1);
   const calls = rows.slice(0, page.size).map(
     (row): FinishedCall => ({
@@ -166,4 +169,5 @@ function applyFilter(query: Knex.QueryBuilder, filter: CallFilter): void {
   if (filter.keyId) query.where({ key_id: filter.keyId });
   if (filter.since) query.where("created_at", ">=", filter.since);
   if (filter.until) query.where("created_at", "<", filter.until);
+  if (filter.keyId) query.where({ key_id: filter.keyId });
 }

@@ -1,6 +1,6 @@
 import type http from "node:http";
 import http2 from "node:http2";
-import { Code, ConnectError, createConnectRouter, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
+import { Code, ConnectError, createConnectRouter, createContextValues, type ConnectRouter, type Interceptor } from "@connectrpc/connect";
 import { errorToJsonBytes } from "@connectrpc/connect/protocol-connect";
 import { universalRequestFromNodeRequest, universalResponseToNodeResponse } from "@connectrpc/connect-node";
 import { REASONS, describeError } from "../errors.js";
@@ -10,6 +10,7 @@ import { ACCEPTED_COMPRESSIONS } from "../request/compression.js";
 import { createRequestId } from "../request/request-id.js";
 import { gateBody, gatedBody, isPayloadTooLarge, RECURSION_LIMIT, type BodyGateOptions } from "./body-gate.js";
 import { createGrpcUnaryPath } from "./grpc-unary.js";
+import { kRemoteAddress } from "../call/context.js";
 import { observeCall, type CallObserver } from "./observe.js";
 
 type NodeRequest = http.IncomingMessage | http2.Http2ServerRequest;
@@ -55,9 +56,10 @@ export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest,
     const handler = handlers.get((req.url ?? "").split("?", 1)[0]!);
     if (!handler) return options.fallback(req, res);
     const short = grpcUnary.serves(handler.requestPath, req);
+    const contextValues = createContextValues().set(kRemoteAddress, req.socket?.remoteAddress ?? "");
     const request = short
-      ? grpcUnary.requestOf(req, res as http2.Http2ServerResponse)
-      : universalRequestFromNodeRequest(req as http.IncomingMessage, res as http.ServerResponse, undefined, undefined);
+      ? { ...grpcUnary.requestOf(req, res as http2.Http2ServerResponse), contextValues }
+      : universalRequestFromNodeRequest(req as http.IncomingMessage, res as http.ServerResponse, undefined, contextValues);
     gateBody(handler.method, request, options, () => abandonNodeBody(req, res))
       .then(async (gated) => {
         if (gated instanceof ConnectError) return refuseOutsideProtocol(observer, handler.requestPath, gated, res);

@@ -276,7 +276,7 @@ describe("the OpenAPI document's account section", () => {
 
   it("lists the account area's errors and the common ones, none of the metering's nor the API key's", () => {
     const revoke = document.paths["/account/v1/keys/revoke"].post;
-    expect(Object.keys(revoke.responses)).toEqual(["200", "400", "401", "403", "404", "405", "410", "413", "415", "429", "499", "500", "503"]);
+    expect(Object.keys(revoke.responses)).toEqual(["200", "400", "401", "403", "404", "405", "409", "410", "413", "415", "429", "499", "500", "503"]);
     expect(revoke.responses["401"]).toEqual({ $ref: "#/components/responses/AccountError401" });
     const descriptions = (status: number) => document.components.responses[`AccountError${status}`].description as string;
     expect(descriptions(401)).toMatch(/^SIGNED_OUT: .* SIGN_IN_FAILED: /);

@@ -85,6 +85,52 @@ describe("members from the CLI", () => {
     expect(shown).toMatchObject({ balance_credits: 2.5, free_requests_remaining: 3, max_in_flight: 5, requests_per_minute: 60 });
   });
 
+  it("remove revokes the keys the member created and lists them; --keep-keys keeps them working, marked as kept by the operator", async () => {
+    const { accountId, apiKey: operatorKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    const keyOf = async (email: string) => {
+      const invited = JSON.parse((await runAdmin(["members", "invite", "--account", accountId, "--email", email], env())).stdout);
+      const { client } = accountClient(service.url);
+      await client.acceptInvite({ inviteToken: invited.invite_token, password: "a long enough password" });
+      const created = await client.createKey({ name: `${email.slice(0, 6)} key` });
+      return { memberId: invited.member_id as string, keyId: created.key!.id, secret: created.secret, client };
+    };
+    const leaving = await keyOf(uniqueEmail("leaving"));
+    const secondOfLeaving = await leaving.client.createKey({});
+    await leaving.client.revokeKey({ keyId: secondOfLeaving.key!.id });
+    const staying = await keyOf(uniqueEmail("staying"));
+    const kept = await keyOf(uniqueEmail("kept"));
+    // A revoked key answers 401 before anything else; a live one gets past the key check.
+    const apiStatus = async (key: string) =>
+      (await fetch(`${service.url}/api/v1/sources`, { headers: { authorization: `Bearer ${key}` } })).status;
+    expect(await apiStatus(leaving.secret)).not.toBe(401);
+
+    const removed = JSON.parse((await runAdmin(["members", "remove", "--member", leaving.memberId], env())).stdout);
+    expect(removed).toMatchObject({ removed: true, member_id: leaving.memberId, keys_kept: [] });
+    // The key it had revoked itself is not listed again.
+    expect(removed.keys_revoked).toEqual([{ key_id: leaving.keyId, name: expect.stringMatching(/ key$/), prefix: expect.stringMatching(/^ts_live_/), last4: leaving.secret.slice(-4) }]);
+    expect(await apiStatus(leaving.secret)).toBe(401);
+    expect(await apiStatus(staying.secret)).not.toBe(401);
+    expect(await apiStatus(operatorKey)).not.toBe(401);
+
+    const keptAnswer = JSON.parse((await runAdmin(["members", "remove", "--member", kept.memberId, "--keep-keys"], env())).stdout);
+    expect(keptAnswer).toMatchObject({ keys_revoked: [], keys_kept: [{ key_id: kept.keyId }] });
+    expect(await apiStatus(kept.secret)).not.toBe(401);
+    const { keys } = await staying.client.listKeys({});
+    const keptKey = keys.find((k) => k.id === kept.keyId)!;
+    expect([keptKey.keptBy, keptKey.keptAt !== undefined, keptKey.revokedAt]).toEqual(["operator", true, undefined]);
+    const stayingKey = keys.find((k) => k.id === staying.keyId)!;
+    expect([stayingKey.keptBy, stayingKey.keptAt, stayingKey.revokedAt]).toEqual(["", undefined, undefined]);
+    expect(keys.find((k) => k.id === leaving.keyId)?.revokedAt).toBeDefined();
+
+    const events = await database.db("account_activity").where({ account_id: accountId }).where("kind", "in", ["member_removed", "key_revoked"]).orderBy("id").select("kind", "actor");
+    expect(events).toEqual([
+      { kind: "key_revoked", actor: expect.stringMatching(/^leaving-/) },
+      { kind: "member_removed", actor: "operator" },
+      { kind: "key_revoked", actor: "operator" },
+      { kind: "member_removed", actor: "operator" },
+    ]);
+  });
+
   it.each([
     [["members", "invite", "--account", "00000000-0000-0000-0000-000000000000", "--email", "a@b.c"], /no account/],
     [["members", "invite", "--email", "a@b.c"], /--account is required/],

@@ -225,6 +225,8 @@ const AFTER_VALIDATION = new Set([
   "SIGN_IN_FAILED",
   "INVITE_INVALID",
   "SIGN_IN_THROTTLED",
+  "PASSWORD_CHECKS_BUSY",
+  "KEY_LIMIT_REACHED",
 ]);
 
 interface ErrorDetailJson {
@@ -252,6 +254,9 @@ const UNEXPRESSED_RULES: { why: string; applies: (detail: ErrorDetailJson, reque
       /^(must be in the future|a number of credits from 0, with at most 6 decimals|only with budget_credits|with a budget: .*|from 1 to the account's \d+, or 0 for the account's)$/.test(d.rule ?? ""),
   },
   { why: "a time range's ends are compared with each other", applies: (d) => d.field === "since" && /before until/.test(d.rule ?? "") },
+  { why: "a password's strength is estimated (zxcvbn-ts)", applies: (d) => d.field === "password" && /^too easy to guess/.test(d.rule ?? "") },
+  { why: "control characters in a sign-in email are refused", applies: (d) => d.field === "email" && /no control characters$/.test(d.rule ?? "") },
+  { why: "times are held to the years 1 to 9999", applies: (d) => /^a time between the years/.test(d.rule ?? "") },
   { why: "key names are trimmed and control characters refused", applies: (d) => d.field === "name" && /no control characters$/.test(d.rule ?? "") },
   { why: "the body limit counts bytes", applies: (d, r) => d.reason === "PAYLOAD_TOO_LARGE" && (r.body === undefined || r.body.length > Number(d.metadata?.["max_bytes"])) },
   { why: "lone surrogates are valid JSON escapes", applies: (d) => d.rule === UNICODE_RULE },

@@ -1,5 +1,6 @@
 import type { Knex } from "knex";
 import type { SchemaMigration } from "./schema-migration.js";
+import { markKeptKeys } from "./20261127130000_mark_kept_keys.js";
 import * as createAccountsAndLedger from "./20261123000000_create_accounts_and_ledger.js";
 import * as createMeteringFunctions from "./20261123000100_create_metering_functions.js";
 import * as refuseAbandonedAdmissions from "./20261125000000_refuse_abandoned_admissions.js";
@@ -47,4 +48,4 @@ export const migrationSource: Knex.MigrationSource<string> = {
  * above. The list above is frozen: older releases check knex's table against
  * it at start, so nothing new is ever recorded there.
  */
-export const schemaMigrations: readonly SchemaMigration[] = [addKeyLimits, createMeteringFunctionsV2, addMemberRolesAndTwoFactor];
+export const schemaMigrations: readonly SchemaMigration[] = [addKeyLimits, createMeteringFunctionsV2, addMemberRolesAndTwoFactor, markKeptKeys];

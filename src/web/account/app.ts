@@ -7,7 +7,7 @@
  */
 import type { ApiKey, GetAccountResponse, Member } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import { createActivityView } from "./activity-view.js";
-import { createAccountClient, errorText, isSignedOut } from "./client.js";
+import { createAccountClient, errorText, isSignedOut, listAllKeys } from "./client.js";
 import { byId, keyLabel } from "./dom.js";
 import { createKeysView } from "./keys-view.js";
 import { loadOverview, showAccount } from "./overview-view.js";
@@ -87,7 +87,7 @@ async function route(focus: boolean): Promise<void> {
     if (view === "overview") await loadOverview(client);
     if (view === "keys") await keysView.load();
     if (view === "usage") {
-      if (keyNames.size === 0) rememberKeys((await client.listKeys({})).keys);
+      if (keyNames.size === 0) rememberKeys(await listAllKeys(client));
       await usageView.load();
     }
     if (view === "activity") await activityView.load();
@@ -211,7 +211,8 @@ byId("invite-form", HTMLFormElement).addEventListener("submit", (event) => {
   error.textContent = "";
   password.removeAttribute("aria-invalid");
   again.removeAttribute("aria-invalid");
-  if (password.value.length < MIN_PASSWORD_CHARS) return invalid(password, error, `The password needs at least ${MIN_PASSWORD_CHARS} characters.`);
+  // Counted as the service counts: code points of the NFC form.
+  if ([...password.value.normalize("NFC")].length < MIN_PASSWORD_CHARS) return invalid(password, error, `The password needs at least ${MIN_PASSWORD_CHARS} characters.`);
   if (again.value !== password.value) return invalid(again, error, "The two passwords differ.");
   const inviteToken = new URLSearchParams(location.search).get("invite") ?? "";
   void client

@@ -1,6 +1,6 @@
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
-import { AccountService } from "../../gen/typesafe/account/v1/account_service_pb.js";
+import { AccountService, type ApiKey } from "../../gen/typesafe/account/v1/account_service_pb.js";
 
 /** The account area's RPCs, as the generated client calls them. */
 export type AccountClient = Client<typeof AccountService>;
@@ -15,6 +15,18 @@ export function createAccountClient(origin: string): AccountClient {
 }
 
 /** True when the service says there is no valid session (never signed in, signed out, expired). */
+/** Every key of the account, page by page (the service pages ListKeys). */
+export async function listAllKeys(client: AccountClient): Promise<ApiKey[]> {
+  const keys: ApiKey[] = [];
+  let pageToken = "";
+  do {
+    const page = await client.listKeys({ pageSize: 500, pageToken });
+    keys.push(...page.keys);
+    pageToken = page.nextPageToken;
+  } while (pageToken !== "");
+  return keys;
+}
+
 export function isSignedOut(err: unknown): boolean {
   return ConnectError.from(err).code === Code.Unauthenticated;
 }

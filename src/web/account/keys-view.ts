@@ -1,6 +1,6 @@
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { ApiKey } from "../../gen/typesafe/account/v1/account_service_pb.js";
-import type { AccountClient } from "./client.js";
+import { listAllKeys, type AccountClient } from "./client.js";
 import { byId, emptyRow, keyLabel, row, timeElement } from "./dom.js";
 import { describeBudget, describeLimits, fillLimits, readLimits } from "./key-limits-form.js";
 
@@ -178,7 +178,7 @@ export function createKeysView(options: KeysViewOptions): { load(): Promise<void
   }
 
   async function load(): Promise<void> {
-    const { keys } = await client.listKeys({});
+    const keys = await listAllKeys(client);
     options.onKeys(keys);
     const body = table.tBodies[0]!;
     body.replaceChildren(...(keys.length > 0 ? keys.map(keyRow) : [emptyRow(table, "No keys yet.")]));
