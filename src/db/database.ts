@@ -1,7 +1,7 @@
 import knex, { type Knex } from "knex";
 import pg from "pg";
 import type { Logger } from "../logger.js";
-import { migrationSource } from "./migrations/index.js";
+import { migrationSource, schemaMigrations } from "./migrations/index.js";
 
 // int8 (bigint) columns hold money in integer units, always below 2^53.
 pg.types.setTypeParser(pg.types.builtins.INT8, (value) => Number(value));
@@ -82,6 +82,28 @@ export function createKnex(connectionString: string, poolMax: number, logger?: L
  * pool needs at least two.
  */
 export async function migrate(db: Knex, useAdvisoryLock: boolean): Promise<void> {
+  await migrateKnex(db, useAdvisoryLock);
+  await applySchemaMigrationsInterim(db);
+}
+
+/**
+ * Interim, until the release-safe runner lands: applies each pending
+ * release-safe migration in a transaction of its own, under a transaction
+ * advisory lock, and records it in schema_migrations.
+ */
+async function applySchemaMigrationsInterim(db: Knex): Promise<void> {
+  await db.raw("CREATE TABLE IF NOT EXISTS schema_migrations (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())");
+  for (const migration of schemaMigrations) {
+    await db.transaction(async (tx) => {
+      await tx.raw("SELECT pg_advisory_xact_lock(7261124)");
+      if (await tx("schema_migrations").where({ name: migration.name }).first()) return;
+      await migration.up(tx);
+      await tx("schema_migrations").insert({ name: migration.name });
+    });
+  }
+}
+
+async function migrateKnex(db: Knex, useAdvisoryLock: boolean): Promise<void> {
   if (await isUpToDate(db)) return;
   if (!useAdvisoryLock) {
     await db.migrate.latest({ migrationSource });

@@ -9,6 +9,8 @@ import * as batchMeteringStatements from "./20261125120000_batch_metering_statem
 import * as recordAccountAfterResolve from "./20261126060000_record_account_after_resolve.js";
 import * as createAccountArea from "./20261126000000_create_account_area.js";
 import * as recordKeyOfEachCall from "./20261126000100_record_key_of_each_call.js";
+import { createWebhooks } from "./20261127120000_create_webhooks.js";
+import { recordBalanceAlerts } from "./20261127120100_record_balance_alerts.js";
 
 /**
  * Every migration in order. Listed statically so that they load the same way
@@ -42,4 +44,6 @@ export const migrationSource: Knex.MigrationSource<string> = {
  * it at start, so nothing new is ever recorded there.
  */
 export const schemaMigrations: readonly SchemaMigration[] = [
+  createWebhooks,
+  recordBalanceAlerts,
 ];
