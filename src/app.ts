@@ -27,11 +27,14 @@ import { countLiveSessions } from "./accounts/sessions.js";
 import type { ScryptParams } from "./accounts/passwords.js";
 import { AccountService } from "./gen/typesafe/account/v1/account_service_pb.js";
 import { withAccountPage } from "./web/account-page.js";
+import { createDeliverer, type Deliverer } from "./webhooks/deliverer.js";
+import { createResolver } from "./webhooks/sender.js";
 
 export interface App {
   server: RunningServer;
   database: Database;
   meter: Meter;
+  deliverer: Deliverer;
   /** Graceful stop: drain in-flight calls within the grace period, then close the store. */
   stop(): Promise<void>;
 }
@@ -40,6 +43,8 @@ export interface App {
 export interface AppOverrides {
   now?: () => Date;
   scryptParams?: ScryptParams;
+  /** Called with each address a webhook is about to connect to; tests refuse all but loopback there. */
+  webhookBeforeConnect?: (address: string) => void;
 }
 
 /**
@@ -58,6 +63,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   await prepareStatementsOn(db);
   const meter = createMeter({ db, config: config.metering, logger });
   const now = overrides.now ?? (() => new Date());
+  const deliverer = createDeliverer({ db, config: config.webhooks, logger, resolve: createResolver(config.webhooks.dnsServers), beforeConnect: overrides.webhookBeforeConnect });
   const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
   const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
   const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics });
@@ -119,6 +125,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     throw err;
   }
   meter.startSweeper();
+  deliverer.start();
   logger.info("listening", { url: server.url, database: database.kind });
   logger.info("enabled", enabledSummary(config));
 
@@ -126,10 +133,12 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     server,
     database,
     meter,
+    deliverer,
     async stop() {
       logger.info("shutting down", { grace_ms: config.shutdownGraceMs });
       meter.beginShutdown();
-      await server.close(config.shutdownGraceMs);
+      // A webhook in flight is abandoned and its lease given back: another replica sends it with the same webhook-id.
+      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop()]);
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();
       await meter.stop();

@@ -30,7 +30,25 @@ export interface Config {
   account: AccountAreaConfig;
   llm: LlmConfig;
   search: SearchConfig;
+  webhooks: WebhookConfig;
 }
+
+/** How the account's events are delivered to its webhook endpoints. */
+export interface WebhookConfig {
+  /** Loopback endpoints are allowed: for local development and tests only; every other private range stays refused. */
+  allowLoopback: boolean;
+  /** One attempt, from resolving the host to the answer: a 2xx within this is a delivery. */
+  timeoutMs: number;
+  /** Waits after the first, second, ... failed attempt; when they run out the delivery fails and the endpoint is disabled. */
+  retryDelaysMs: number[];
+  /** How often each replica looks for deliveries that are due. */
+  pollIntervalMs: number;
+  /** DNS servers asked for endpoint names ("host" or "host:port"); the system resolver when empty. */
+  dnsServers: string[];
+}
+
+/** The retry schedule of the Standard Webhooks specification: about three days in nine retries. */
+export const DEFAULT_WEBHOOK_RETRY_DELAYS_MS = [5e3, 3e5, 18e5, 72e5, 18e6, 36e6, 504e5, 72e6, 864e5];
 
 /**
  * What a client connection may hold: each timeout closes a connection (or an
@@ -131,6 +149,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   if (publicUrl !== undefined && publicUrlProblem(publicUrl)) {
     problems.push(`TYPESAFE_PUBLIC_URL: ${publicUrlProblem(publicUrl)}, got "${publicUrl}"`);
   }
+  const allowLoopback = str("TYPESAFE_WEBHOOK_ALLOW_LOOPBACK") ?? "off";
+  if (allowLoopback !== "on" && allowLoopback !== "off") problems.push(`TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: must be on or off, got "${allowLoopback}"`);
+  const retryDelaysRaw = str("TYPESAFE_WEBHOOK_RETRY_DELAYS_MS");
+  const retryDelaysMs = retryDelaysRaw === undefined ? DEFAULT_WEBHOOK_RETRY_DELAYS_MS : retryDelaysRaw.split(",").map((d) => Number(d.trim()));
+  if (retryDelaysMs.length === 0 || retryDelaysMs.length > 20 || retryDelaysMs.some((d) => !Number.isInteger(d) || d < 0)) {
+    problems.push(`TYPESAFE_WEBHOOK_RETRY_DELAYS_MS: must be 1 to 20 comma-separated whole milliseconds, got "${retryDelaysRaw}"`);
+  }
   const databaseUrl = str("DATABASE_URL");
   if (databaseUrl !== undefined) {
     const problem = databaseUrlProblem(databaseUrl);
@@ -191,6 +216,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       requestTimeoutMs: int("TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS", 10_000, 100),
       env: searchEnv,
       configuredSources,
+    },
+    webhooks: {
+      allowLoopback: allowLoopback === "on",
+      timeoutMs: int("TYPESAFE_WEBHOOK_TIMEOUT_MS", 10_000, 100, 60_000),
+      retryDelaysMs,
+      pollIntervalMs: int("TYPESAFE_WEBHOOK_POLL_MS", 1_000, 10, 60_000),
+      dnsServers: (str("TYPESAFE_WEBHOOK_DNS_SERVERS") ?? "").split(",").map((s) => s.trim()).filter((s) => s !== ""),
     },
   };
   if (problems.length > 0) throw new ConfigError(problems);

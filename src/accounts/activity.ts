@@ -12,6 +12,12 @@ export const ACTIVITY_KINDS = [
   "credits_granted",
   "member_invited",
   "member_removed",
+  "alerts_set",
+  "webhook_endpoint_added",
+  "webhook_endpoint_removed",
+  "webhook_secret_rotated",
+  "webhook_endpoint_disabled",
+  "webhook_endpoint_enabled",
 ] as const;
 export type ActivityKind = (typeof ACTIVITY_KINDS)[number];
 

@@ -46,6 +46,8 @@ export const createWebhooks: SchemaMigration = {
         endpoint_id uuid NOT NULL REFERENCES webhook_endpoints (id),
         state text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'failed')),
         attempts integer NOT NULL DEFAULT 0,
+        -- Attempts made before the last replay: the retry schedule counts from here.
+        replayed_after integer NOT NULL DEFAULT 0,
         next_attempt_at timestamptz NOT NULL DEFAULT clock_timestamp(),
         -- A replica holds a delivery while it sends it; another may take it only after this time.
         lease_until timestamptz,
@@ -65,9 +67,9 @@ export const createWebhooks: SchemaMigration = {
         -- NULL when no answer came (refused address, timeout, connection error).
         status integer,
         latency_ms integer NOT NULL,
-        error text NOT NULL DEFAULT '',
-        UNIQUE (delivery_id, attempt)
+        error text NOT NULL DEFAULT ''
       );
+      CREATE INDEX webhook_attempts_delivery ON webhook_attempts (delivery_id, id);
 
       ALTER TABLE account_activity DROP CONSTRAINT account_activity_kind_check;
       ALTER TABLE account_activity ADD CONSTRAINT account_activity_kind_check CHECK (kind IN ('signed_in', 'sign_in_failed',
