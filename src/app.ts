@@ -72,7 +72,15 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   const observer = { logger, metrics };
   const sessionCookie = sessionCookieFor(config.account.publicUrl);
   const accountDoor: AccountDoorOptions = { db, cookie: sessionCookie, policy: sessionPolicy, publicOrigin: new URL(config.account.publicUrl).origin, now };
-  const account = createAccountService({ db, cookie: sessionCookie, policy: sessionPolicy, now, metrics, scryptParams: overrides.scryptParams });
+  const account = createAccountService({
+    db,
+    cookie: sessionCookie,
+    policy: sessionPolicy,
+    now,
+    metrics,
+    scryptParams: overrides.scryptParams,
+    webhooks: { allowLoopback: config.webhooks.allowLoopback, wake: () => deliverer.wake() },
+  });
   const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
 
   const isReady = async () => {

@@ -9,7 +9,7 @@ import { findMember, findMemberByEmail, MAX_EMAIL_CHARS, normalizeEmail, setPass
 import { createDummyHash, hashPassword, MAX_PASSWORD_CHARS, passwordProblem, SCRYPT_PARAMS, verifyPassword, type ScryptParams } from "../accounts/passwords.js";
 import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
-import { createApiKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
+import { createApiKey, isUuid, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
 import { apiError } from "../errors.js";
 import {
   AccountService,
@@ -25,6 +25,12 @@ import { throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
 import { kSessionToken, memberOf } from "./door.js";
 import { callCursor, decodePageToken, encodePageToken, pageSize, usageFilter } from "./usage-query.js";
+import { DECISION_RESERVE_UNITS_PER_QUESTION } from "../metering/meter.js";
+import { listDeliveries, replayDelivery, sendTestEvent, type DeliveryView } from "../webhooks/deliveries.js";
+import { addEndpoint, enableEndpoint, findEndpoint, listEndpoints, MAX_ENDPOINTS, removeEndpoint, rotateSecret, type WebhookEndpointView } from "../webhooks/endpoints.js";
+import { endpointUrlViolations } from "../webhooks/endpoint-url.js";
+import { readAlertSettings, setAlertSettings, type AlertSettings } from "../webhooks/events.js";
+import { thresholdViolations } from "../webhooks/thresholds.js";
 
 /** The longest key name. */
 export const MAX_KEY_NAME_CHARS = 64;
@@ -40,6 +46,8 @@ export interface AccountServiceDeps {
   metrics?: Pick<Metrics, "recordSignIn">;
   /** The cost of new password hashes (tests lower it; stored hashes keep their own). */
   scryptParams?: ScryptParams;
+  /** Whether endpoints may be on loopback (development only), and a nudge to the deliverer when something is due now. */
+  webhooks: { allowLoopback: boolean; wake: () => void };
 }
 
 /**
@@ -134,7 +142,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
 
     async getAccount(_req, ctx) {
       const member = memberOf(ctx);
-      const money = await readAccountMoney(db, member.accountId);
+      const [money, alerts] = await Promise.all([readAccountMoney(db, member.accountId), readAlertSettings(db, member.accountId)]);
       if (!money) throw apiError("SIGNED_OUT", "not signed in, or the session ended: sign in to the account area");
       return {
         member: memberMessage(member),
@@ -148,8 +156,89 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           limits: { maxInFlight: money.maxInFlight, requestsPerMinute: money.requestsPerMinute },
           callsInFlight: money.inFlight,
           createdAt: timestampFromDate(money.createdAt),
+          balanceLow: alerts !== undefined && (alerts.crossedUnits.length > 0 || alerts.depleted),
         },
       };
+    },
+
+    // Until members have roles, every member may change alerts and endpoints.
+    async getAlerts(_req, ctx) {
+      const member = memberOf(ctx);
+      return { alerts: alertsMessage((await readAlertSettings(db, member.accountId))!) };
+    },
+
+    async setAlerts(req, ctx) {
+      const member = memberOf(ctx);
+      const { units, violations } = thresholdViolations("thresholds_credits", req.thresholdsCredits);
+      throwIfInvalid(violations);
+      const at = now();
+      const settings = await db.transaction(async (tx) => {
+        const set = await setAlertSettings(tx, member.accountId, units, DECISION_RESERVE_UNITS_PER_QUESTION);
+        await recordActivity(tx, { accountId: member.accountId, kind: "alerts_set", actor: member.email, detail: creditsList(units), at });
+        return set!;
+      });
+      deps.webhooks.wake();
+      return { alerts: alertsMessage(settings) };
+    },
+
+    async listWebhookEndpoints(_req, ctx) {
+      const member = memberOf(ctx);
+      return { endpoints: (await listEndpoints(db, member.accountId)).map(endpointMessage) };
+    },
+
+    async addWebhookEndpoint(req, ctx) {
+      const member = memberOf(ctx);
+      const url = req.url.trim();
+      throwIfInvalid(endpointUrlViolations("url", url, deps.webhooks.allowLoopback));
+      const added = await addEndpoint(db, member.accountId, url, { actor: member.email, at: now() });
+      throwIfInvalid(added ? [] : [{ field: "url", rule: `at most ${MAX_ENDPOINTS} endpoints per account` }]);
+      // Balance alerts are watched once an account has somewhere to send them.
+      const alerts = await readAlertSettings(db, member.accountId);
+      if (alerts?.depletionFloorUnits === undefined) await setAlertSettings(db, member.accountId, alerts?.thresholdsUnits ?? [], DECISION_RESERVE_UNITS_PER_QUESTION);
+      return { endpoint: endpointMessage(added!.endpoint), secret: added!.secret };
+    },
+
+    async removeWebhookEndpoint(req, ctx) {
+      const member = memberOf(ctx);
+      if (!(await removeEndpoint(db, member.accountId, await ownEndpointId(member.accountId, req.endpointId), { actor: member.email, at: now() }))) throw noSuchEndpoint();
+      return {};
+    },
+
+    async rotateWebhookSecret(req, ctx) {
+      const member = memberOf(ctx);
+      const rotated = await rotateSecret(db, member.accountId, await ownEndpointId(member.accountId, req.endpointId), { actor: member.email, at: now() });
+      if (!rotated) throw noSuchEndpoint();
+      return { endpoint: endpointMessage(rotated.endpoint), secret: rotated.secret };
+    },
+
+    async enableWebhookEndpoint(req, ctx) {
+      const member = memberOf(ctx);
+      const enabled = await enableEndpoint(db, member.accountId, await ownEndpointId(member.accountId, req.endpointId), { actor: member.email, at: now() });
+      if (!enabled) throw noSuchEndpoint();
+      deps.webhooks.wake();
+      return { endpoint: endpointMessage(enabled) };
+    },
+
+    async sendTestWebhook(req, ctx) {
+      const member = memberOf(ctx);
+      const webhookId = await sendTestEvent(db, member.accountId, await ownEndpointId(member.accountId, req.endpointId));
+      deps.webhooks.wake();
+      return { webhookId };
+    },
+
+    async listWebhookDeliveries(req, ctx) {
+      const member = memberOf(ctx);
+      throwIfInvalid(req.pageSize < 0 || req.pageSize > 100 ? [{ field: "page_size", rule: "0 to 100" }] : []);
+      return { deliveries: (await listDeliveries(db, member.accountId, req.pageSize || 20)).map(deliveryMessage) };
+    },
+
+    async replayWebhookDelivery(req, ctx) {
+      const member = memberOf(ctx);
+      if (!(await replayDelivery(db, member.accountId, req.deliveryId, now()))) {
+        throw apiError("NOT_FOUND", "delivery_id: no such finished delivery", { field: "delivery_id", rule: "a delivered or failed delivery of your account" });
+      }
+      deps.webhooks.wake();
+      return {};
     },
 
     async listKeys(_req, ctx) {
@@ -245,6 +334,12 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     },
   };
 
+  /** The endpoint's id when it is the account's own; otherwise the same NOT_FOUND as an unknown id. */
+  async function ownEndpointId(accountId: string, endpointId: string): Promise<string> {
+    if (!isUuid(endpointId) || !(await findEndpoint(db, accountId, endpointId))) throw noSuchEndpoint();
+    return endpointId;
+  }
+
   /** A new session replaces the one the browser had, so two never share a cookie. */
   async function endPreviousSession(tx: Knex.Transaction, ctx: HandlerContext, at: Date): Promise<void> {
     const previous = ctx.values.get(kSessionToken);
@@ -277,4 +372,44 @@ function keyLabel(key: { display_prefix: string; last4: string; name: string }):
 
 function optionalDate(timestamp: Timestamp | undefined): Date | undefined {
   return timestamp ? timestampDate(timestamp) : undefined;
+}
+
+function noSuchEndpoint() {
+  return apiError("NOT_FOUND", "endpoint_id: no such endpoint", { field: "endpoint_id", rule: "an endpoint of your account" });
+}
+
+function alertsMessage(settings: AlertSettings) {
+  return {
+    thresholdsCredits: settings.thresholdsUnits.map(unitsToCredits),
+    crossedCredits: settings.crossedUnits.map(unitsToCredits),
+    depleted: settings.depleted,
+  };
+}
+
+function creditsList(units: readonly number[]): string {
+  return units.length === 0 ? "no thresholds" : units.map((u) => `${unitsToCredits(u)} credits`).join(", ");
+}
+
+function endpointMessage(endpoint: WebhookEndpointView) {
+  return {
+    id: endpoint.id,
+    url: endpoint.url,
+    enabled: endpoint.enabled,
+    disabledReason: endpoint.disabledReason,
+    createdAt: timestampFromDate(endpoint.createdAt),
+    previousSecretUntil: endpoint.previousSecretUntil ? timestampFromDate(endpoint.previousSecretUntil) : undefined,
+  };
+}
+
+function deliveryMessage(delivery: DeliveryView) {
+  return {
+    id: delivery.id,
+    endpointId: delivery.endpointId,
+    webhookId: delivery.webhookId,
+    eventType: delivery.eventType,
+    eventAt: timestampFromDate(delivery.eventAt),
+    state: delivery.state,
+    nextAttemptAt: delivery.nextAttemptAt ? timestampFromDate(delivery.nextAttemptAt) : undefined,
+    attempts: delivery.attempts.map((a) => ({ attempt: a.attempt, at: timestampFromDate(a.at), status: a.status ?? 0, latencyMs: a.latencyMs, error: a.error })),
+  };
 }

@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file typesafe/account/v1/account_service.proto.
  */
 export const file_typesafe_account_v1_account_service: GenFile = /*@__PURE__*/
-  fileDesc("Cil0eXBlc2FmZS9hY2NvdW50L3YxL2FjY291bnRfc2VydmljZS5wcm90bxITdHlwZXNhZmUuYWNjb3VudC52MSI3CgZNZW1iZXISCgoCaWQYASABKAkSDQoFZW1haWwYAiABKAkSEgoKYWNjb3VudF9pZBgDIAEoCSI9ChNBY2NlcHRJbnZpdGVSZXF1ZXN0EhQKDGludml0ZV90b2tlbhgBIAEoCRIQCghwYXNzd29yZBgCIAEoCSJDChRBY2NlcHRJbnZpdGVSZXNwb25zZRIrCgZtZW1iZXIYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciIwCg1TaWduSW5SZXF1ZXN0Eg0KBWVtYWlsGAEgASgJEhAKCHBhc3N3b3JkGAIgASgJIj0KDlNpZ25JblJlc3BvbnNlEisKBm1lbWJlchgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuTWVtYmVyIhAKDlNpZ25PdXRSZXF1ZXN0IhEKD1NpZ25PdXRSZXNwb25zZSITChFHZXRBY2NvdW50UmVxdWVzdCJwChJHZXRBY2NvdW50UmVzcG9uc2USLQoHYWNjb3VudBgBIAEoCzIcLnR5cGVzYWZlLmFjY291bnQudjEuQWNjb3VudBIrCgZtZW1iZXIYAiABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciKEAgoHQWNjb3VudBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhcKD2JhbGFuY2VfY3JlZGl0cxgDIAEoARIUCgxoZWxkX2NyZWRpdHMYBCABKAESGQoRYXZhaWxhYmxlX2NyZWRpdHMYBSABKAESHwoXZnJlZV9yZXF1ZXN0c19yZW1haW5pbmcYBiABKAUSKwoGbGltaXRzGAcgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5MaW1pdHMSFwoPY2FsbHNfaW5fZmxpZ2h0GAggASgFEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjwKBkxpbWl0cxIVCg1tYXhfaW5fZmxpZ2h0GAEgASgFEhsKE3JlcXVlc3RzX3Blcl9taW51dGUYAiABKAUikQIKBkFwaUtleRIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEg4KBnByZWZpeBgDIAEoCRINCgVsYXN0NBgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjcmVhdGVkX2J5GAYgASgJEjUKDGxhc3RfdXNlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIzCgpyZXZva2VkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBiAEBQg8KDV9sYXN0X3VzZWRfYXRCDQoLX3Jldm9rZWRfYXQiEQoPTGlzdEtleXNSZXF1ZXN0Ij0KEExpc3RLZXlzUmVzcG9uc2USKQoEa2V5cxgBIAMoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5IiAKEENyZWF0ZUtleVJlcXVlc3QSDAoEbmFtZRgBIAEoCSJNChFDcmVhdGVLZXlSZXNwb25zZRIoCgNrZXkYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLkFwaUtleRIOCgZzZWNyZXQYAiABKAkiIgoQUmV2b2tlS2V5UmVxdWVzdBIOCgZrZXlfaWQYASABKAkiPQoRUmV2b2tlS2V5UmVzcG9uc2USKAoDa2V5GAEgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BcGlLZXkivwEKEExpc3RVc2FnZVJlcXVlc3QSEAoIZW5kcG9pbnQYASABKAkSLgoFc2luY2UYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSACIAQESLgoFdW50aWwYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAGIAQESEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAlCCAoGX3NpbmNlQggKBl91bnRpbCJfChFMaXN0VXNhZ2VSZXNwb25zZRIxCgdyZWNvcmRzGAEgAygLMiAudHlwZXNhZmUuYWNjb3VudC52MS5Vc2FnZVJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki+AEKC1VzYWdlUmVjb3JkEhIKCnJlcXVlc3RfaWQYASABKAkSEAoIZW5kcG9pbnQYAiABKAkSDgoGa2V5X2lkGAMgASgJEg8KB2Z1bmRpbmcYBCABKAkSGAoQcmVzZXJ2ZWRfY3JlZGl0cxgFIAEoARIXCg9jaGFyZ2VkX2NyZWRpdHMYBiABKAESDgoGc3RhdHVzGAcgASgJEi4KCnN0YXJ0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKhAQoWR2V0VXNhZ2VTdW1tYXJ5UmVxdWVzdBIuCgVzaW5jZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIuCgV1bnRpbBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAYgBARITCgtncmFudWxhcml0eRgDIAEoCUIICgZfc2luY2VCCAoGX3VudGlsIkwKF0dldFVzYWdlU3VtbWFyeVJlc3BvbnNlEjEKB2J1Y2tldHMYASADKAsyIC50eXBlc2FmZS5hY2NvdW50LnYxLlVzYWdlQnVja2V0InIKC1VzYWdlQnVja2V0EikKBXN0YXJ0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghlbmRwb2ludBgCIAEoCRINCgVjYWxscxgDIAEoBRIXCg9jaGFyZ2VkX2NyZWRpdHMYBCABKAEiPAoTTGlzdEFjdGl2aXR5UmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJjChRMaXN0QWN0aXZpdHlSZXNwb25zZRIyCgZldmVudHMYASADKAsyIi50eXBlc2FmZS5hY2NvdW50LnYxLkFjdGl2aXR5RXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInAKDUFjdGl2aXR5RXZlbnQSCgoCaWQYASABKAkSDAoEa2luZBgCIAEoCRINCgVhY3RvchgDIAEoCRIOCgZkZXRhaWwYBCABKAkSJgoCYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wMoUKCg5BY2NvdW50U2VydmljZRKKAQoMQWNjZXB0SW52aXRlEigudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXNwb25zZSIlgtPkkwIfOgEqIhovYWNjb3VudC92MS9pbnZpdGVzL2FjY2VwdBJxCgZTaWduSW4SIi50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlcXVlc3QaIy50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlc3BvbnNlIh6C0+STAhg6ASoiEy9hY2NvdW50L3YxL3NpZ24taW4SdQoHU2lnbk91dBIjLnR5cGVzYWZlLmFjY291bnQudjEuU2lnbk91dFJlcXVlc3QaJC50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25PdXRSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS9zaWduLW91dBJ6CgpHZXRBY2NvdW50EiYudHlwZXNhZmUuYWNjb3VudC52MS5HZXRBY2NvdW50UmVxdWVzdBonLnR5cGVzYWZlLmFjY291bnQudjEuR2V0QWNjb3VudFJlc3BvbnNlIhuC0+STAhUSEy9hY2NvdW50L3YxL2FjY291bnQScQoITGlzdEtleXMSJC50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RLZXlzUmVxdWVzdBolLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdEtleXNSZXNwb25zZSIYgtPkkwISEhAvYWNjb3VudC92MS9rZXlzEncKCUNyZWF0ZUtleRIlLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVzcG9uc2UiG4LT5JMCFToBKiIQL2FjY291bnQvdjEva2V5cxJ+CglSZXZva2VLZXkSJS50eXBlc2FmZS5hY2NvdW50LnYxLlJldm9rZUtleVJlcXVlc3QaJi50eXBlc2FmZS5hY2NvdW50LnYxLlJldm9rZUtleVJlc3BvbnNlIiKC0+STAhw6ASoiFy9hY2NvdW50L3YxL2tleXMvcmV2b2tlEngKCUxpc3RVc2FnZRIlLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdFVzYWdlUmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdFVzYWdlUmVzcG9uc2UiHILT5JMCFjoBKiIRL2FjY291bnQvdjEvdXNhZ2USkgEKD0dldFVzYWdlU3VtbWFyeRIrLnR5cGVzYWZlLmFjY291bnQudjEuR2V0VXNhZ2VTdW1tYXJ5UmVxdWVzdBosLnR5cGVzYWZlLmFjY291bnQudjEuR2V0VXNhZ2VTdW1tYXJ5UmVzcG9uc2UiJILT5JMCHjoBKiIZL2FjY291bnQvdjEvdXNhZ2Uvc3VtbWFyeRKEAQoMTGlzdEFjdGl2aXR5EigudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0QWN0aXZpdHlSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0QWN0aXZpdHlSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS9hY3Rpdml0eWIGcHJvdG8z", [file_google_api_annotations, file_google_protobuf_timestamp]);
+  fileDesc("Cil0eXBlc2FmZS9hY2NvdW50L3YxL2FjY291bnRfc2VydmljZS5wcm90bxITdHlwZXNhZmUuYWNjb3VudC52MSI3CgZNZW1iZXISCgoCaWQYASABKAkSDQoFZW1haWwYAiABKAkSEgoKYWNjb3VudF9pZBgDIAEoCSI9ChNBY2NlcHRJbnZpdGVSZXF1ZXN0EhQKDGludml0ZV90b2tlbhgBIAEoCRIQCghwYXNzd29yZBgCIAEoCSJDChRBY2NlcHRJbnZpdGVSZXNwb25zZRIrCgZtZW1iZXIYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciIwCg1TaWduSW5SZXF1ZXN0Eg0KBWVtYWlsGAEgASgJEhAKCHBhc3N3b3JkGAIgASgJIj0KDlNpZ25JblJlc3BvbnNlEisKBm1lbWJlchgBIAEoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuTWVtYmVyIhAKDlNpZ25PdXRSZXF1ZXN0IhEKD1NpZ25PdXRSZXNwb25zZSITChFHZXRBY2NvdW50UmVxdWVzdCJwChJHZXRBY2NvdW50UmVzcG9uc2USLQoHYWNjb3VudBgBIAEoCzIcLnR5cGVzYWZlLmFjY291bnQudjEuQWNjb3VudBIrCgZtZW1iZXIYAiABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLk1lbWJlciKZAgoHQWNjb3VudBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEhcKD2JhbGFuY2VfY3JlZGl0cxgDIAEoARIUCgxoZWxkX2NyZWRpdHMYBCABKAESGQoRYXZhaWxhYmxlX2NyZWRpdHMYBSABKAESHwoXZnJlZV9yZXF1ZXN0c19yZW1haW5pbmcYBiABKAUSKwoGbGltaXRzGAcgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5MaW1pdHMSFwoPY2FsbHNfaW5fZmxpZ2h0GAggASgFEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC2JhbGFuY2VfbG93GDwgASgIIjwKBkxpbWl0cxIVCg1tYXhfaW5fZmxpZ2h0GAEgASgFEhsKE3JlcXVlc3RzX3Blcl9taW51dGUYAiABKAUikQIKBkFwaUtleRIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEg4KBnByZWZpeBgDIAEoCRINCgVsYXN0NBgEIAEoCRIuCgpjcmVhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjcmVhdGVkX2J5GAYgASgJEjUKDGxhc3RfdXNlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIzCgpyZXZva2VkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBiAEBQg8KDV9sYXN0X3VzZWRfYXRCDQoLX3Jldm9rZWRfYXQiEQoPTGlzdEtleXNSZXF1ZXN0Ij0KEExpc3RLZXlzUmVzcG9uc2USKQoEa2V5cxgBIAMoCzIbLnR5cGVzYWZlLmFjY291bnQudjEuQXBpS2V5IiAKEENyZWF0ZUtleVJlcXVlc3QSDAoEbmFtZRgBIAEoCSJNChFDcmVhdGVLZXlSZXNwb25zZRIoCgNrZXkYASABKAsyGy50eXBlc2FmZS5hY2NvdW50LnYxLkFwaUtleRIOCgZzZWNyZXQYAiABKAkiIgoQUmV2b2tlS2V5UmVxdWVzdBIOCgZrZXlfaWQYASABKAkiPQoRUmV2b2tlS2V5UmVzcG9uc2USKAoDa2V5GAEgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BcGlLZXkivwEKEExpc3RVc2FnZVJlcXVlc3QSEAoIZW5kcG9pbnQYASABKAkSLgoFc2luY2UYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSACIAQESLgoFdW50aWwYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSAGIAQESEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAlCCAoGX3NpbmNlQggKBl91bnRpbCJfChFMaXN0VXNhZ2VSZXNwb25zZRIxCgdyZWNvcmRzGAEgAygLMiAudHlwZXNhZmUuYWNjb3VudC52MS5Vc2FnZVJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAki+AEKC1VzYWdlUmVjb3JkEhIKCnJlcXVlc3RfaWQYASABKAkSEAoIZW5kcG9pbnQYAiABKAkSDgoGa2V5X2lkGAMgASgJEg8KB2Z1bmRpbmcYBCABKAkSGAoQcmVzZXJ2ZWRfY3JlZGl0cxgFIAEoARIXCg9jaGFyZ2VkX2NyZWRpdHMYBiABKAESDgoGc3RhdHVzGAcgASgJEi4KCnN0YXJ0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKhAQoWR2V0VXNhZ2VTdW1tYXJ5UmVxdWVzdBIuCgVzaW5jZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAIgBARIuCgV1bnRpbBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIAYgBARITCgtncmFudWxhcml0eRgDIAEoCUIICgZfc2luY2VCCAoGX3VudGlsIkwKF0dldFVzYWdlU3VtbWFyeVJlc3BvbnNlEjEKB2J1Y2tldHMYASADKAsyIC50eXBlc2FmZS5hY2NvdW50LnYxLlVzYWdlQnVja2V0InIKC1VzYWdlQnVja2V0EikKBXN0YXJ0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghlbmRwb2ludBgCIAEoCRINCgVjYWxscxgDIAEoBRIXCg9jaGFyZ2VkX2NyZWRpdHMYBCABKAEiPAoTTGlzdEFjdGl2aXR5UmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJjChRMaXN0QWN0aXZpdHlSZXNwb25zZRIyCgZldmVudHMYASADKAsyIi50eXBlc2FmZS5hY2NvdW50LnYxLkFjdGl2aXR5RXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInAKDUFjdGl2aXR5RXZlbnQSCgoCaWQYASABKAkSDAoEa2luZBgCIAEoCRINCgVhY3RvchgDIAEoCRIOCgZkZXRhaWwYBCABKAkSJgoCYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIhIKEEdldEFsZXJ0c1JlcXVlc3QiQAoRR2V0QWxlcnRzUmVzcG9uc2USKwoGYWxlcnRzGAEgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BbGVydHMiTwoGQWxlcnRzEhoKEnRocmVzaG9sZHNfY3JlZGl0cxgBIAMoARIXCg9jcm9zc2VkX2NyZWRpdHMYAiADKAESEAoIZGVwbGV0ZWQYAyABKAgiLgoQU2V0QWxlcnRzUmVxdWVzdBIaChJ0aHJlc2hvbGRzX2NyZWRpdHMYASADKAEiQAoRU2V0QWxlcnRzUmVzcG9uc2USKwoGYWxlcnRzGAEgASgLMhsudHlwZXNhZmUuYWNjb3VudC52MS5BbGVydHMi3gEKD1dlYmhvb2tFbmRwb2ludBIKCgJpZBgBIAEoCRILCgN1cmwYAiABKAkSDwoHZW5hYmxlZBgDIAEoCBIXCg9kaXNhYmxlZF9yZWFzb24YBCABKAkSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASPgoVcHJldmlvdXNfc2VjcmV0X3VudGlsGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAiAEBQhgKFl9wcmV2aW91c19zZWNyZXRfdW50aWwiHQobTGlzdFdlYmhvb2tFbmRwb2ludHNSZXF1ZXN0IlcKHExpc3RXZWJob29rRW5kcG9pbnRzUmVzcG9uc2USNwoJZW5kcG9pbnRzGAEgAygLMiQudHlwZXNhZmUuYWNjb3VudC52MS5XZWJob29rRW5kcG9pbnQiKAoZQWRkV2ViaG9va0VuZHBvaW50UmVxdWVzdBILCgN1cmwYASABKAkiZAoaQWRkV2ViaG9va0VuZHBvaW50UmVzcG9uc2USNgoIZW5kcG9pbnQYASABKAsyJC50eXBlc2FmZS5hY2NvdW50LnYxLldlYmhvb2tFbmRwb2ludBIOCgZzZWNyZXQYAiABKAkiMwocUmVtb3ZlV2ViaG9va0VuZHBvaW50UmVxdWVzdBITCgtlbmRwb2ludF9pZBgBIAEoCSIfCh1SZW1vdmVXZWJob29rRW5kcG9pbnRSZXNwb25zZSIxChpSb3RhdGVXZWJob29rU2VjcmV0UmVxdWVzdBITCgtlbmRwb2ludF9pZBgBIAEoCSJlChtSb3RhdGVXZWJob29rU2VjcmV0UmVzcG9uc2USNgoIZW5kcG9pbnQYASABKAsyJC50eXBlc2FmZS5hY2NvdW50LnYxLldlYmhvb2tFbmRwb2ludBIOCgZzZWNyZXQYAiABKAkiMwocRW5hYmxlV2ViaG9va0VuZHBvaW50UmVxdWVzdBITCgtlbmRwb2ludF9pZBgBIAEoCSJXCh1FbmFibGVXZWJob29rRW5kcG9pbnRSZXNwb25zZRI2CghlbmRwb2ludBgBIAEoCzIkLnR5cGVzYWZlLmFjY291bnQudjEuV2ViaG9va0VuZHBvaW50Ii0KFlNlbmRUZXN0V2ViaG9va1JlcXVlc3QSEwoLZW5kcG9pbnRfaWQYASABKAkiLQoXU2VuZFRlc3RXZWJob29rUmVzcG9uc2USEgoKd2ViaG9va19pZBgBIAEoCSIxChxMaXN0V2ViaG9va0RlbGl2ZXJpZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBSJZCh1MaXN0V2ViaG9va0RlbGl2ZXJpZXNSZXNwb25zZRI4CgpkZWxpdmVyaWVzGAEgAygLMiQudHlwZXNhZmUuYWNjb3VudC52MS5XZWJob29rRGVsaXZlcnkinAIKD1dlYmhvb2tEZWxpdmVyeRIKCgJpZBgBIAEoCRITCgtlbmRwb2ludF9pZBgCIAEoCRISCgp3ZWJob29rX2lkGAMgASgJEhIKCmV2ZW50X3R5cGUYBCABKAkSLAoIZXZlbnRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBXN0YXRlGAYgASgJEjUKCGF0dGVtcHRzGAcgAygLMiMudHlwZXNhZmUuYWNjb3VudC52MS5XZWJob29rQXR0ZW1wdBI4Cg9uZXh0X2F0dGVtcHRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wSACIAQFCEgoQX25leHRfYXR0ZW1wdF9hdCJ8Cg5XZWJob29rQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgFEiYKAmF0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZzdGF0dXMYAyABKAUSEgoKbGF0ZW5jeV9tcxgEIAEoBRINCgVlcnJvchgFIAEoCSIzChxSZXBsYXlXZWJob29rRGVsaXZlcnlSZXF1ZXN0EhMKC2RlbGl2ZXJ5X2lkGAEgASgJIh8KHVJlcGxheVdlYmhvb2tEZWxpdmVyeVJlc3BvbnNlMpgWCg5BY2NvdW50U2VydmljZRKKAQoMQWNjZXB0SW52aXRlEigudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5BY2NlcHRJbnZpdGVSZXNwb25zZSIlgtPkkwIfOgEqIhovYWNjb3VudC92MS9pbnZpdGVzL2FjY2VwdBJxCgZTaWduSW4SIi50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlcXVlc3QaIy50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25JblJlc3BvbnNlIh6C0+STAhg6ASoiEy9hY2NvdW50L3YxL3NpZ24taW4SdQoHU2lnbk91dBIjLnR5cGVzYWZlLmFjY291bnQudjEuU2lnbk91dFJlcXVlc3QaJC50eXBlc2FmZS5hY2NvdW50LnYxLlNpZ25PdXRSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS9zaWduLW91dBJ6CgpHZXRBY2NvdW50EiYudHlwZXNhZmUuYWNjb3VudC52MS5HZXRBY2NvdW50UmVxdWVzdBonLnR5cGVzYWZlLmFjY291bnQudjEuR2V0QWNjb3VudFJlc3BvbnNlIhuC0+STAhUSEy9hY2NvdW50L3YxL2FjY291bnQScQoITGlzdEtleXMSJC50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RLZXlzUmVxdWVzdBolLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdEtleXNSZXNwb25zZSIYgtPkkwISEhAvYWNjb3VudC92MS9rZXlzEncKCUNyZWF0ZUtleRIlLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuQ3JlYXRlS2V5UmVzcG9uc2UiG4LT5JMCFToBKiIQL2FjY291bnQvdjEva2V5cxJ+CglSZXZva2VLZXkSJS50eXBlc2FmZS5hY2NvdW50LnYxLlJldm9rZUtleVJlcXVlc3QaJi50eXBlc2FmZS5hY2NvdW50LnYxLlJldm9rZUtleVJlc3BvbnNlIiKC0+STAhw6ASoiFy9hY2NvdW50L3YxL2tleXMvcmV2b2tlEngKCUxpc3RVc2FnZRIlLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdFVzYWdlUmVxdWVzdBomLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdFVzYWdlUmVzcG9uc2UiHILT5JMCFjoBKiIRL2FjY291bnQvdjEvdXNhZ2USkgEKD0dldFVzYWdlU3VtbWFyeRIrLnR5cGVzYWZlLmFjY291bnQudjEuR2V0VXNhZ2VTdW1tYXJ5UmVxdWVzdBosLnR5cGVzYWZlLmFjY291bnQudjEuR2V0VXNhZ2VTdW1tYXJ5UmVzcG9uc2UiJILT5JMCHjoBKiIZL2FjY291bnQvdjEvdXNhZ2Uvc3VtbWFyeRKEAQoMTGlzdEFjdGl2aXR5EigudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0QWN0aXZpdHlSZXF1ZXN0GikudHlwZXNhZmUuYWNjb3VudC52MS5MaXN0QWN0aXZpdHlSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS9hY3Rpdml0eRJ2CglHZXRBbGVydHMSJS50eXBlc2FmZS5hY2NvdW50LnYxLkdldEFsZXJ0c1JlcXVlc3QaJi50eXBlc2FmZS5hY2NvdW50LnYxLkdldEFsZXJ0c1Jlc3BvbnNlIhqC0+STAhQSEi9hY2NvdW50L3YxL2FsZXJ0cxJ5CglTZXRBbGVydHMSJS50eXBlc2FmZS5hY2NvdW50LnYxLlNldEFsZXJ0c1JlcXVlc3QaJi50eXBlc2FmZS5hY2NvdW50LnYxLlNldEFsZXJ0c1Jlc3BvbnNlIh2C0+STAhc6ASoiEi9hY2NvdW50L3YxL2FsZXJ0cxKZAQoUTGlzdFdlYmhvb2tFbmRwb2ludHMSMC50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RXZWJob29rRW5kcG9pbnRzUmVxdWVzdBoxLnR5cGVzYWZlLmFjY291bnQudjEuTGlzdFdlYmhvb2tFbmRwb2ludHNSZXNwb25zZSIcgtPkkwIWEhQvYWNjb3VudC92MS93ZWJob29rcxKWAQoSQWRkV2ViaG9va0VuZHBvaW50Ei4udHlwZXNhZmUuYWNjb3VudC52MS5BZGRXZWJob29rRW5kcG9pbnRSZXF1ZXN0Gi8udHlwZXNhZmUuYWNjb3VudC52MS5BZGRXZWJob29rRW5kcG9pbnRSZXNwb25zZSIfgtPkkwIZOgEqIhQvYWNjb3VudC92MS93ZWJob29rcxKmAQoVUmVtb3ZlV2ViaG9va0VuZHBvaW50EjEudHlwZXNhZmUuYWNjb3VudC52MS5SZW1vdmVXZWJob29rRW5kcG9pbnRSZXF1ZXN0GjIudHlwZXNhZmUuYWNjb3VudC52MS5SZW1vdmVXZWJob29rRW5kcG9pbnRSZXNwb25zZSImgtPkkwIgOgEqIhsvYWNjb3VudC92MS93ZWJob29rcy9yZW1vdmUSoAEKE1JvdGF0ZVdlYmhvb2tTZWNyZXQSLy50eXBlc2FmZS5hY2NvdW50LnYxLlJvdGF0ZVdlYmhvb2tTZWNyZXRSZXF1ZXN0GjAudHlwZXNhZmUuYWNjb3VudC52MS5Sb3RhdGVXZWJob29rU2VjcmV0UmVzcG9uc2UiJoLT5JMCIDoBKiIbL2FjY291bnQvdjEvd2ViaG9va3Mvcm90YXRlEqYBChVFbmFibGVXZWJob29rRW5kcG9pbnQSMS50eXBlc2FmZS5hY2NvdW50LnYxLkVuYWJsZVdlYmhvb2tFbmRwb2ludFJlcXVlc3QaMi50eXBlc2FmZS5hY2NvdW50LnYxLkVuYWJsZVdlYmhvb2tFbmRwb2ludFJlc3BvbnNlIiaC0+STAiA6ASoiGy9hY2NvdW50L3YxL3dlYmhvb2tzL2VuYWJsZRKSAQoPU2VuZFRlc3RXZWJob29rEisudHlwZXNhZmUuYWNjb3VudC52MS5TZW5kVGVzdFdlYmhvb2tSZXF1ZXN0GiwudHlwZXNhZmUuYWNjb3VudC52MS5TZW5kVGVzdFdlYmhvb2tSZXNwb25zZSIkgtPkkwIeOgEqIhkvYWNjb3VudC92MS93ZWJob29rcy90ZXN0EqoBChVMaXN0V2ViaG9va0RlbGl2ZXJpZXMSMS50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RXZWJob29rRGVsaXZlcmllc1JlcXVlc3QaMi50eXBlc2FmZS5hY2NvdW50LnYxLkxpc3RXZWJob29rRGVsaXZlcmllc1Jlc3BvbnNlIiqC0+STAiQ6ASoiHy9hY2NvdW50L3YxL3dlYmhvb2tzL2RlbGl2ZXJpZXMSsQEKFVJlcGxheVdlYmhvb2tEZWxpdmVyeRIxLnR5cGVzYWZlLmFjY291bnQudjEuUmVwbGF5V2ViaG9va0RlbGl2ZXJ5UmVxdWVzdBoyLnR5cGVzYWZlLmFjY291bnQudjEuUmVwbGF5V2ViaG9va0RlbGl2ZXJ5UmVzcG9uc2UiMYLT5JMCKzoBKiImL2FjY291bnQvdjEvd2ViaG9va3MvZGVsaXZlcmllcy9yZXBsYXliBnByb3RvMw", [file_google_api_annotations, file_google_protobuf_timestamp]);
 
 /**
  * A person who may sign in to an account.
@@ -250,6 +250,14 @@ export type Account = Message<"typesafe.account.v1.Account"> & {
    * @generated from field: google.protobuf.Timestamp created_at = 9;
    */
   createdAt?: Timestamp | undefined;
+
+  /**
+   * True while the available balance is below one of the account's alert
+   * thresholds, or below what one call reserves.
+   *
+   * @generated from field: bool balance_low = 60;
+   */
+  balanceLow: boolean;
 };
 
 /**
@@ -751,7 +759,9 @@ export type ActivityEvent = Message<"typesafe.account.v1.ActivityEvent"> & {
   /**
    * One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted",
    * "key_created", "key_revoked", "credits_granted", "member_invited",
-   * "member_removed".
+   * "member_removed", "alerts_set", "webhook_endpoint_added",
+   * "webhook_endpoint_removed", "webhook_secret_rotated",
+   * "webhook_endpoint_disabled", "webhook_endpoint_enabled".
    *
    * @generated from field: string kind = 2;
    */
@@ -783,6 +793,553 @@ export type ActivityEvent = Message<"typesafe.account.v1.ActivityEvent"> & {
  */
 export const ActivityEventSchema: GenMessage<ActivityEvent> = /*@__PURE__*/
   messageDesc(file_typesafe_account_v1_account_service, 26);
+
+/**
+ * @generated from message typesafe.account.v1.GetAlertsRequest
+ */
+export type GetAlertsRequest = Message<"typesafe.account.v1.GetAlertsRequest"> & {
+};
+
+/**
+ * Describes the message typesafe.account.v1.GetAlertsRequest.
+ * Use `create(GetAlertsRequestSchema)` to create a new message.
+ */
+export const GetAlertsRequestSchema: GenMessage<GetAlertsRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 27);
+
+/**
+ * @generated from message typesafe.account.v1.GetAlertsResponse
+ */
+export type GetAlertsResponse = Message<"typesafe.account.v1.GetAlertsResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.Alerts alerts = 1;
+   */
+  alerts?: Alerts | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.GetAlertsResponse.
+ * Use `create(GetAlertsResponseSchema)` to create a new message.
+ */
+export const GetAlertsResponseSchema: GenMessage<GetAlertsResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 28);
+
+/**
+ * The account's balance alerts. Credits are decimals.
+ *
+ * @generated from message typesafe.account.v1.Alerts
+ */
+export type Alerts = Message<"typesafe.account.v1.Alerts"> & {
+  /**
+   * A balance.low event is sent when the available balance falls below one
+   * of these; highest first.
+   *
+   * @generated from field: repeated double thresholds_credits = 1;
+   */
+  thresholdsCredits: number[];
+
+  /**
+   * The thresholds the available balance is below now (told, and not yet
+   * recovered by a grant).
+   *
+   * @generated from field: repeated double crossed_credits = 2;
+   */
+  crossedCredits: number[];
+
+  /**
+   * The available balance no longer covers what one call reserves.
+   *
+   * @generated from field: bool depleted = 3;
+   */
+  depleted: boolean;
+};
+
+/**
+ * Describes the message typesafe.account.v1.Alerts.
+ * Use `create(AlertsSchema)` to create a new message.
+ */
+export const AlertsSchema: GenMessage<Alerts> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 29);
+
+/**
+ * @generated from message typesafe.account.v1.SetAlertsRequest
+ */
+export type SetAlertsRequest = Message<"typesafe.account.v1.SetAlertsRequest"> & {
+  /**
+   * At most 5 thresholds, each above 0 with at most 6 decimals; empty turns
+   * the threshold alerts off.
+   *
+   * @generated from field: repeated double thresholds_credits = 1;
+   */
+  thresholdsCredits: number[];
+};
+
+/**
+ * Describes the message typesafe.account.v1.SetAlertsRequest.
+ * Use `create(SetAlertsRequestSchema)` to create a new message.
+ */
+export const SetAlertsRequestSchema: GenMessage<SetAlertsRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 30);
+
+/**
+ * @generated from message typesafe.account.v1.SetAlertsResponse
+ */
+export type SetAlertsResponse = Message<"typesafe.account.v1.SetAlertsResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.Alerts alerts = 1;
+   */
+  alerts?: Alerts | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.SetAlertsResponse.
+ * Use `create(SetAlertsResponseSchema)` to create a new message.
+ */
+export const SetAlertsResponseSchema: GenMessage<SetAlertsResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 31);
+
+/**
+ * A URL the account's events are sent to, as the account area shows it:
+ * never its secret.
+ *
+ * @generated from message typesafe.account.v1.WebhookEndpoint
+ */
+export type WebhookEndpoint = Message<"typesafe.account.v1.WebhookEndpoint"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string url = 2;
+   */
+  url: string;
+
+  /**
+   * False once disabled: by a 410 answer, by failing for days, or never
+   * enabled again after that.
+   *
+   * @generated from field: bool enabled = 3;
+   */
+  enabled: boolean;
+
+  /**
+   * Why it was disabled; empty while enabled.
+   *
+   * @generated from field: string disabled_reason = 4;
+   */
+  disabledReason: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp created_at = 5;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * While the secret before the last rotation still signs beside the new one.
+   *
+   * @generated from field: optional google.protobuf.Timestamp previous_secret_until = 6;
+   */
+  previousSecretUntil?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.WebhookEndpoint.
+ * Use `create(WebhookEndpointSchema)` to create a new message.
+ */
+export const WebhookEndpointSchema: GenMessage<WebhookEndpoint> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 32);
+
+/**
+ * @generated from message typesafe.account.v1.ListWebhookEndpointsRequest
+ */
+export type ListWebhookEndpointsRequest = Message<"typesafe.account.v1.ListWebhookEndpointsRequest"> & {
+};
+
+/**
+ * Describes the message typesafe.account.v1.ListWebhookEndpointsRequest.
+ * Use `create(ListWebhookEndpointsRequestSchema)` to create a new message.
+ */
+export const ListWebhookEndpointsRequestSchema: GenMessage<ListWebhookEndpointsRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 33);
+
+/**
+ * @generated from message typesafe.account.v1.ListWebhookEndpointsResponse
+ */
+export type ListWebhookEndpointsResponse = Message<"typesafe.account.v1.ListWebhookEndpointsResponse"> & {
+  /**
+   * @generated from field: repeated typesafe.account.v1.WebhookEndpoint endpoints = 1;
+   */
+  endpoints: WebhookEndpoint[];
+};
+
+/**
+ * Describes the message typesafe.account.v1.ListWebhookEndpointsResponse.
+ * Use `create(ListWebhookEndpointsResponseSchema)` to create a new message.
+ */
+export const ListWebhookEndpointsResponseSchema: GenMessage<ListWebhookEndpointsResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 34);
+
+/**
+ * @generated from message typesafe.account.v1.AddWebhookEndpointRequest
+ */
+export type AddWebhookEndpointRequest = Message<"typesafe.account.v1.AddWebhookEndpointRequest"> & {
+  /**
+   * An http:// or https:// URL reaching a public address, at most 2048 characters.
+   *
+   * @generated from field: string url = 1;
+   */
+  url: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.AddWebhookEndpointRequest.
+ * Use `create(AddWebhookEndpointRequestSchema)` to create a new message.
+ */
+export const AddWebhookEndpointRequestSchema: GenMessage<AddWebhookEndpointRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 35);
+
+/**
+ * @generated from message typesafe.account.v1.AddWebhookEndpointResponse
+ */
+export type AddWebhookEndpointResponse = Message<"typesafe.account.v1.AddWebhookEndpointResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.WebhookEndpoint endpoint = 1;
+   */
+  endpoint?: WebhookEndpoint | undefined;
+
+  /**
+   * The signing secret ("whsec_..."). It is shown this once and never again.
+   *
+   * @generated from field: string secret = 2;
+   */
+  secret: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.AddWebhookEndpointResponse.
+ * Use `create(AddWebhookEndpointResponseSchema)` to create a new message.
+ */
+export const AddWebhookEndpointResponseSchema: GenMessage<AddWebhookEndpointResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 36);
+
+/**
+ * @generated from message typesafe.account.v1.RemoveWebhookEndpointRequest
+ */
+export type RemoveWebhookEndpointRequest = Message<"typesafe.account.v1.RemoveWebhookEndpointRequest"> & {
+  /**
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.RemoveWebhookEndpointRequest.
+ * Use `create(RemoveWebhookEndpointRequestSchema)` to create a new message.
+ */
+export const RemoveWebhookEndpointRequestSchema: GenMessage<RemoveWebhookEndpointRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 37);
+
+/**
+ * @generated from message typesafe.account.v1.RemoveWebhookEndpointResponse
+ */
+export type RemoveWebhookEndpointResponse = Message<"typesafe.account.v1.RemoveWebhookEndpointResponse"> & {
+};
+
+/**
+ * Describes the message typesafe.account.v1.RemoveWebhookEndpointResponse.
+ * Use `create(RemoveWebhookEndpointResponseSchema)` to create a new message.
+ */
+export const RemoveWebhookEndpointResponseSchema: GenMessage<RemoveWebhookEndpointResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 38);
+
+/**
+ * @generated from message typesafe.account.v1.RotateWebhookSecretRequest
+ */
+export type RotateWebhookSecretRequest = Message<"typesafe.account.v1.RotateWebhookSecretRequest"> & {
+  /**
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.RotateWebhookSecretRequest.
+ * Use `create(RotateWebhookSecretRequestSchema)` to create a new message.
+ */
+export const RotateWebhookSecretRequestSchema: GenMessage<RotateWebhookSecretRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 39);
+
+/**
+ * @generated from message typesafe.account.v1.RotateWebhookSecretResponse
+ */
+export type RotateWebhookSecretResponse = Message<"typesafe.account.v1.RotateWebhookSecretResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.WebhookEndpoint endpoint = 1;
+   */
+  endpoint?: WebhookEndpoint | undefined;
+
+  /**
+   * The new signing secret, shown this once.
+   *
+   * @generated from field: string secret = 2;
+   */
+  secret: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.RotateWebhookSecretResponse.
+ * Use `create(RotateWebhookSecretResponseSchema)` to create a new message.
+ */
+export const RotateWebhookSecretResponseSchema: GenMessage<RotateWebhookSecretResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 40);
+
+/**
+ * @generated from message typesafe.account.v1.EnableWebhookEndpointRequest
+ */
+export type EnableWebhookEndpointRequest = Message<"typesafe.account.v1.EnableWebhookEndpointRequest"> & {
+  /**
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.EnableWebhookEndpointRequest.
+ * Use `create(EnableWebhookEndpointRequestSchema)` to create a new message.
+ */
+export const EnableWebhookEndpointRequestSchema: GenMessage<EnableWebhookEndpointRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 41);
+
+/**
+ * @generated from message typesafe.account.v1.EnableWebhookEndpointResponse
+ */
+export type EnableWebhookEndpointResponse = Message<"typesafe.account.v1.EnableWebhookEndpointResponse"> & {
+  /**
+   * @generated from field: typesafe.account.v1.WebhookEndpoint endpoint = 1;
+   */
+  endpoint?: WebhookEndpoint | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.EnableWebhookEndpointResponse.
+ * Use `create(EnableWebhookEndpointResponseSchema)` to create a new message.
+ */
+export const EnableWebhookEndpointResponseSchema: GenMessage<EnableWebhookEndpointResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 42);
+
+/**
+ * @generated from message typesafe.account.v1.SendTestWebhookRequest
+ */
+export type SendTestWebhookRequest = Message<"typesafe.account.v1.SendTestWebhookRequest"> & {
+  /**
+   * @generated from field: string endpoint_id = 1;
+   */
+  endpointId: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.SendTestWebhookRequest.
+ * Use `create(SendTestWebhookRequestSchema)` to create a new message.
+ */
+export const SendTestWebhookRequestSchema: GenMessage<SendTestWebhookRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 43);
+
+/**
+ * @generated from message typesafe.account.v1.SendTestWebhookResponse
+ */
+export type SendTestWebhookResponse = Message<"typesafe.account.v1.SendTestWebhookResponse"> & {
+  /**
+   * The webhook-id the test event carries.
+   *
+   * @generated from field: string webhook_id = 1;
+   */
+  webhookId: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.SendTestWebhookResponse.
+ * Use `create(SendTestWebhookResponseSchema)` to create a new message.
+ */
+export const SendTestWebhookResponseSchema: GenMessage<SendTestWebhookResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 44);
+
+/**
+ * @generated from message typesafe.account.v1.ListWebhookDeliveriesRequest
+ */
+export type ListWebhookDeliveriesRequest = Message<"typesafe.account.v1.ListWebhookDeliveriesRequest"> & {
+  /**
+   * 1 to 100; 0 means 20.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+};
+
+/**
+ * Describes the message typesafe.account.v1.ListWebhookDeliveriesRequest.
+ * Use `create(ListWebhookDeliveriesRequestSchema)` to create a new message.
+ */
+export const ListWebhookDeliveriesRequestSchema: GenMessage<ListWebhookDeliveriesRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 45);
+
+/**
+ * @generated from message typesafe.account.v1.ListWebhookDeliveriesResponse
+ */
+export type ListWebhookDeliveriesResponse = Message<"typesafe.account.v1.ListWebhookDeliveriesResponse"> & {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated typesafe.account.v1.WebhookDelivery deliveries = 1;
+   */
+  deliveries: WebhookDelivery[];
+};
+
+/**
+ * Describes the message typesafe.account.v1.ListWebhookDeliveriesResponse.
+ * Use `create(ListWebhookDeliveriesResponseSchema)` to create a new message.
+ */
+export const ListWebhookDeliveriesResponseSchema: GenMessage<ListWebhookDeliveriesResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 46);
+
+/**
+ * One event sent, or to be sent, to one endpoint.
+ *
+ * @generated from message typesafe.account.v1.WebhookDelivery
+ */
+export type WebhookDelivery = Message<"typesafe.account.v1.WebhookDelivery"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string endpoint_id = 2;
+   */
+  endpointId: string;
+
+  /**
+   * The webhook-id header: the same on every attempt.
+   *
+   * @generated from field: string webhook_id = 3;
+   */
+  webhookId: string;
+
+  /**
+   * "balance.low", "balance.depleted", "balance.recovered" or "webhook.test".
+   *
+   * @generated from field: string event_type = 4;
+   */
+  eventType: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp event_at = 5;
+   */
+  eventAt?: Timestamp | undefined;
+
+  /**
+   * "pending", "delivered" or "failed".
+   *
+   * @generated from field: string state = 6;
+   */
+  state: string;
+
+  /**
+   * Oldest first.
+   *
+   * @generated from field: repeated typesafe.account.v1.WebhookAttempt attempts = 7;
+   */
+  attempts: WebhookAttempt[];
+
+  /**
+   * When the next attempt is due, while pending.
+   *
+   * @generated from field: optional google.protobuf.Timestamp next_attempt_at = 8;
+   */
+  nextAttemptAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message typesafe.account.v1.WebhookDelivery.
+ * Use `create(WebhookDeliverySchema)` to create a new message.
+ */
+export const WebhookDeliverySchema: GenMessage<WebhookDelivery> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 47);
+
+/**
+ * One attempt of a delivery.
+ *
+ * @generated from message typesafe.account.v1.WebhookAttempt
+ */
+export type WebhookAttempt = Message<"typesafe.account.v1.WebhookAttempt"> & {
+  /**
+   * 1 for the first.
+   *
+   * @generated from field: int32 attempt = 1;
+   */
+  attempt: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp at = 2;
+   */
+  at?: Timestamp | undefined;
+
+  /**
+   * The HTTP status of the answer; 0 when none came.
+   *
+   * @generated from field: int32 status = 3;
+   */
+  status: number;
+
+  /**
+   * @generated from field: int32 latency_ms = 4;
+   */
+  latencyMs: number;
+
+  /**
+   * Why no answer came (refused address, timeout, connection error); empty otherwise.
+   *
+   * @generated from field: string error = 5;
+   */
+  error: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.WebhookAttempt.
+ * Use `create(WebhookAttemptSchema)` to create a new message.
+ */
+export const WebhookAttemptSchema: GenMessage<WebhookAttempt> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 48);
+
+/**
+ * @generated from message typesafe.account.v1.ReplayWebhookDeliveryRequest
+ */
+export type ReplayWebhookDeliveryRequest = Message<"typesafe.account.v1.ReplayWebhookDeliveryRequest"> & {
+  /**
+   * @generated from field: string delivery_id = 1;
+   */
+  deliveryId: string;
+};
+
+/**
+ * Describes the message typesafe.account.v1.ReplayWebhookDeliveryRequest.
+ * Use `create(ReplayWebhookDeliveryRequestSchema)` to create a new message.
+ */
+export const ReplayWebhookDeliveryRequestSchema: GenMessage<ReplayWebhookDeliveryRequest> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 49);
+
+/**
+ * @generated from message typesafe.account.v1.ReplayWebhookDeliveryResponse
+ */
+export type ReplayWebhookDeliveryResponse = Message<"typesafe.account.v1.ReplayWebhookDeliveryResponse"> & {
+};
+
+/**
+ * Describes the message typesafe.account.v1.ReplayWebhookDeliveryResponse.
+ * Use `create(ReplayWebhookDeliveryResponseSchema)` to create a new message.
+ */
+export const ReplayWebhookDeliveryResponseSchema: GenMessage<ReplayWebhookDeliveryResponse> = /*@__PURE__*/
+  messageDesc(file_typesafe_account_v1_account_service, 50);
 
 /**
  * AccountService is the account area: the members of an account sign in with
@@ -900,6 +1457,114 @@ export const AccountService: GenService<{
     methodKind: "unary";
     input: typeof ListActivityRequestSchema;
     output: typeof ListActivityResponseSchema;
+  },
+  /**
+   * GetAlerts reads the balance thresholds below which the account hears a
+   * balance.low event, and which of them the balance is below now.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.GetAlerts
+   */
+  getAlerts: {
+    methodKind: "unary";
+    input: typeof GetAlertsRequestSchema;
+    output: typeof GetAlertsResponseSchema;
+  },
+  /**
+   * SetAlerts replaces the thresholds. A threshold above the available
+   * balance records its balance.low at once.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.SetAlerts
+   */
+  setAlerts: {
+    methodKind: "unary";
+    input: typeof SetAlertsRequestSchema;
+    output: typeof SetAlertsResponseSchema;
+  },
+  /**
+   * ListWebhookEndpoints lists the URLs the account's events are sent to.
+   * Secrets are never shown again after they are made.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.ListWebhookEndpoints
+   */
+  listWebhookEndpoints: {
+    methodKind: "unary";
+    input: typeof ListWebhookEndpointsRequestSchema;
+    output: typeof ListWebhookEndpointsResponseSchema;
+  },
+  /**
+   * AddWebhookEndpoint adds a URL and returns its signing secret this once.
+   * The URL must reach a public address.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.AddWebhookEndpoint
+   */
+  addWebhookEndpoint: {
+    methodKind: "unary";
+    input: typeof AddWebhookEndpointRequestSchema;
+    output: typeof AddWebhookEndpointResponseSchema;
+  },
+  /**
+   * RemoveWebhookEndpoint stops sending to an endpoint.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.RemoveWebhookEndpoint
+   */
+  removeWebhookEndpoint: {
+    methodKind: "unary";
+    input: typeof RemoveWebhookEndpointRequestSchema;
+    output: typeof RemoveWebhookEndpointResponseSchema;
+  },
+  /**
+   * RotateWebhookSecret makes a new secret, returned this once; the old one
+   * keeps signing beside it for 24 hours.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.RotateWebhookSecret
+   */
+  rotateWebhookSecret: {
+    methodKind: "unary";
+    input: typeof RotateWebhookSecretRequestSchema;
+    output: typeof RotateWebhookSecretResponseSchema;
+  },
+  /**
+   * EnableWebhookEndpoint sends again to an endpoint that was disabled; the
+   * deliveries still pending go first.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.EnableWebhookEndpoint
+   */
+  enableWebhookEndpoint: {
+    methodKind: "unary";
+    input: typeof EnableWebhookEndpointRequestSchema;
+    output: typeof EnableWebhookEndpointResponseSchema;
+  },
+  /**
+   * SendTestWebhook sends a webhook.test event to one endpoint.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.SendTestWebhook
+   */
+  sendTestWebhook: {
+    methodKind: "unary";
+    input: typeof SendTestWebhookRequestSchema;
+    output: typeof SendTestWebhookResponseSchema;
+  },
+  /**
+   * ListWebhookDeliveries lists the latest deliveries, newest first, each
+   * with every attempt.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.ListWebhookDeliveries
+   */
+  listWebhookDeliveries: {
+    methodKind: "unary";
+    input: typeof ListWebhookDeliveriesRequestSchema;
+    output: typeof ListWebhookDeliveriesResponseSchema;
+  },
+  /**
+   * ReplayWebhookDelivery sends a finished delivery again, with the same
+   * webhook-id.
+   *
+   * @generated from rpc typesafe.account.v1.AccountService.ReplayWebhookDelivery
+   */
+  replayWebhookDelivery: {
+    methodKind: "unary";
+    input: typeof ReplayWebhookDeliveryRequestSchema;
+    output: typeof ReplayWebhookDeliveryResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_typesafe_account_v1_account_service, 0);
