@@ -12,10 +12,11 @@ import { byId, keyLabel } from "./dom.js";
 import { createKeysView } from "./keys-view.js";
 import { loadOverview, showAccount } from "./overview-view.js";
 import { createUsageView } from "./usage-view.js";
+import { createAlertsView } from "./alerts-view.js";
 
-type SignedInView = "overview" | "keys" | "usage" | "activity";
+type SignedInView = "overview" | "keys" | "usage" | "alerts" | "activity";
 type View = "loading" | "sign-in" | "invite" | SignedInView;
-const SIGNED_IN_VIEWS: SignedInView[] = ["overview", "keys", "usage", "activity"];
+const SIGNED_IN_VIEWS: SignedInView[] = ["overview", "keys", "usage", "alerts", "activity"];
 const ALL_VIEWS: View[] = ["loading", "sign-in", "invite", ...SIGNED_IN_VIEWS];
 const MIN_PASSWORD_CHARS = 12;
 
@@ -29,6 +30,7 @@ let signedIn = false;
 const keysView = createKeysView({ client, fail, onKeys: rememberKeys });
 const usageView = createUsageView({ client, fail, keyName: (id) => keyNames.get(id) });
 const activityView = createActivityView({ client, fail });
+const alertsView = createAlertsView({ client, fail, onAccount: showAccount });
 
 /** Shows one view, marks its nav link, and moves focus to its heading when the reader asked for it. */
 function show(view: View, focus: boolean): void {
@@ -72,6 +74,7 @@ async function route(focus: boolean): Promise<void> {
       if (keyNames.size === 0) rememberKeys((await client.listKeys({})).keys);
       await usageView.load();
     }
+    if (view === "alerts") await alertsView.load();
     if (view === "activity") await activityView.load();
   } catch (err) {
     fail(err, status);
@@ -107,6 +110,8 @@ function toSignIn(message: string): void {
   keysView.clear();
   usageView.clear();
   activityView.clear();
+  alertsView.clear();
+  byId("low-balance", HTMLElement).hidden = true;
   keyNames.clear();
   nav.hidden = true;
   who.hidden = true;
