@@ -96,8 +96,8 @@ export function createAlertsView(options: AlertsViewOptions): { load(): Promise<
     const actions = document.createElement("td");
     const id = endpoint.id;
     actions.append(
-      button("Send test event", `Send a test event to ${endpoint.url}`, () => client.sendTestWebhook({ endpointId: id })),
-      button("Rotate secret", `Rotate the secret of ${endpoint.url}`, async () => showSecret((await client.rotateWebhookSecret({ endpointId: id })).secret)),
+      button("Send test event", `Send test event to ${endpoint.url}`, () => client.sendTestWebhook({ endpointId: id })),
+      button("Rotate secret", `Rotate secret of ${endpoint.url}`, async () => showSecret((await client.rotateWebhookSecret({ endpointId: id })).secret)),
       button("Remove", `Remove ${endpoint.url}`, () => client.removeWebhookEndpoint({ endpointId: id })),
     );
     if (!endpoint.enabled) actions.append(button("Enable", `Enable ${endpoint.url} again`, () => client.enableWebhookEndpoint({ endpointId: id })));
@@ -115,7 +115,7 @@ export function createAlertsView(options: AlertsViewOptions): { load(): Promise<
   function deliveryRow(delivery: WebhookDelivery): HTMLTableRowElement {
     const actions = document.createElement("td");
     if (delivery.state !== "pending") {
-      actions.append(button("Replay", `Send the ${delivery.eventType} event again`, () => client.replayWebhookDelivery({ deliveryId: delivery.id })));
+      actions.append(button("Replay", `Replay the ${delivery.eventType} event`, () => client.replayWebhookDelivery({ deliveryId: delivery.id })));
     }
     const code = document.createElement("code");
     code.textContent = delivery.webhookId;
