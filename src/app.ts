@@ -63,7 +63,14 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   await prepareStatementsOn(db);
   const meter = createMeter({ db, config: config.metering, logger });
   const now = overrides.now ?? (() => new Date());
-  const deliverer = createDeliverer({ db, config: config.webhooks, logger, resolve: createResolver(config.webhooks.dnsServers), beforeConnect: overrides.webhookBeforeConnect });
+  const deliverer = createDeliverer({
+    db,
+    config: config.webhooks,
+    logger,
+    resolve: createResolver(config.webhooks.dnsServers),
+    leaseMarginMs: config.metering.leaseMarginMs,
+    beforeConnect: overrides.webhookBeforeConnect,
+  });
   const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
   const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
   const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics });

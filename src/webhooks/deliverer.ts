@@ -19,6 +19,8 @@ export interface DelivererDeps {
   config: WebhookConfig;
   logger: Logger;
   resolve: Resolve;
+  /** Added to an attempt's timeout to form the lease of a delivery (the metering's lease margin). */
+  leaseMarginMs: number;
   now?: () => Date;
   /** See SendOptions.beforeConnect. */
   beforeConnect?: (address: string) => void;
@@ -58,7 +60,7 @@ interface Claimed {
 export function createDeliverer(deps: DelivererDeps): Deliverer {
   const { db, config, logger } = deps;
   const now = deps.now ?? (() => new Date());
-  const leaseMs = config.timeoutMs + 20_000;
+  const leaseMs = config.timeoutMs + deps.leaseMarginMs;
   const stopping = new AbortController();
   const wakers = new Set<() => void>();
   let loops: Promise<void>[] | undefined;
