@@ -92,6 +92,11 @@ export async function migrate(db: Knex, useAdvisoryLock: boolean): Promise<void>
  * advisory lock, and records it in schema_migrations.
  */
 async function applySchemaMigrationsInterim(db: Knex): Promise<void> {
+  const { rows } = await db.raw<{ rows: Array<{ present: boolean }> }>("SELECT to_regclass('schema_migrations') IS NOT NULL AS present");
+  if (rows[0]?.present) {
+    const applied = new Set(await db("schema_migrations").pluck<string[]>("name"));
+    if (schemaMigrations.every((m) => applied.has(m.name))) return;
+  }
   await db.raw("CREATE TABLE IF NOT EXISTS schema_migrations (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())");
   for (const migration of schemaMigrations) {
     await db.transaction(async (tx) => {
