@@ -5,6 +5,7 @@
  *   doors     gateway/, rpc/, account/, web/   take calls from the network
  *   features  decision/, search/, webhooks/   the work a call asks for, and what an account hears of it
  *   metering/                            admit, settle and release money
+ *   call/                                one call's context: request id, phases, the authenticated caller
  *   accounts/, db/                       rows, keys, the store
  * A room may import the rooms below it, never one above. upstream/ talks to
  * the outside (the LLM) and knows nothing of the work it serves. The
@@ -27,12 +28,8 @@ const FEATURES = "^src/(decision|search|webhooks)/";
 const METERING = "^src/metering/";
 const STORE = "^src/(accounts|db)/";
 const UPSTREAM = "^src/upstream/";
-/**
- * The per-call context that still lives in rpc/ although every layer reads it:
- * the request id, the call's phase record and the API-key check. Features and
- * metering may import these modules until they move to a room of their own.
- */
-const REQUEST_CONTEXT = "^src/rpc/(auth|context|call-phases)\\.ts$";
+/** What every layer reads about the call in progress; below the doors and the features. */
+const CALL = "^src/call/";
 /** The OpenAPI document describes the gateway, so it reads the gateway's path table. */
 const OPENAPI = "^src/openapi/";
 
@@ -51,7 +48,7 @@ module.exports = {
       severity: "error",
       comment: "Only the composition root wires the doors; features and everything below never reach up into them.",
       from: { path: "^src/", pathNot: [ROOT, DOORS, OPENAPI] },
-      to: { path: DOORS, pathNot: REQUEST_CONTEXT },
+      to: { path: DOORS },
     },
     {
       name: "rpc-not-gateway",
@@ -77,11 +74,18 @@ module.exports = {
       to: { path: FEATURES },
     },
     {
+      name: "call-below-the-work",
+      severity: "error",
+      comment: "The call's context is read by doors, features and metering alike, so it knows none of them.",
+      from: { path: CALL },
+      to: { path: [DOORS, FEATURES, METERING, UPSTREAM] },
+    },
+    {
       name: "store-below-metering",
       severity: "error",
       comment: "accounts/ and db/ hold rows; money (metering) and work (features) build on them, not the reverse.",
       from: { path: STORE },
-      to: { path: [FEATURES, METERING, UPSTREAM] },
+      to: { path: [FEATURES, METERING, UPSTREAM, CALL] },
     },
     {
       name: "upstream-knows-no-work",

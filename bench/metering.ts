@@ -59,7 +59,7 @@ async function main() {
   const db = createKnex(scratch.url, Math.max(WORKERS, 2)); // migrating takes a second connection for its lock
   const pool = new pg.Pool({ connectionString: scratch.url, max: WORKERS });
   try {
-    await migrate(db, true);
+    await migrate(db, { useAdvisoryLock: true });
     const meter = createMeter({ db, config: loadConfig({}).metering, logger: createLogger("silent") });
 
     const makeAccounts = async (count: number) =>

@@ -64,6 +64,8 @@ export function build({ ifStale }) {
   const builtAt = modified(stamp);
   const sourcesAt = Math.max(newestIn(path.join(root, "src")), ...["package.json", "tsconfig.json", "tsconfig.build.json"].map((f) => modified(path.join(root, f)) ?? 0));
   if (ifStale && builtAt !== undefined && builtAt >= sourcesAt) return 0;
+  // Said before the seconds of silence a compilation takes; on stderr, so the CLI's JSON on stdout stays clean.
+  process.stderr.write(`typesafe: building dist/ from src/ (takes a few seconds, once after each change)\n`);
   const tsc = spawnSync(process.execPath, [path.join(root, "node_modules/typescript/bin/tsc"), "-p", "tsconfig.build.json"], { cwd: root, stdio: "inherit" });
   if (tsc.status !== 0) return tsc.status ?? 1;
   bundleServer();

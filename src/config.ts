@@ -62,6 +62,8 @@ export interface ConnectionLimits {
   bodyTimeoutMs: number;
   /** How long a connection with no request or stream in progress stays open. */
   idleTimeoutMs: number;
+  /** How long an HTTP/1.1 body is still read and discarded after an answer that did not wait for it (nginx's lingering_time). */
+  lingerTimeMs: number;
   /** Open connections at most; one more is closed as soon as it is accepted. */
   maxConnections: number;
 }
@@ -86,6 +88,8 @@ export interface AccountAreaConfig {
    * calls, and when it is https the session cookie is Secure.
    */
   publicUrl: string;
+  /** True when TYPESAFE_PUBLIC_URL is not set and publicUrl is this process's own HOST and PORT (right for the service, a guess for the CLI). */
+  publicUrlIsGuessed: boolean;
   /** A session unused this long ends (OWASP suggests 15-30 minutes for low-risk sites). */
   sessionIdleMs: number;
   /** A session ends this long after sign-in, however busy. */
@@ -115,10 +119,22 @@ export interface SearchConfig {
   configuredSources?: string[];
 }
 
-/** Parses `env` (process.env by default) into a Config, or throws a ConfigError listing every problem. */
-export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.cwd()): Config {
+/** One environment variable as loadConfig reads it: its default and, for a number, its range. */
+export interface SettingRead {
+  name: string;
+  default: string | undefined;
+  range?: readonly [number, number];
+}
+
+/**
+ * Parses `env` (process.env by default) into a Config, or throws a
+ * ConfigError listing every problem. `onRead` hears of every variable read,
+ * with its default: the settings tables of the docs are made from it.
+ */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.cwd(), onRead?: (setting: SettingRead) => void): Config {
   const problems: string[] = [];
   const int = (name: string, fallback: number, min = 0, max = Number.MAX_SAFE_INTEGER): number => {
+    onRead?.({ name, default: String(fallback), range: [min, max] });
     const raw = env[name];
     if (raw === undefined || raw === "") return fallback;
     const value = Number(raw);
@@ -128,18 +144,21 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     }
     return value;
   };
-  const str = (name: string): string | undefined => {
+  function str(name: string): string | undefined;
+  function str(name: string, fallback: string): string;
+  function str(name: string, fallback?: string): string | undefined {
+    onRead?.({ name, default: fallback });
     const raw = env[name]?.trim();
-    return raw ? raw : undefined;
-  };
+    return raw ? raw : fallback;
+  }
 
-  const logLevel = (str("TYPESAFE_LOG_LEVEL") ?? "info") as Config["logLevel"];
+  const logLevel = str("TYPESAFE_LOG_LEVEL", "info") as Config["logLevel"];
   if (!["debug", "info", "warn", "error", "silent"].includes(logLevel)) {
     problems.push(`TYPESAFE_LOG_LEVEL: must be one of debug, info, warn, error, silent, got "${logLevel}"`);
   }
-  const metrics = str("TYPESAFE_METRICS") ?? "on";
+  const metrics = str("TYPESAFE_METRICS", "on");
   if (metrics !== "on" && metrics !== "off") problems.push(`TYPESAFE_METRICS: must be on or off, got "${metrics}"`);
-  const grpcShortPath = str("TYPESAFE_GRPC_SHORT_PATH") ?? "on";
+  const grpcShortPath = str("TYPESAFE_GRPC_SHORT_PATH", "on");
   if (grpcShortPath !== "on" && grpcShortPath !== "off") problems.push(`TYPESAFE_GRPC_SHORT_PATH: must be on or off, got "${grpcShortPath}"`);
   const llmBaseUrl = str("TYPESAFE_LLM_BASE_URL");
   if (llmBaseUrl && !/^https?:\/\/[^/]/.test(llmBaseUrl)) {
@@ -173,13 +192,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     problems.push(...err.problems);
   }
 
-  const host = str("HOST") ?? "127.0.0.1";
+  const host = str("HOST", "127.0.0.1");
   const port = int("PORT", 8080, 0, 65535);
   const config: Config = {
     host,
     port,
     databaseUrl,
-    dataDir: path.resolve(cwd, str("TYPESAFE_DATA_DIR") ?? ".typesafe-data"),
+    dataDir: path.resolve(cwd, str("TYPESAFE_DATA_DIR", ".typesafe-data")),
     dbPoolMax: int("TYPESAFE_DB_POOL_MAX", 10, 2, 1000),
     logLevel,
     metrics: metrics !== "off",
@@ -189,6 +208,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       headersTimeoutMs: int("TYPESAFE_HEADERS_TIMEOUT_MS", 10_000, 100, 600_000),
       bodyTimeoutMs: int("TYPESAFE_BODY_TIMEOUT_MS", 20_000, 100, 600_000),
       idleTimeoutMs: int("TYPESAFE_IDLE_TIMEOUT_MS", 75_000, 100, 3_600_000),
+      lingerTimeMs: int("TYPESAFE_LINGER_TIME_MS", 30_000, 100, 600_000),
       maxConnections: int("TYPESAFE_MAX_CONNECTIONS", 4_096, 1, 1_000_000),
     },
     grpcShortPath: grpcShortPath !== "off",
@@ -200,13 +220,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     },
     account: {
       publicUrl: (publicUrl && !publicUrlProblem(publicUrl) ? publicUrl : `http://${host.includes(":") ? `[${host}]` : host}:${port}`).replace(/\/+$/, ""),
+      publicUrlIsGuessed: !(publicUrl && !publicUrlProblem(publicUrl)),
       sessionIdleMs: int("TYPESAFE_SESSION_IDLE_MINUTES", 30, 1, 24 * 60) * 60_000,
       sessionAbsoluteMs: int("TYPESAFE_SESSION_ABSOLUTE_HOURS", 12, 1, 24 * 30) * 3_600_000,
     },
     llm: {
       baseUrl: llmBaseUrl?.replace(/\/+$/, ""),
       apiKey: str("TYPESAFE_LLM_API_KEY"),
-      model: str("TYPESAFE_LLM_MODEL") ?? "default",
+      model: str("TYPESAFE_LLM_MODEL", "default"),
       requestTimeoutMs: int("TYPESAFE_LLM_REQUEST_TIMEOUT_MS", 60_000, 100),
       callTimeoutMs: int("TYPESAFE_LLM_CALL_TIMEOUT_MS", 20_000, 100),
       maxConcurrentCalls: int("TYPESAFE_LLM_MAX_CONCURRENT_CALLS", 64, 1),
@@ -254,5 +275,53 @@ function databaseUrlProblem(raw: string): string | undefined {
   } catch {
     // falls through: an empty or malformed host
   }
-  return `names no host, or is not a valid URL; ${expected}`;
+  // libpq reads an empty host as its default socket directory; the pg driver would try localhost instead, so say how to name the socket.
+  return `names no host, or is not a valid URL; ${expected}, or for a Unix socket postgres://user@/database?host=/var/run/postgresql (the socket's directory)`;
 }
+
+/**
+ * What each variable loadConfig reads means, for the people who set it: the
+ * settings tables of docs/ are made from these lines and loadConfig's
+ * defaults (`npm run docs:generate`), in this order, and a test fails when a
+ * variable read here has no line or a line names a variable no longer read.
+ */
+export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
+  PORT: "the one port for every protocol",
+  HOST: "listen address (`0.0.0.0` in a container)",
+  DATABASE_URL:
+    "PostgreSQL server (`postgres://user:password@host:5432/database`; a socket directory as `postgres://user@/database?host=/var/run/postgresql`); without it the embedded store is used",
+  TYPESAFE_DATA_DIR: "folder of the embedded store",
+  TYPESAFE_DB_POOL_MAX: "connections per replica to `DATABASE_URL`, or to the embedded store's wire",
+  TYPESAFE_LOG_LEVEL: "debug, info, warn, error, silent",
+  TYPESAFE_METRICS: "`off` removes `GET /metrics` and the collection behind it",
+  TYPESAFE_SHUTDOWN_GRACE_MS: "how long SIGTERM lets calls in flight finish",
+  TYPESAFE_GRPC_SHORT_PATH: "`off` serves unary gRPC through Connect's own handler instead of the short path; for comparing the two",
+  TYPESAFE_DEFAULT_FREE_REQUESTS: "free requests of an account created without `--free-requests`",
+  TYPESAFE_LEASE_MARGIN_MS: "added to a call's deadline to form the lease of its hold",
+  TYPESAFE_SWEEP_INTERVAL_MS: "how often each replica releases expired holds",
+  TYPESAFE_DB_STATEMENT_TIMEOUT_MS: "client-side deadline of one metering statement; a reply lost past it is asked for again by request id",
+  TYPESAFE_PUBLIC_URL:
+    "where people reach the service (default `http://HOST:PORT`): the invite links the CLI prints, the account area's allowed origin and `Secure` cookies; the CLI reads it too, so give it the service's value",
+  TYPESAFE_SESSION_IDLE_MINUTES: "an account-area session unused this long ends",
+  TYPESAFE_SESSION_ABSOLUTE_HOURS: "an account-area session ends this long after sign-in",
+  TYPESAFE_HEADERS_TIMEOUT_MS:
+    "from accept until a whole HTTP/1.1 request head (or an HTTP/2 session's first stream) has arrived; a late head gets 408, a preface-only HTTP/2 session is destroyed",
+  TYPESAFE_BODY_TIMEOUT_MS: "the longest pause between two reads of a request body; HTTP/1.1 closes the connection, HTTP/2 resets only that stream",
+  TYPESAFE_IDLE_TIMEOUT_MS: "a connection with no request or stream in progress; HTTP/2 closes gracefully: GOAWAY, a ping, then the final GOAWAY",
+  TYPESAFE_LINGER_TIME_MS:
+    "how long an HTTP/1.1 body is still read and discarded after an answer that did not wait for it (401, 413, 415), before the connection closes lingering",
+  TYPESAFE_MAX_CONNECTIONS: "open connections; one more is closed as soon as it is accepted, while open connections keep being served",
+  TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: "`on` lets webhook endpoints be on loopback: local development only; every other private range stays refused",
+  TYPESAFE_WEBHOOK_RETRY_DELAYS_MS: "comma-separated waits after each failed webhook attempt; by default the Standard Webhooks schedule (docs/webhooks.md)",
+  TYPESAFE_WEBHOOK_TIMEOUT_MS: "one webhook attempt, from resolving the host to the answer; a 2xx within it is a delivery",
+  TYPESAFE_WEBHOOK_POLL_MS: "how often each replica looks for webhook deliveries that are due",
+  TYPESAFE_WEBHOOK_DNS_SERVERS: "DNS servers asked for webhook endpoint names (`host` or `host:port`, comma-separated); the system resolver when unset",
+  TYPESAFE_LLM_BASE_URL: "for example `http://127.0.0.1:8000/v1`; unset: decisions answer 503 (search keeps working)",
+  TYPESAFE_LLM_API_KEY: "sent as `Authorization: Bearer` to the upstream only",
+  TYPESAFE_LLM_MODEL: "the upstream's model name",
+  TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "deadline of one decision; questions still running become `timeout` errors",
+  TYPESAFE_LLM_CALL_TIMEOUT_MS: "timeout of one upstream HTTP attempt",
+  TYPESAFE_LLM_MAX_CONCURRENT_CALLS: "per-process cap on upstream calls in flight",
+  TYPESAFE_LLM_MAX_RETRIES: "retries on 429, 5xx and network errors, within the deadline; not billed",
+  TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS: "deadline of one search",
+};

@@ -3,6 +3,7 @@ import http2 from "node:http2";
 import type net from "node:net";
 import type { ConnectionLimits } from "./config.js";
 import type { ConnectionTimeout } from "./metrics.js";
+import { closeLingering } from "./request/body.js";
 
 /** Sent when a request head does not arrive in time, as Node's own headersTimeout and nginx answer. */
 const REQUEST_TIMEOUT_ANSWER = "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
@@ -31,7 +32,10 @@ export interface ConnectionGuard {
  *    session's first stream (a preface alone is no request);
  *  - body: a request body whose bytes stop arriving, for longer than the
  *    timeout between two reads; on HTTP/2 only that stream is reset;
- *  - idle: no request or stream in progress.
+ *  - idle: no request or stream in progress;
+ *  - linger: an HTTP/1.1 body still arriving after its answer (the rest
+ *    is read and discarded so the client can read the answer) is cut off
+ *    this long after the answer, with a lingering close.
  * Once a request's body is in, nothing runs against it: a call may take as
  * long as its own deadline allows.
  */
@@ -46,6 +50,7 @@ export function guardConnection(socket: net.Socket, timeouts: ConnectionTimeouts
   let bytesAtCheck = 0;
   let idleTimer: NodeJS.Timeout | undefined;
   let bodyTimer: NodeJS.Timeout | undefined;
+  let lingerTimer: NodeJS.Timeout | undefined;
 
   const expire = (timeout: ConnectionTimeout, close: () => void) => {
     onTimeout(timeout);
@@ -101,8 +106,13 @@ export function guardConnection(socket: net.Socket, timeouts: ConnectionTimeouts
     inProgress -= 1;
     if (inProgress > 0) return;
     if (draining) return void socket.destroy();
-    // A body the answer did not wait for is still read to its end before the next request.
-    if (!bodyOf) startIdle();
+    // A body the answer did not wait for is still read to its end before the next request, for a while.
+    if (!bodyOf) return startIdle();
+    const lingering = bodyOf;
+    clearTimeout(lingerTimer);
+    lingerTimer = setTimeout(() => {
+      if (bodyOf === lingering && !lingering.complete) expire("linger", () => closeLingering(socket));
+    }, timeouts.lingerTimeMs).unref();
   };
 
   const streamClosed = () => {
@@ -127,6 +137,7 @@ export function guardConnection(socket: net.Socket, timeouts: ConnectionTimeouts
     clearTimeout(headersTimer);
     clearTimeout(idleTimer);
     clearTimeout(bodyTimer);
+    clearTimeout(lingerTimer);
     bodyOf = undefined;
   });
 

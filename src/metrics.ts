@@ -38,8 +38,8 @@ const LLM_CALL_OUTCOMES = ["ok", "rejected", "failed", "timeout", "aborted"] as 
 /** How one HTTP call to the upstream LLM ended. */
 export type LlmCallOutcome = (typeof LLM_CALL_OUTCOMES)[number];
 
-const CONNECTION_TIMEOUTS = ["headers", "body", "idle"] as const;
-/** The timeout that closed a connection: request head (or first HTTP/2 stream), request body, or idleness. */
+const CONNECTION_TIMEOUTS = ["headers", "body", "idle", "linger"] as const;
+/** The timeout that closed a connection: request head (or first HTTP/2 stream), request body, idleness, or a body still arriving long after its answer. */
 export type ConnectionTimeout = (typeof CONNECTION_TIMEOUTS)[number];
 
 const METER_COUNTERS: [Exclude<keyof MeterStats, "holdsInFlight">, string, string][] = [
@@ -179,7 +179,7 @@ export function createMetrics(deps: {
   });
   const connectionTimeouts = new Counter({
     name: "typesafe_connections_timed_out_total",
-    help: "Client connections closed by a timeout: headers (no whole request head, or no HTTP/2 stream, in time), body (a request body stopped arriving; on HTTP/2 the stream is reset), idle (nothing in progress for too long).",
+    help: "Client connections closed by a timeout: headers (no whole request head, or no HTTP/2 stream, in time), body (a request body stopped arriving; on HTTP/2 the stream is reset), idle (nothing in progress for too long), linger (a request body still arriving long after its answer).",
     labelNames: ["timeout"] as const,
     registers: [registry],
   });

@@ -6,6 +6,7 @@ import type { ConnectionLimits } from "./config.js";
 import { guardConnection, type ConnectionGuard } from "./connection-guard.js";
 import type { Logger } from "./logger.js";
 import type { Metrics } from "./metrics.js";
+import { closeLingering } from "./request/body.js";
 import { createRpcHandler, type RpcHandlerOptions } from "./rpc/adapter.js";
 
 /** The HTTP/2 client preface starts with these bytes; no HTTP/1.1 method does. */
@@ -81,9 +82,9 @@ export async function startServer(options: ServerOptions, host: string, port: nu
     session.on("close", () => sessions.delete(session));
     handingOver?.session(session);
   });
-  for (const server of [http1, h2]) {
-    server.on("clientError", (_err: Error, socket: net.Socket) => socket.destroy());
-  }
+  // A request that stops parsing may follow an answer its client has not read yet: close lingering, never reset.
+  http1.on("clientError", (_err: Error, socket: net.Socket) => closeLingering(socket));
+  h2.on("clientError", (_err: Error, socket: net.Socket) => socket.destroy());
 
   const front = net.createServer((socket) => {
     const guard = guardConnection(socket, limits, onTimeout);

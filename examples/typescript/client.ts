@@ -4,6 +4,8 @@
  *
  * Usage: TYPESAFE_URL=http://127.0.0.1:8080 TYPESAFE_KEY=ts_live_… npx tsx examples/typescript/client.ts
  * It prints one JSON object: a decision, a search, and an error read from its typed detail.
+ * When the service refuses a call (decisions not configured, a wrong key), it
+ * prints the service's reason and message on stderr and exits 1.
  */
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
@@ -19,6 +21,20 @@ const transport = createGrpcTransport({ baseUrl });
 const decisions = createClient(DecisionService, transport);
 const search = createClient(SearchService, transport);
 const headers = { authorization: `Bearer ${key}` };
+
+/** The service's verdict on a refused call, from its typed detail. */
+function refusal(err: unknown): { code: string; reason: string; field: string; message: string } {
+  const error = ConnectError.from(err);
+  const detail = error.findDetails(ErrorDetailSchema)[0];
+  return { code: Code[error.code], reason: detail?.reason ?? "", field: detail?.field ?? "", message: error.rawMessage };
+}
+
+// Any refusal below ends the run with the service's own words, not a stack trace.
+process.on("uncaughtException", (err) => {
+  const { code, reason, message } = refusal(err);
+  console.error(`typesafe refused the call: ${reason || code}: ${message}`);
+  process.exit(1);
+});
 
 const decided = await decisions.decide(
   {
@@ -39,9 +55,8 @@ let refused: { code: string; reason: string; field: string } | undefined;
 try {
   await decisions.decide({ model: "another-model", questions: {} }, { headers });
 } catch (err) {
-  const error = ConnectError.from(err);
-  const detail = error.findDetails(ErrorDetailSchema)[0];
-  refused = { code: Code[error.code], reason: detail?.reason ?? "", field: detail?.field ?? "" };
+  const { code, reason, field } = refusal(err);
+  refused = { code, reason, field };
 }
 
 console.log(

@@ -68,6 +68,7 @@ async function main(argv: string[]): Promise<number> {
     const output = await run(store.db, command, values, {
       defaultFreeRequests: config.metering.defaultFreeRequests,
       publicUrl: config.account.publicUrl,
+      publicUrlIsGuessed: config.account.publicUrlIsGuessed,
       allowLoopbackWebhooks: config.webhooks.allowLoopback,
     });
     process.stdout.write(JSON.stringify(output) + "\n");
@@ -123,7 +124,7 @@ async function run(
   db: Knex,
   command: string,
   options: Options,
-  settings: { defaultFreeRequests: number; publicUrl: string; allowLoopbackWebhooks: boolean },
+  settings: { defaultFreeRequests: number; publicUrl: string; publicUrlIsGuessed: boolean; allowLoopbackWebhooks: boolean },
 ): Promise<unknown> {
   const now = new Date();
   switch (command) {
@@ -207,6 +208,13 @@ async function run(
         return { member, invite };
       });
       if (!invited) throw new UsageError(`${email} is already a member of another account; remove them there first`);
+      if (settings.publicUrlIsGuessed) {
+        // The service's address is its own setting; this process only knows its own HOST and PORT.
+        process.stderr.write(
+          `note: the invite link assumes the service is at ${settings.publicUrl} (this command's HOST and PORT); ` +
+            `give this command the service's TYPESAFE_PUBLIC_URL when it differs\n`,
+        );
+      }
       return {
         member_id: invited.member.id,
         account_id: account.id,
@@ -367,7 +375,7 @@ function credits(name: string, value: string): number {
 async function openStore(databaseUrl: string | undefined, dataDir: string, logger: ReturnType<typeof createLogger>) {
   if (databaseUrl) {
     const db = createKnex(databaseUrl, 2);
-    await migrate(db, true);
+    await migrate(db, { useAdvisoryLock: true });
     return { db, close: () => db.destroy() };
   }
   const running = await readPublishedSocket(dataDir);

@@ -26,6 +26,7 @@ import {
   type LabelDistribution,
 } from "./answer-math.js";
 import { letterLabels, MAX_LABELS_PER_CALL, NOUL_LABELS, scoreLabels, splitIntoGroups, type LabelSet } from "./labels.js";
+import { unknownQuestionType } from "./validate.js";
 import {
   buildMessages,
   choiceBlock,
@@ -298,13 +299,7 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
     if (ok.length === 0) throw (settled[0] as PromiseRejectedResult).reason;
     const { probabilities, agreement } = averageDistributions(ok.map((s) => s.probabilities));
     const extras = { method: "verbalized" as const, agreement };
-    const answer =
-      q.type === "noul"
-        ? noulAnswer(probabilities, extras)
-        : q.type === "choice"
-          ? choiceAnswer(q.options, probabilities, extras)
-          : scoreAnswer(q.labels, probabilities, extras);
-    return { answer, billed: ok.map((s) => s.usage) };
+    return { answer: verbalizedAnswer(q, probabilities, extras), billed: ok.map((s) => s.usage) };
   }
 
   async function verbalizedSample(
@@ -456,4 +451,18 @@ function sumUsage(calls: readonly ChatUsage[]): UsageTotals {
     cachedInputTokens: calls.reduce((sum, u) => sum + u.cachedTokens, 0),
     upstreamCalls: calls.length,
   };
+}
+
+/** A verbalized distribution as the answer of its question's type. */
+function verbalizedAnswer(q: QuestionSpec, probabilities: readonly number[], extras: { method: "verbalized"; agreement: number }): AnswerInit {
+  switch (q.type) {
+    case "noul":
+      return noulAnswer(probabilities, extras);
+    case "choice":
+      return choiceAnswer(q.options, probabilities, extras);
+    case "score":
+      return scoreAnswer(q.labels, probabilities, extras);
+    default:
+      return unknownQuestionType(q);
+  }
 }

@@ -14,14 +14,14 @@ import {
 import type { Logger } from "../logger.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
-import { authenticate, requireApiKey } from "../rpc/auth.js";
-import { callPhasesOf } from "../rpc/call-phases.js";
+import { authenticate, requireApiKey } from "../call/auth.js";
+import { callPhasesOf } from "../call/call-phases.js";
 import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
 import { createDecisionEngine, firstCallMessages, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";
 import { optionOrder } from "./labels.js";
 import { estimateTokens, PROMPT_VERSION, renderState } from "./prompt.js";
-import { SUPPORTED_MODEL, validateDecideRequest } from "./validate.js";
+import { SUPPORTED_MODEL, isQuestionType, unknownQuestionType, validateDecideRequest } from "./validate.js";
 
 /** Ends the engine's own deadline this long before the metering timeout, so partial answers still leave. */
 const DEADLINE_MARGIN_MS = 250;
@@ -121,13 +121,19 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
 function questionSpecs(request: DecideRequest): QuestionSpec[] {
   return Object.entries(request.questions).map(([key, q]): QuestionSpec => {
     const criteria = q.criteria?.kind;
-    if (q.type === "choice" && criteria?.case === "structValue") {
-      return { key, type: "choice", instructions: q.instructions, options: optionOrder(Object.keys(criteria.value.fields)) };
+    // Validation has refused every other type; one that slips past is a bug, never read as some other type.
+    if (!isQuestionType(q.type)) throw new Error(`question ${key}: unknown type reached the engine`);
+    switch (q.type) {
+      case "noul":
+        return { key, type: "noul", instructions: q.instructions };
+      case "choice":
+        return { key, type: "choice", instructions: q.instructions, options: optionOrder(criteria?.case === "structValue" ? Object.keys(criteria.value.fields) : []) };
+      case "score": {
+        const values = criteria?.case === "listValue" ? criteria.value.values : [];
+        return { key, type: "score", instructions: q.instructions, labels: values.map((v) => (v.kind.case === "stringValue" ? v.kind.value : "")) };
+      }
+      default:
+        return unknownQuestionType(q.type);
     }
-    if (q.type === "score" && criteria?.case === "listValue") {
-      const labels = criteria.value.values.map((v) => (v.kind.case === "stringValue" ? v.kind.value : ""));
-      return { key, type: "score", instructions: q.instructions, labels };
-    }
-    return { key, type: "noul", instructions: q.instructions };
   });
 }

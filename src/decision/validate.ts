@@ -10,8 +10,23 @@ export const MAX_CHOICE_OPTIONS = 26 * 26;
 export const MAX_SCORE_LABELS = 26;
 /** Question keys are printable and at most this many UTF-16 code units. */
 export const MAX_KEY_LENGTH = 128;
-/** The question types the decision contract knows. */
-export const QUESTION_TYPES = ["noul", "choice", "score"];
+/**
+ * The question types the decision contract knows: the one list. A type added
+ * here fails to compile until validation (CRITERIA_RULES), the engine's
+ * specs (questionSpecs and every switch over QuestionSpec) and the OpenAPI
+ * document (questionVariants) know it.
+ */
+export const QUESTION_TYPES = ["noul", "choice", "score"] as const;
+export type QuestionType = (typeof QUESTION_TYPES)[number];
+
+export function isQuestionType(type: string): type is QuestionType {
+  return (QUESTION_TYPES as readonly string[]).includes(type);
+}
+
+/** For the compiler: a switch over QuestionType (or QuestionSpec) that reaches this has missed a case. */
+export function unknownQuestionType(type: never): never {
+  throw new Error(`unknown question type ${String(type)}`);
+}
 
 /**
  * The request rules of the decision contract, checked before any money moves.
@@ -42,23 +57,25 @@ export function validateDecideRequest(request: DecideRequest): Violation[] {
     for (const [name, text] of [["type", question.type], ["instructions", question.instructions]] as const) {
       if (hasLoneSurrogate(text)) violations.push({ field: `${field}.${name}`, rule: UNICODE_RULE });
     }
-    if (!QUESTION_TYPES.includes(question.type)) {
-      violations.push({ field: `${field}.type`, rule: `must be one of noul, choice, score` });
+    const type = question.type;
+    if (!isQuestionType(type)) {
+      violations.push({ field: `${field}.type`, rule: `must be one of ${QUESTION_TYPES.join(", ")}` });
       continue;
     }
     if (question.instructions.trim() === "") {
       violations.push({ field: `${field}.instructions`, rule: "must be a non-empty string" });
     }
-    const criteria = presentValue(question.criteria);
-    const criteriaField = `${field}.criteria`;
-    if (question.type === "noul" && criteria) {
-      violations.push({ field: criteriaField, rule: "noul takes no criteria" });
-    }
-    if (question.type === "choice") violations.push(...validateChoiceCriteria(criteria, criteriaField));
-    if (question.type === "score") violations.push(...validateScoreCriteria(criteria, criteriaField));
+    violations.push(...CRITERIA_RULES[type](presentValue(question.criteria), `${field}.criteria`));
   }
   return violations;
 }
+
+/** What each question type asks of its criteria. */
+const CRITERIA_RULES: Record<QuestionType, (criteria: Value | undefined, field: string) => Violation[]> = {
+  noul: (criteria, field) => (criteria ? [{ field, rule: "noul takes no criteria" }] : []),
+  choice: (criteria, field) => validateChoiceCriteria(criteria, field),
+  score: (criteria, field) => validateScoreCriteria(criteria, field),
+};
 
 /** A state is a non-empty text or a non-empty JSON object: numbers, booleans and arrays say nothing to decide on. */
 function validateState(state: Value | undefined): Violation[] {

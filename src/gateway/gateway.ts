@@ -2,8 +2,8 @@ import { create, fromJson, toJson, type DescMessage, type DescMethodUnary, type 
 import { createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
 import { apiError, describeError, toPublicError } from "../errors.js";
 import type { Logger } from "../logger.js";
-import { kCallPhases, serverTimingHeader, type CallPhases } from "../rpc/call-phases.js";
-import { kRequestId } from "../rpc/context.js";
+import { kCallPhases, serverTimingHeader, type CallPhases } from "../call/call-phases.js";
+import { kRequestId } from "../call/context.js";
 import { observeCall, type CallObserver } from "../rpc/observe.js";
 import type { Metrics } from "../metrics.js";
 import { throwIfInvalid } from "../validation.js";
@@ -112,7 +112,7 @@ export function createGateway(options: GatewayOptions) {
     try {
       await observeCall(observer, { requestId, procedure, protocol: "gateway" }, () => Promise.reject(error));
     } catch (err) {
-      drainNodeBody(req, options.maxBodyBytes);
+      drainNodeBody(req, res, options.maxBodyBytes);
       sendError(res, err, { ...headers, "x-request-id": requestId });
     }
   }
@@ -142,7 +142,7 @@ export function createGateway(options: GatewayOptions) {
     try {
       const data = await observeCall(observer, { requestId, procedure, protocol: "gateway", phases }, async () => {
         await route.door(ctx);
-        const request = route.httpMethod === "POST" ? await parseBody(route, req) : create(route.method.input);
+        const request = route.httpMethod === "POST" ? await parseBody(route, req, res) : create(route.method.input);
         const output = create(route.method.output, await route.impl(request, ctx));
         const json = toJson(route.method.output, output, { useProtoFieldName: true, alwaysEmitImplicit: true }) as Record<string, unknown>;
         route.reshapeAnswerJson?.(json);
@@ -150,7 +150,7 @@ export function createGateway(options: GatewayOptions) {
       });
       sendEnvelope(res, 200, { code: 0, message: "ok", data }, responseHeaders(ctx, requestId, phases, started));
     } catch (err) {
-      if (req.readableFlowing === null) drainNodeBody(req, options.maxBodyBytes);
+      if (req.readableFlowing === null) drainNodeBody(req, res, options.maxBodyBytes);
       const headers = responseHeaders(ctx, requestId, phases, started);
       // A 415 for the body's encoding lists the accepted ones (RFC 9110, Accept-Encoding in a response).
       if (describeError(err).reason === "UNSUPPORTED_ENCODING") headers["accept-encoding"] = ACCEPTED_ENCODING_NAMES;
@@ -158,7 +158,7 @@ export function createGateway(options: GatewayOptions) {
     }
   }
 
-  async function parseBody(route: RpcRoute, req: NodeRequest): Promise<MessageShape<DescMessage>> {
+  async function parseBody(route: RpcRoute, req: NodeRequest, res: NodeResponse): Promise<MessageShape<DescMessage>> {
     const contentType = req.headers["content-type"];
     if (contentType === undefined || !/^application\/json\s*(;|$)/i.test(contentType)) {
       throw apiError("UNSUPPORTED_MEDIA_TYPE", "content-type: must be application/json", {
@@ -169,7 +169,7 @@ export function createGateway(options: GatewayOptions) {
     const encoding = req.headers["content-encoding"];
     const compression = compressionNamed(encoding);
     if (compression === undefined) throw unsupportedEncoding(String(encoding), "content-encoding", "accept-encoding");
-    let body: Uint8Array = await readNodeBody(req, options.maxBodyBytes);
+    let body: Uint8Array = await readNodeBody(req, res, options.maxBodyBytes);
     if (compression !== null) {
       const decompressed = await decompressBody(compression, body, options.maxBodyBytes);
       if (!(decompressed instanceof Uint8Array)) throw decompressed;

@@ -15,7 +15,7 @@ export interface Billing {
   requestId: string;
 }
 
-/** The billing block of one call from its hold and the account figures its settle (or admission, for a replay) reported. */
+/** The billing block of one call from its hold and the account figures its settle reported (recorded on its entry, for a replay). */
 export function billingOf(
   requestId: string,
   funding: Funding,

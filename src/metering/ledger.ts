@@ -325,6 +325,42 @@ export async function resolveMany(db: Knex, inputs: readonly ResolveInput[], tim
   return oneRowEach(rows, inputs).map((row, i) => resolutionOf(row, inputs[i]!.requestId));
 }
 
+/** The account as a settle left it, read back from its ledger entry (see settledFigures). */
+const SETTLED_FIGURES: PooledStatement = {
+  name: "metering_settled_figures",
+  text:
+    "SELECT balance_after, available_after, free_remaining_after, free_available_after FROM ledger " +
+    "WHERE request_id = $1::uuid AND kind = 'settle' AND balance_after IS NOT NULL",
+};
+
+/**
+ * The account figures a request's settle recorded on its ledger entry, so an
+ * Idempotency-Key replay reports the account as the original call's own
+ * settle left it, as the original answer did, not as later calls left it.
+ * Undefined when the entry recorded none (settled before the figures were
+ * recorded). A read through the ledger's index on request_id: no lock.
+ */
+export async function settledFigures(
+  db: Knex,
+  requestId: string,
+  timeoutMs: number | undefined,
+): Promise<Pick<AccountSnapshot, "balanceUnits" | "availableUnits" | "freeRemaining" | "freeAvailable"> | undefined> {
+  const rows = await runMoneyStatement<{ balance_after: number; available_after: number; free_remaining_after: number; free_available_after: number }>(
+    db,
+    SETTLED_FIGURES,
+    [requestId],
+    timeoutMs,
+  );
+  const entry = rows[0];
+  if (!entry) return undefined;
+  return {
+    balanceUnits: entry.balance_after,
+    availableUnits: entry.available_after,
+    freeRemaining: entry.free_remaining_after,
+    freeAvailable: entry.free_available_after,
+  };
+}
+
 export interface AbandonInput {
   /** The id the admission was sent with (AdmitInput.requestId). */
   requestId: string;

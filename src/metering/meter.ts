@@ -15,6 +15,7 @@ import {
   abandon,
   admitMany,
   resolveMany,
+  settledFigures,
   sweep,
   type Admission,
   type AdmitInput,
@@ -172,10 +173,11 @@ export function createMeter(deps: MeterDeps): Meter {
     const admission = await admitCall(call);
     if (isRefusal(admission)) throw refusalError(admission);
     if (admission.outcome === "replay") {
+      const asSettled = await replayedFigures(admission.requestId);
       return {
         kind: "replay",
         responseJson: admission.response,
-        billing: billingOf(admission.requestId, admission.funding, admission.reservedUnits, admission.chargedUnits, admission),
+        billing: billingOf(admission.requestId, admission.funding, admission.reservedUnits, admission.chargedUnits, asSettled ?? admission),
         rate: rateLimitStateOf(admission),
       };
     }
@@ -192,6 +194,21 @@ export function createMeter(deps: MeterDeps): Meter {
       billing: billingOf(requestId, funding, reservedUnits, settled.chargedUnits, settled),
       rate: rateLimitStateOf(admission),
     };
+  }
+
+  /**
+   * A replay answers what the original answered, whichever replica or release
+   * served it: the account as the original's settle left it, when its entry
+   * recorded that. A replay moves no money, so an unreachable database is a 503
+   * that bills nothing.
+   */
+  async function replayedFigures(requestId: string) {
+    try {
+      return await settledFigures(db, requestId, timeoutMs);
+    } catch (err) {
+      if (!isDatabaseUnavailable(err)) throw err;
+      throw apiError("UNAVAILABLE", "the database is unreachable; the call was not billed; retry later", { cause: err });
+    }
   }
 
   /**

@@ -1,8 +1,8 @@
 import { fromJson, toJson, type DescMessage, type JsonValue, type MessageShape } from "@bufbuild/protobuf";
 import type { HandlerContext } from "@connectrpc/connect";
 import { apiError } from "../errors.js";
-import { callPhasesOf } from "../rpc/call-phases.js";
-import { requestIdOf } from "../rpc/context.js";
+import { callPhasesOf } from "../call/call-phases.js";
+import { requestIdOf } from "../call/context.js";
 import type { Billing } from "./billing.js";
 import type { Meter } from "./meter.js";
 import type { RateLimitState } from "./rate-limit-state.js";

@@ -1,4 +1,4 @@
-import { MAX_CHOICE_OPTIONS, MAX_KEY_LENGTH, MAX_QUESTIONS, MAX_SCORE_LABELS, QUESTION_TYPES, SUPPORTED_MODEL } from "../decision/validate.js";
+import { MAX_CHOICE_OPTIONS, MAX_KEY_LENGTH, MAX_QUESTIONS, MAX_SCORE_LABELS, QUESTION_TYPES, SUPPORTED_MODEL, type QuestionType } from "../decision/validate.js";
 import { DecideRequestSchema, QuestionSchema } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchRequestSchema } from "../gen/typesafe/search/v1/search_service_pb.js";
 import { MAX_QUERY_CHARS, SOURCE_IDS, WINDOWS } from "../search/validate.js";
@@ -109,7 +109,7 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
   },
 };
 
-/** A question is one of three shapes, told apart by `type`: criteria belong to choice and score only. */
+/** A question is one shape per type of QUESTION_TYPES, told apart by `type`: criteria belong to choice and score only. */
 function questionVariants(schema: JsonSchema): Record<string, JsonSchema> {
   const properties = schema["properties"] as Record<string, JsonSchema>;
   const criteria = properties["criteria"] ?? {};
@@ -123,16 +123,17 @@ function questionVariants(schema: JsonSchema): Record<string, JsonSchema> {
       criteria: criteriaSchema ? { ...criteria, ...criteriaSchema } : { ...criteria, type: "null" },
     },
   });
-  const [noul, choice, score] = QUESTION_TYPES as [string, string, string];
-  return {
-    [noul]: variant(noul, undefined),
-    [choice]: variant(choice, {
+  // Keyed by every type of the one list: a type without its criteria schema fails to compile.
+  const criteriaOf: Record<QuestionType, JsonSchema | undefined> = {
+    noul: undefined,
+    choice: {
       type: "object",
       minProperties: 2,
       maxProperties: MAX_CHOICE_OPTIONS,
       propertyNames: { pattern: NOT_BLANK },
       additionalProperties: { type: "null" },
-    }),
-    [score]: variant(score, { type: "array", minItems: 2, maxItems: MAX_SCORE_LABELS, uniqueItems: true, items: { type: "string", pattern: NOT_BLANK } }),
+    },
+    score: { type: "array", minItems: 2, maxItems: MAX_SCORE_LABELS, uniqueItems: true, items: { type: "string", pattern: NOT_BLANK } },
   };
+  return Object.fromEntries(QUESTION_TYPES.map((type) => [type, variant(type, criteriaOf[type])]));
 }

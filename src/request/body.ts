@@ -1,5 +1,6 @@
 import type http from "node:http";
-import type http2 from "node:http2";
+import http2 from "node:http2";
+import type net from "node:net";
 import type { ConnectError } from "@connectrpc/connect";
 import { apiError } from "../errors.js";
 
@@ -11,8 +12,20 @@ import { apiError } from "../errors.js";
  */
 const DRAIN_LIMIT_FACTOR = 16;
 
+/**
+ * How long a connection closed while its client may still be sending keeps
+ * reading and discarding, after its answer and its FIN, before it is dropped
+ * (nginx's lingering_timeout has the same default).
+ */
+const LINGER_TIMEOUT_MS = 5_000;
+
 /** A request as Node's HTTP/1.1 and HTTP/2 servers give it. */
 export type NodeRequest = http.IncomingMessage | http2.Http2ServerRequest;
+/** What the drain needs of a response: whether it is out, and when it will be. */
+export interface NodeResponse {
+  readonly writableFinished: boolean;
+  once(event: "finish", listener: () => void): unknown;
+}
 
 /** The one error for a body over the limit, on every door (the limit is stated in KB and bytes). */
 export function payloadTooLarge(maxBytes: number): ConnectError {
@@ -61,10 +74,10 @@ export async function readBodyUpTo(
  * it is parsed: at once from Content-Length, or as soon as a chunked body
  * crosses the limit; the rest is drained so the answer reaches the client.
  */
-export function readNodeBody(req: NodeRequest, maxBytes: number): Promise<Buffer> {
+export function readNodeBody(req: NodeRequest, res: NodeResponse, maxBytes: number): Promise<Buffer> {
   const declared = Number(req.headers["content-length"] ?? NaN);
   if (declared > maxBytes) {
-    drainNodeBody(req, maxBytes);
+    drainNodeBody(req, res, maxBytes);
     return Promise.reject(payloadTooLarge(maxBytes));
   }
   return new Promise((resolve, reject) => {
@@ -79,7 +92,7 @@ export function readNodeBody(req: NodeRequest, maxBytes: number): Promise<Buffer
       total += chunk.length;
       if (total <= maxBytes) return void chunks.push(chunk);
       done();
-      drainNodeBody(req, maxBytes);
+      drainNodeBody(req, res, maxBytes);
       reject(payloadTooLarge(maxBytes));
     };
     const onEnd = () => {
@@ -101,22 +114,59 @@ export function readNodeBody(req: NodeRequest, maxBytes: number): Promise<Buffer
  * Reads and discards the rest of a body nobody will use, so it occupies
  * neither an HTTP/1.1 connection nor an HTTP/2 session's flow-control window
  * (refused bodies left unread there end in ENHANCE_YOUR_CALM for every later
- * stream); past the drain limit the body is abandoned instead.
+ * stream), and so a client still sending reads its answer instead of a write
+ * error. Past the drain limit the body is abandoned, and what still arrives
+ * until the connection or stream is gone is discarded too: a socket closed
+ * with unread bytes is reset, and a reset can take the answer with it.
  */
 export function drainBody(chunks: AsyncIterator<Uint8Array>, maxBodyBytes: number, abandon: () => void): void {
   void (async () => {
     let drained = 0;
+    let abandoned = false;
     for (;;) {
       const next = await chunks.next();
       if (next.done) return;
       drained += next.value.byteLength;
-      if (drained > DRAIN_LIMIT_FACTOR * maxBodyBytes) return abandon();
+      if (!abandoned && drained > DRAIN_LIMIT_FACTOR * maxBodyBytes) {
+        abandoned = true;
+        abandon();
+      }
     }
   })().catch(() => undefined);
 }
 
-/** drainBody for a Node request whose body was not read (or not to the end): past the drain limit the connection is dropped. */
-export function drainNodeBody(req: NodeRequest, maxBodyBytes: number): void {
+/** drainBody for a Node request whose body was not read (or not to the end). */
+export function drainNodeBody(req: NodeRequest, res: NodeResponse, maxBodyBytes: number): void {
   req.on("error", () => {});
-  drainBody((req as AsyncIterable<Uint8Array>)[Symbol.asyncIterator](), maxBodyBytes, () => req.destroy());
+  drainBody((req as AsyncIterable<Uint8Array>)[Symbol.asyncIterator](), maxBodyBytes, () => abandonNodeBody(req, res));
+}
+
+/**
+ * Ends a request body nobody will read, once the answer is out: HTTP/2
+ * resets the stream with NO_ERROR (RFC 9113 §8.1), HTTP/1.1 closes the
+ * connection lingering.
+ */
+export function abandonNodeBody(req: NodeRequest, res: NodeResponse): void {
+  const abandon = () => {
+    if ("stream" in req) req.stream.close(http2.constants.NGHTTP2_NO_ERROR);
+    else closeLingering(req.socket);
+  };
+  if (res.writableFinished) abandon();
+  else res.once("finish", abandon);
+}
+
+/**
+ * Closes an HTTP/1.1 connection whose client may still be sending, as
+ * nginx's lingering close does (RFC 9112 §9.6): the answer already written
+ * goes first, then our FIN, and what still arrives is read and discarded for
+ * a while, so the client's stack never meets a reset before the client has
+ * read the answer; a client that keeps sending past that is dropped.
+ */
+export function closeLingering(socket: net.Socket): void {
+  if (socket.destroyed || socket.writableEnded) return;
+  const drop = setTimeout(() => socket.destroy(), LINGER_TIMEOUT_MS).unref();
+  socket.once("close", () => clearTimeout(drop));
+  // Once the client has sent its FIN too, nothing is left to read.
+  socket.once("end", () => socket.destroy());
+  socket.end();
 }

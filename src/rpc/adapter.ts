@@ -5,6 +5,7 @@ import { errorToJsonBytes } from "@connectrpc/connect/protocol-connect";
 import { universalRequestFromNodeRequest, universalResponseToNodeResponse } from "@connectrpc/connect-node";
 import { REASONS, describeError } from "../errors.js";
 import type { Logger } from "../logger.js";
+import { abandonNodeBody } from "../request/body.js";
 import { ACCEPTED_COMPRESSIONS } from "../request/compression.js";
 import { createRequestId } from "../request/request-id.js";
 import { gateBody, gatedBody, isPayloadTooLarge, RECURSION_LIMIT, type BodyGateOptions } from "./body-gate.js";
@@ -57,7 +58,7 @@ export function createRpcHandler(options: RpcHandlerOptions): (req: NodeRequest,
     const request = short
       ? grpcUnary.requestOf(req, res as http2.Http2ServerResponse)
       : universalRequestFromNodeRequest(req as http.IncomingMessage, res as http.ServerResponse, undefined, undefined);
-    gateBody(handler.method, request, options, () => abandonBody(req, res))
+    gateBody(handler.method, request, options, () => abandonNodeBody(req, res))
       .then(async (gated) => {
         if (gated instanceof ConnectError) return refuseOutsideProtocol(observer, handler.requestPath, gated, res);
         const body = short ? gatedBody(gated) : undefined;
@@ -93,14 +94,4 @@ async function refuseOutsideProtocol(observer: CallObserver, procedure: string, 
     "x-request-id": requestId,
   });
   res.end(body);
-}
-
-/** Ends a request body nobody will read, once the answer is out: HTTP/2 resets the stream with NO_ERROR (RFC 9113 §8.1), HTTP/1.1 closes the connection. */
-function abandonBody(req: NodeRequest, res: NodeResponse): void {
-  const abandon = () => {
-    if ("stream" in req) req.stream.close(http2.constants.NGHTTP2_NO_ERROR);
-    else req.destroy();
-  };
-  if (res.writableFinished) abandon();
-  else res.once("finish", abandon);
 }

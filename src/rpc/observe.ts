@@ -3,8 +3,8 @@ import { REASONS, describeError, toPublicError } from "../errors.js";
 import { withStack, type Logger } from "../logger.js";
 import type { Metrics } from "../metrics.js";
 import { kRequestProblem } from "./body-gate.js";
-import { kCallPhases, phaseLogFields, type CallPhases } from "./call-phases.js";
-import { kRequestId } from "./context.js";
+import { kCallPhases, phaseLogFields, type CallPhases } from "../call/call-phases.js";
+import { kRequestId } from "../call/context.js";
 import { createRequestId } from "../request/request-id.js";
 
 /**

@@ -19,6 +19,15 @@ afterAll(async () => {
 });
 
 describe("members from the CLI", () => {
+  it("the invite link is the service's TYPESAFE_PUBLIC_URL; without it, the command says which address it assumed", async () => {
+    const { accountId } = await createTestAccount(database.db, { units: 1 });
+    // PORT set on this command as an operator may have set it on the service only: the link can only follow what it is given.
+    const guessed = await runAdmin(["members", "invite", "--account", accountId, "--email", uniqueEmail("guess")], { DATABASE_URL: database.url, PORT: "9123" });
+    expect(guessed.code).toBe(0);
+    expect(JSON.parse(guessed.stdout).invite_url).toMatch(/^http:\/\/127\.0\.0\.1:9123\/account\/\?invite=/);
+    expect(guessed.stderr).toMatch(/assumes the service is at http:\/\/127\.0\.0\.1:9123 .*TYPESAFE_PUBLIC_URL/);
+  });
+
   it("invite prints one JSON object whose link works once; list shows the member; remove ends their session at once", async () => {
     const { accountId } = await createTestAccount(database.db, { units: 1_000_000 });
     const email = uniqueEmail("Ops");

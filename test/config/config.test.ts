@@ -39,6 +39,8 @@ describe("configuration is checked in one pass", () => {
   it.each([
     ["mysql://root:s3cret@db:3306/app", /scheme is "mysql"/],
     ["postgres://user:s3cret@/app", /names no host/],
+    // A socket address with no host, as libpq takes it: refused with the form the pg driver reads.
+    ["postgres:///app", /names no host.*postgres:\/\/user@\/database\?host=\/var\/run\/postgresql/],
   ])("explains a DATABASE_URL of %s without echoing it", (url, explanation) => {
     const [problem] = problemsOf({ DATABASE_URL: url });
     expect(problem).toMatch(explanation);

@@ -1,7 +1,9 @@
 import fs from "node:fs";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
+import { SETTING_MEANINGS } from "../../src/config.js";
 import { renderErrorTable } from "./error-table.js";
+import { pagesWithRegions, regenerate, settingsRead } from "./generated.js";
 
 /**
  * The README and docs/ stay true to the code: the README is short, prints the
@@ -42,8 +44,25 @@ describe("README.md", () => {
     expect(read("README.md").split("\n").length).toBeLessThanOrEqual(200);
   });
 
-  it("prints the error table of src/errors.ts, one row per reason (npm run --silent docs:errors)", () => {
+  it("prints the error table of src/errors.ts, one row per reason", () => {
     expect(read("README.md")).toContain(renderErrorTable());
+  });
+});
+
+describe("the tables made from the code (npm run docs:generate)", () => {
+  it("the settings, metrics and errors tables are there", () => {
+    expect(pagesWithRegions()).toEqual(expect.arrayContaining(["README.md", "docs/operating.md", "docs/decisions.md"]));
+    expect(read("docs/operating.md")).toMatch(/<!-- generated: settings [^\n]*-->[\s\S]*<!-- generated: metrics -->/);
+  });
+
+  it.each(pagesWithRegions())("%s: every generated region is fresh (else run npm run docs:generate)", async (page) => {
+    expect(await regenerate(read(page))).toBe(read(page));
+  });
+
+  it("every variable src/config.ts reads has a meaning in SETTING_MEANINGS, and every meaning names a variable it reads", () => {
+    const read = settingsRead().map((s) => s.name);
+    expect(read.filter((name) => !(name in SETTING_MEANINGS))).toEqual([]);
+    expect(Object.keys(SETTING_MEANINGS).filter((name) => !read.includes(name))).toEqual([]);
   });
 });
 

@@ -71,6 +71,30 @@ describe("examples/typescript: the generated Connect client over gRPC", () => {
   });
 });
 
+describe("examples/typescript against a service without decisions", () => {
+  it("prints the service's reason and message, not a stack trace, and exits 1", async () => {
+    const bare = await startTestApp(database, fakeSearch.env);
+    try {
+      const account = await createTestAccount(database.db, { units: 1_000_000 });
+      const run = execFileAsync(process.execPath, ["--import", "tsx", "examples/typescript/client.ts"], {
+        cwd: root,
+        env: { PATH: process.env.PATH, HOME: process.env.HOME, TYPESAFE_URL: bare.url, TYPESAFE_KEY: account.apiKey },
+        timeout: 60_000,
+      });
+      const failed = (await run.then(
+        () => undefined,
+        (err: { code: number; stdout: string; stderr: string }) => err,
+      ))!;
+      expect(failed.code).toBe(1);
+      expect(failed.stdout).toBe("");
+      expect(failed.stderr.trim()).toMatch(/^typesafe refused the call: NOT_CONFIGURED: .*TYPESAFE_LLM_BASE_URL/);
+      expect(failed.stderr).not.toMatch(/\n\s+at /);
+    } finally {
+      await bare.stop();
+    }
+  });
+});
+
 describe("examples/curl: the JSON gateway", () => {
   it("lists the sources, decides, searches, and gets a 400 that names its field", async () => {
     const account = await createTestAccount(database.db, { units: 1_000_000 });

@@ -34,7 +34,7 @@ describe.runIf(binaries !== undefined || process.env.DATABASE_URL !== undefined)
   beforeAll(async () => {
     cluster = await startPrivateCluster({ wal_writer_delay: "10s" });
     db = createKnex(cluster.url, 4);
-    await migrate(db, true);
+    await migrate(db, { useAdvisoryLock: true });
     await prepareStatementsOn(db);
   });
   afterAll(async () => {

@@ -228,6 +228,28 @@ describe("refusals say what happened and carry the numbers", () => {
     expect(replay.rate.limit).toBe(60);
   });
 
+  it("a replay reports the account as the original's settle left it, though later calls moved every figure", async () => {
+    const { apiKey, accountId } = await createTestAccount(database.db, { units: 10_000_000, freeRequests: 2 });
+    const { meter } = loggedMeter();
+    const original = call(apiKey, { idempotencyKey: "invoice-9", requestFingerprint: '{"q":9}' });
+    const first = await meter.run(original, async () => ({ value: "first", chargeUnits: 700, responseJson: { answer: "first" } }));
+    // The second free request, then a paid charge, then a hold in flight: balance, free requests and available balance all move.
+    await meter.run(call(apiKey), async () => ({ value: "free", chargeUnits: 300 }));
+    await meter.run(call(apiKey), async () => ({ value: "paid", chargeUnits: 2_500 }));
+    const { work, entered, release } = heldWork({ value: "held", chargeUnits: 100 });
+    const held = meter.run(call(apiKey), work);
+    await entered;
+
+    const replay = await meter.run({ ...original, requestId: crypto.randomUUID() }, ok);
+    release();
+    await held;
+    expect(first.billing).toMatchObject({ funding: "free", balanceCredits: 10, availableCredits: 10, freeRequestsRemaining: 1 });
+    expect(replay).toMatchObject({ kind: "replay", responseJson: { answer: "first" } });
+    expect(replay.billing).toEqual(first.billing);
+    expect(await accountRow(accountId)).toMatchObject({ balance: 10_000_000 - 2_500 - 100, free_remaining: 0 });
+    await assertInvariants(database.db, accountId);
+  });
+
   it("the stored answer is the work's JSON only with a key; a call without one stores nothing", async () => {
     const { apiKey, accountId } = await createTestAccount(database.db, { units: 10_000_000 });
     const { meter } = loggedMeter();

@@ -8,8 +8,8 @@ import { ListSourcesResponseSchema } from "../../src/gen/typesafe/search/v1/sear
 import { createLogger } from "../../src/logger.js";
 import { createMeter, type Meter } from "../../src/metering/meter.js";
 import { meteredRpc, type MeteredRpcCall } from "../../src/metering/metered-rpc.js";
-import { kCallPhases, type CallPhases } from "../../src/rpc/call-phases.js";
-import { kRequestId } from "../../src/rpc/context.js";
+import { kCallPhases, type CallPhases } from "../../src/call/call-phases.js";
+import { kRequestId } from "../../src/call/context.js";
 import { unitsToCredits } from "../../src/units.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";

@@ -346,15 +346,16 @@ describe("stopping", () => {
 
 describe("configuration", () => {
   it("has defaults like the big proxies' and takes each limit from its own variable", () => {
-    expect(loadConfig({}).connections).toEqual({ headersTimeoutMs: 10_000, bodyTimeoutMs: 20_000, idleTimeoutMs: 75_000, maxConnections: 4_096 });
+    expect(loadConfig({}).connections).toEqual({ headersTimeoutMs: 10_000, bodyTimeoutMs: 20_000, idleTimeoutMs: 75_000, lingerTimeMs: 30_000, maxConnections: 4_096 });
     expect(
       loadConfig({
         TYPESAFE_HEADERS_TIMEOUT_MS: "1000",
         TYPESAFE_BODY_TIMEOUT_MS: "2000",
         TYPESAFE_IDLE_TIMEOUT_MS: "3000",
+        TYPESAFE_LINGER_TIME_MS: "4000",
         TYPESAFE_MAX_CONNECTIONS: "40",
       }).connections,
-    ).toEqual({ headersTimeoutMs: 1_000, bodyTimeoutMs: 2_000, idleTimeoutMs: 3_000, maxConnections: 40 });
+    ).toEqual({ headersTimeoutMs: 1_000, bodyTimeoutMs: 2_000, idleTimeoutMs: 3_000, lingerTimeMs: 4_000, maxConnections: 40 });
   });
 
   it.each([

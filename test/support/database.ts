@@ -51,7 +51,7 @@ export async function createTestDatabase(poolMax = 10, options: TestDatabaseOpti
   const url = new URL(serverUrl);
   url.pathname = `/${name}`;
   const db = createKnex(url.toString(), poolMax);
-  await migrate(db, true);
+  await migrate(db, { useAdvisoryLock: true });
   // As the service does on PostgreSQL: the metering statements are named.
   await prepareStatementsOn(db);
   return {
@@ -71,7 +71,7 @@ async function createPrivateEmbeddedDatabase(): Promise<TestDatabase> {
   const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-test-"));
   const store = await openEmbeddedStore(dataDir, createLogger("silent"));
   const db = createKnex(store.url, 1);
-  await migrate(db, false);
+  await migrate(db, { useAdvisoryLock: false });
   return {
     url: store.url,
     db,
@@ -104,7 +104,7 @@ export function useRacingDatabase(poolMax: number): () => Knex {
     } else {
       cluster = await startPrivateCluster();
       db = createKnex(cluster.url, poolMax);
-      await migrate(db, true);
+      await migrate(db, { useAdvisoryLock: true });
     }
   });
   afterAll(async () => {

@@ -26,7 +26,7 @@ export default async function setup(project: TestProject) {
   const { openEmbeddedStore } = await import("../../src/db/embedded.js");
   const store = await openEmbeddedStore(dataDir, createLogger("silent"));
   const db = createKnex(store.url, 1);
-  await migrate(db, false);
+  await migrate(db, { useAdvisoryLock: false });
   await db.destroy();
   project.provide("embeddedDatabaseUrl", store.url);
   return async () => {

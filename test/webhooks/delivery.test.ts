@@ -30,7 +30,7 @@ beforeAll(async () => {
     {
       TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: "on",
       TYPESAFE_WEBHOOK_POLL_MS: "20",
-      TYPESAFE_WEBHOOK_TIMEOUT_MS: "400",
+      TYPESAFE_WEBHOOK_TIMEOUT_MS: "1500",
       TYPESAFE_WEBHOOK_RETRY_DELAYS_MS: "50,50,50",
     },
     { overrides: { webhookBeforeConnect: guard.hook } },
@@ -64,7 +64,8 @@ describe("webhook delivery", () => {
     await spend(apiKey, 60_000); // 90,000: low
     await spend(apiKey, 70_000); // 20,000: depleted
     await grant(database.db, accountId, 200_000, 0); // 220,000: recovered
-    const mine = () => receiver.received.filter((r) => r.data["account_id"] === accountId);
+    // At least once: a slow answer may be sent again, always with its webhook-id; the first of each counts.
+    const mine = () => receiver.received.filter((r, i, all) => r.data["account_id"] === accountId && all.findIndex((o) => o.webhookId === r.webhookId) === i);
     await waitFor(() => mine().length >= 3, "three deliveries");
     const got = mine();
     expect(got.map((r) => r.type)).toEqual(["balance.low", "balance.depleted", "balance.recovered"]);
@@ -74,7 +75,7 @@ describe("webhook delivery", () => {
     expect(got[2]!.data).toEqual({ account_id: accountId, thresholds_credits: [0.1], depleted_ended: true, balance_credits: 0.22, available_credits: 0.22 });
     await waitFor(async () => (await listDeliveries(database.db, accountId, 10)).every((d) => d.state === "delivered"), "recorded as delivered");
     const log = await listDeliveries(database.db, accountId, 10);
-    expect(log.map((d) => d.attempts.map((a) => a.status))).toEqual([[200], [200], [200]]);
+    expect(log.map((d) => d.attempts.at(-1)?.status)).toEqual([200, 200, 200]);
     receiver.onReceived = undefined;
   });
 
@@ -106,7 +107,7 @@ describe("webhook delivery", () => {
     expect(got.map((r) => r.webhookId)).toEqual([webhookId, webhookId, webhookId]);
     const [delivery] = await listDeliveries(database.db, accountId, 1);
     expect(delivery!.attempts.map((a) => a.status)).toEqual([undefined, undefined, 200]);
-    expect(delivery!.attempts[0]!.error).toMatch(/no answer within 400 ms/);
+    expect(delivery!.attempts[0]!.error).toMatch(/no answer within 1500 ms/);
     receiver.answer = () => 200;
   });
 

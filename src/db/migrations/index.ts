@@ -13,7 +13,7 @@ import { createWebhooks } from "./20261127120000_create_webhooks.js";
 import { recordBalanceAlerts } from "./20261127120100_record_balance_alerts.js";
 
 /**
- * Every migration in order. Listed statically so that they load the same way
+ * The migrations applied and recorded by knex, in order; frozen. Listed statically so that they load the same way
  * under tsx, vitest and a compiled build, with no directory scanning.
  */
 const migrations: Record<string, Knex.Migration> = {
@@ -28,8 +28,11 @@ const migrations: Record<string, Knex.Migration> = {
   "20261126000100_record_key_of_each_call": recordKeyOfEachCall,
 };
 
+/** The frozen knex migrations' names, in order of application. */
+export const knexMigrationNames: readonly string[] = Object.keys(migrations);
+
 export const migrationSource: Knex.MigrationSource<string> = {
-  getMigrations: async () => Object.keys(migrations),
+  getMigrations: async () => [...knexMigrationNames],
   getMigrationName: (name) => name,
   getMigration: async (name) => {
     const migration = migrations[name];

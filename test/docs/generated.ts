@@ -1,0 +1,110 @@
+import fs from "node:fs";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+import knex from "knex";
+import { loadConfig, SETTING_MEANINGS, type SettingRead } from "../../src/config.js";
+import type { Meter } from "../../src/metering/meter.js";
+import { createMetrics } from "../../src/metrics.js";
+import { renderErrorTable } from "./error-table.js";
+
+/**
+ * The regions of README.md and docs/ that are made from the code, between
+ * `<!-- generated: KIND [only=PREFIX,…] [except=PREFIX,…] -->` and
+ * `<!-- end generated -->`. KIND is errors (src/errors.ts), settings
+ * (src/config.ts) or metrics (src/metrics.ts). `npm run docs:generate`
+ * rewrites them in place; test/docs/docs.test.ts fails while one is stale.
+ * Everything outside the markers is written by hand, so a merge that adds a
+ * setting only needs the command run again.
+ */
+const root = path.resolve(import.meta.dirname, "../..");
+const REGION = /(<!-- generated: (\w+)((?: [a-z]+=[^ >]+)*) -->)\n(?:[\s\S]*?\n)??(<!-- end generated -->)/g;
+
+/** Every variable loadConfig reads, in the order of SETTING_MEANINGS, then any it reads that has no meaning yet. */
+export function settingsRead(): SettingRead[] {
+  const read = new Map<string, SettingRead>();
+  loadConfig({}, "/", (setting) => void read.set(setting.name, setting));
+  const ordered = Object.keys(SETTING_MEANINGS).flatMap((name) => read.get(name) ?? []);
+  return [...ordered, ...[...read.values()].filter((s) => !(s.name in SETTING_MEANINGS))];
+}
+
+function rangeOf(setting: SettingRead): string {
+  if (!setting.range) return "";
+  const [min, max] = setting.range;
+  return max === Number.MAX_SAFE_INTEGER ? `≥ ${min}` : `${min} to ${max}`;
+}
+
+function renderSettings(filter: Filter): string {
+  const rows = settingsRead()
+    .filter((s) => filter(s.name))
+    .map((s) => `| \`${s.name}\` | ${s.default === undefined ? "none" : `\`${s.default}\``} | ${rangeOf(s)} | ${SETTING_MEANINGS[s.name] ?? "**no meaning in SETTING_MEANINGS**"} |`);
+  return ["| variable | default | range | meaning |", "|---|---|---|---|", ...rows].join("\n");
+}
+
+/** The service's metrics as registered (prom-client's own process_* and nodejs_* ones summed up in one row). */
+export async function metricsRegistered(): Promise<{ name: string; type: string; labels: string[]; help: string }[]> {
+  // Registering reads nothing from the meter or the database: a knex that never connects does.
+  const db = knex({ client: "pg" });
+  try {
+    const metrics = createMetrics({ meter: {} as Meter, db, liveSessions: async () => 0 });
+    return metrics.registry
+      .getMetricsAsArray()
+      .map((m) => {
+        const metric = m as unknown as { name: string; help: string; labelNames?: string[]; type?: string; constructor: { name: string } };
+        return { name: metric.name, type: metric.constructor.name.toLowerCase(), labels: metric.labelNames ?? [], help: metric.help };
+      })
+      .filter((m) => m.name.startsWith("typesafe_"));
+  } finally {
+    await db.destroy();
+  }
+}
+
+async function renderMetrics(filter: Filter): Promise<string> {
+  const rows = (await metricsRegistered())
+    .filter((m) => filter(m.name))
+    .map((m) => `| \`${m.name}\` | ${m.type} | ${m.labels.join(", ")} | ${m.help} |`);
+  return ["| metric | type | labels | meaning |", "|---|---|---|---|", ...rows, "| `process_*`, `nodejs_*` | | | prom-client's default process metrics |"].join("\n");
+}
+
+type Filter = (name: string) => boolean;
+
+function filterOf(options: string): Filter {
+  const only = /only=([^ ]+)/.exec(options)?.[1]?.split(",");
+  const except = /except=([^ ]+)/.exec(options)?.[1]?.split(",") ?? [];
+  return (name) => (!only || only.some((p) => name.startsWith(p))) && !except.some((p) => name.startsWith(p));
+}
+
+async function render(kind: string, options: string): Promise<string> {
+  if (kind === "errors") return renderErrorTable();
+  if (kind === "settings") return renderSettings(filterOf(options));
+  if (kind === "metrics") return renderMetrics(filterOf(options));
+  throw new Error(`unknown generated region "${kind}"`);
+}
+
+/** The page with every generated region made fresh. */
+export async function regenerate(markdown: string): Promise<string> {
+  const regions = [...markdown.matchAll(REGION)];
+  let out = markdown;
+  for (const [whole, open, kind, options, close] of regions) {
+    const fresh = `${open}\n${await render(kind!, options ?? "")}\n${close}`;
+    out = out.replace(whole, () => fresh);
+  }
+  return out;
+}
+
+/** The pages that may hold generated regions. */
+export function pagesWithRegions(): string[] {
+  const docs = fs.readdirSync(path.join(root, "docs")).filter((f) => f.endsWith(".md")).map((f) => `docs/${f}`);
+  return ["README.md", ...docs].filter((page) => fs.readFileSync(path.join(root, page), "utf8").includes("<!-- generated: "));
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
+  for (const page of pagesWithRegions()) {
+    const file = path.join(root, page);
+    const before = fs.readFileSync(file, "utf8");
+    const after = await regenerate(before);
+    if (after !== before) {
+      fs.writeFileSync(file, after);
+      console.log(`updated ${page}`);
+    }
+  }
+}
