@@ -3,7 +3,7 @@
  *
  * The rooms, from the outside in:
  *   doors     gateway/, rpc/, account/, web/   take calls from the network
- *   features  decision/, search/         the work a call asks for
+ *   features  decision/, search/, webhooks/   the work a call asks for, and what an account hears of it
  *   metering/                            admit, settle and release money
  *   call/                                one call's context: request id, phases, the authenticated caller
  *   accounts/, db/                       rows, keys, the store
@@ -24,7 +24,7 @@
 
 const ROOT = "^src/(app\\.ts|main\\.ts|server\\.ts|build\\.mjs)$";
 const DOORS = "^src/(gateway|rpc|account|web)/";
-const FEATURES = "^src/(decision|search)/";
+const FEATURES = "^src/(decision|search|webhooks)/";
 const METERING = "^src/metering/";
 const STORE = "^src/(accounts|db)/";
 const UPSTREAM = "^src/upstream/";

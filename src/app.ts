@@ -31,11 +31,14 @@ import { createPasswordWork } from "./accounts/password-work.js";
 import type { ScryptParams } from "./accounts/passwords.js";
 import { AccountService } from "./gen/typesafe/account/v1/account_service_pb.js";
 import { withAccountPage } from "./web/account-page.js";
+import { createDeliverer, type Deliverer } from "./webhooks/deliverer.js";
+import { createResolver } from "./webhooks/sender.js";
 
 export interface App {
   server: RunningServer;
   database: Database;
   meter: Meter;
+  deliverer: Deliverer;
   /** Graceful stop: drain in-flight calls within the grace period, then close the store. */
   stop(): Promise<void>;
 }
@@ -44,6 +47,8 @@ export interface App {
 export interface AppOverrides {
   now?: () => Date;
   scryptParams?: ScryptParams;
+  /** Called with each address a webhook is about to connect to; tests refuse all but loopback there. */
+  webhookBeforeConnect?: (address: string) => void;
 }
 
 /**
@@ -62,6 +67,14 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   await prepareStatementsOn(db);
   const meter = createMeter({ db, config: config.metering, logger });
   const now = overrides.now ?? (() => new Date());
+  const deliverer = createDeliverer({
+    db,
+    config: config.webhooks,
+    logger,
+    resolve: createResolver(config.webhooks.dnsServers),
+    leaseMarginMs: config.metering.leaseMarginMs,
+    beforeConnect: overrides.webhookBeforeConnect,
+  });
   const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
   const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
   // Without an upstream, decisions run on a model in this process, fetched and loaded while the service already serves.
@@ -85,6 +98,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     passwordWork: createPasswordWork(config.account.passwordWork),
     maxKeysPerAccount: config.account.maxKeysPerAccount,
     publicUrl: config.account.publicUrl,
+    webhooks: { allowLoopback: config.webhooks.allowLoopback, wake: () => deliverer.wake() },
   });
   const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
 
@@ -142,6 +156,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   }
   if (!config.account.publicUrlConfigured) for (const origin of listeningOrigins(config.host, server.port)) allowedOrigins.add(origin);
   meter.startSweeper();
+  deliverer.start();
   logger.info("listening", { url: server.url, database: database.kind });
   logger.info("enabled", enabledSummary(config));
 
@@ -149,10 +164,12 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     server,
     database,
     meter,
+    deliverer,
     async stop() {
       logger.info("shutting down", { grace_ms: config.shutdownGraceMs });
       meter.beginShutdown();
-      await server.close(config.shutdownGraceMs);
+      // A webhook in flight is abandoned and its lease given back: another replica sends it with the same webhook-id.
+      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop()]);
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();
       await meter.stop();

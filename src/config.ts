@@ -30,7 +30,25 @@ export interface Config {
   account: AccountAreaConfig;
   llm: LlmConfig;
   search: SearchConfig;
+  webhooks: WebhookConfig;
 }
+
+/** How the account's events are delivered to its webhook endpoints. */
+export interface WebhookConfig {
+  /** Loopback endpoints are allowed: for local development and tests only; every other private range stays refused. */
+  allowLoopback: boolean;
+  /** One attempt, from resolving the host to the answer: a 2xx within this is a delivery. */
+  timeoutMs: number;
+  /** Waits after the first, second, ... failed attempt; when they run out the delivery fails and the endpoint is disabled. */
+  retryDelaysMs: number[];
+  /** How often each replica looks for deliveries that are due. */
+  pollIntervalMs: number;
+  /** DNS servers asked for endpoint names ("host" or "host:port"); the system resolver when empty. */
+  dnsServers: string[];
+}
+
+/** The retry schedule of the Standard Webhooks specification: about three days in nine retries. */
+export const DEFAULT_WEBHOOK_RETRY_DELAYS_MS = [5e3, 3e5, 18e5, 72e5, 18e6, 36e6, 504e5, 72e6, 864e5];
 
 /**
  * What a client connection may hold: each timeout closes a connection (or an
@@ -198,6 +216,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   if (publicUrl !== undefined && publicUrlProblem(publicUrl)) {
     problems.push(`TYPESAFE_PUBLIC_URL: ${publicUrlProblem(publicUrl)}, got "${publicUrl}"`);
   }
+  const allowLoopback = str("TYPESAFE_WEBHOOK_ALLOW_LOOPBACK") ?? "off";
+  if (allowLoopback !== "on" && allowLoopback !== "off") problems.push(`TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: must be on or off, got "${allowLoopback}"`);
+  const retryDelaysRaw = str("TYPESAFE_WEBHOOK_RETRY_DELAYS_MS");
+  const retryDelaysMs = retryDelaysRaw === undefined ? DEFAULT_WEBHOOK_RETRY_DELAYS_MS : retryDelaysRaw.split(",").map((d) => Number(d.trim()));
+  if (retryDelaysMs.length === 0 || retryDelaysMs.length > 20 || retryDelaysMs.some((d) => !Number.isInteger(d) || d < 0)) {
+    problems.push(`TYPESAFE_WEBHOOK_RETRY_DELAYS_MS: must be 1 to 20 comma-separated whole milliseconds, got "${retryDelaysRaw}"`);
+  }
   const databaseUrl = str("DATABASE_URL");
   if (databaseUrl !== undefined) {
     const problem = databaseUrlProblem(databaseUrl);
@@ -279,6 +304,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       env: searchEnv,
       configuredSources,
     },
+    webhooks: {
+      allowLoopback: allowLoopback === "on",
+      timeoutMs: int("TYPESAFE_WEBHOOK_TIMEOUT_MS", 10_000, 100, 60_000),
+      retryDelaysMs,
+      pollIntervalMs: int("TYPESAFE_WEBHOOK_POLL_MS", 1_000, 10, 60_000),
+      dnsServers: (str("TYPESAFE_WEBHOOK_DNS_SERVERS") ?? "").split(",").map((s) => s.trim()).filter((s) => s !== ""),
+    },
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return config;
@@ -345,6 +377,15 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_LINGER_TIME_MS:
     "how long an HTTP/1.1 body is still read and discarded after an answer that did not wait for it (401, 413, 415), before the connection closes lingering",
   TYPESAFE_MAX_CONNECTIONS: "open connections; one more is closed as soon as it is accepted, while open connections keep being served",
+  TYPESAFE_PASSWORD_CHECKS_CONCURRENT: "password hashes (scrypt) computed at once; each takes about 128 MiB",
+  TYPESAFE_PASSWORD_CHECKS_QUEUED: "password checks that may wait for a turn; one more is 429 `PASSWORD_CHECKS_BUSY`",
+  TYPESAFE_PASSWORD_CHECKS_PER_CLIENT: "password checks one client address may have running or waiting",
+  TYPESAFE_MAX_KEYS_PER_ACCOUNT: "live keys one account may have; one more is 409 `KEY_LIMIT_REACHED`",
+  TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: "`on` lets webhook endpoints be on loopback: local development only; every other private range stays refused",
+  TYPESAFE_WEBHOOK_RETRY_DELAYS_MS: "comma-separated waits after each failed webhook attempt; by default the Standard Webhooks schedule (docs/webhooks.md)",
+  TYPESAFE_WEBHOOK_TIMEOUT_MS: "one webhook attempt, from resolving the host to the answer; a 2xx within it is a delivery",
+  TYPESAFE_WEBHOOK_POLL_MS: "how often each replica looks for webhook deliveries that are due",
+  TYPESAFE_WEBHOOK_DNS_SERVERS: "DNS servers asked for webhook endpoint names (`host` or `host:port`, comma-separated); the system resolver when unset",
   TYPESAFE_LLM_BASE_URL: "for example `http://127.0.0.1:8000/v1`; wins over the embedded model; unset: the embedded model answers",
   TYPESAFE_LLM_API_KEY: "sent as `Authorization: Bearer` to the upstream only",
   TYPESAFE_LLM_MODEL: "the upstream's model name",

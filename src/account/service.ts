@@ -22,7 +22,7 @@ import { kRemoteAddress } from "../call/context.js";
 import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../accounts/sessions.js";
 import { isRole, memberChangeRefusal, OWNER_ROLE_RULE, ROLES, type Role } from "../accounts/roles.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
-import { countLiveKeysLocked, createApiKey, findAccountKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
+import { countLiveKeysLocked, createApiKey, findAccountKey, isUuid, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
 import { keyLimitsOf, MAX_ROLL_GRACE_SECONDS, NO_KEY_LIMITS, parseKeyLimits, periodEnd, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
 import { changeMemberRole, findTeamMember, LAST_OWNER_RULE, removeTeamMember, inviteTeamMember } from "../accounts/team.js";
 import {
@@ -50,12 +50,17 @@ import {
 import { listFinishedCalls, readAccountMoney, summarizeCalls } from "../metering/account-views.js";
 import type { Metrics } from "../metrics.js";
 import { unitsToCredits } from "../units.js";
-import { isUuid } from "../accounts/store.js";
 import { throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
 import { allowed } from "./access.js";
 import { kSessionToken, memberOf } from "./door.js";
 import { activityCursor, callCursor, checkedTime, encodePageToken, keyCursor, pageSize, usageFilter } from "./usage-query.js";
+import { DECISION_RESERVE_UNITS_PER_QUESTION } from "../metering/meter.js";
+import { listDeliveries, replayDelivery, sendTestEvent, type DeliveryView } from "../webhooks/deliveries.js";
+import { addEndpoint, enableEndpoint, findEndpoint, listEndpoints, MAX_ENDPOINTS, removeEndpoint, rotateSecret, type WebhookEndpointView } from "../webhooks/endpoints.js";
+import { endpointUrlViolations } from "../webhooks/endpoint-url.js";
+import { readAlertSettings, setAlertSettings, type AlertSettings } from "../webhooks/events.js";
+import { thresholdViolations } from "../webhooks/thresholds.js";
 
 /** The longest key name. */
 export const MAX_KEY_NAME_CHARS = 64;
@@ -77,6 +82,8 @@ export interface AccountServiceDeps {
   passwordWork: PasswordWork;
   /** Live keys one account may have. */
   maxKeysPerAccount: number;
+  /** Whether endpoints may be on loopback (development only), and a nudge to the deliverer when something is due now. */
+  webhooks: { allowLoopback: boolean; wake: () => void };
 }
 
 /**
@@ -228,7 +235,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     async getAccount(_req, ctx) {
       // Read by every member, also one who must still enroll a second factor: the page learns from it what to show.
       const member = memberOf(ctx);
-      const [money, row] = await Promise.all([readAccountMoney(db, member.accountId), findMember(db, member.memberId)]);
+      const [money, row, alerts] = await Promise.all([readAccountMoney(db, member.accountId), findMember(db, member.memberId), readAlertSettings(db, member.accountId)]);
       if (!money || !row) throw apiError("SIGNED_OUT", "not signed in, or the session ended: sign in to the account area");
       return {
         member: memberMessage(row),
@@ -243,8 +250,89 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           callsInFlight: money.inFlight,
           createdAt: timestampFromDate(money.createdAt),
           twoFactorRequired: member.twoFactorRequired,
+          balanceLow: alerts !== undefined && (alerts.crossedUnits.length > 0 || alerts.depleted),
         },
       };
+    },
+
+    // Every member reads alerts, endpoints and deliveries; owners and admins change them.
+    async getAlerts(_req, ctx) {
+      const member = allowed(ctx, "read");
+      return { alerts: alertsMessage((await readAlertSettings(db, member.accountId))!) };
+    },
+
+    async setAlerts(req, ctx) {
+      const member = allowed(ctx, "manage_alerts");
+      const { units, violations } = thresholdViolations("thresholds_credits", req.thresholdsCredits);
+      throwIfInvalid(violations);
+      const at = now();
+      const settings = await db.transaction(async (tx) => {
+        const set = await setAlertSettings(tx, member.accountId, units, DECISION_RESERVE_UNITS_PER_QUESTION);
+        await recordActivity(tx, { accountId: member.accountId, kind: "alerts_set", actor: member.email, detail: creditsList(units), at });
+        return set!;
+      });
+      deps.webhooks.wake();
+      return { alerts: alertsMessage(settings) };
+    },
+
+    async listWebhookEndpoints(_req, ctx) {
+      const member = allowed(ctx, "read");
+      return { endpoints: (await listEndpoints(db, member.accountId)).map(endpointMessage) };
+    },
+
+    async addWebhookEndpoint(req, ctx) {
+      const member = allowed(ctx, "manage_alerts");
+      const url = req.url.trim();
+      throwIfInvalid(endpointUrlViolations("url", url, deps.webhooks.allowLoopback));
+      const added = await addEndpoint(db, member.accountId, url, { actor: member.email, at: now() });
+      throwIfInvalid(added ? [] : [{ field: "url", rule: `at most ${MAX_ENDPOINTS} endpoints per account` }]);
+      // Balance alerts are watched once an account has somewhere to send them.
+      const alerts = await readAlertSettings(db, member.accountId);
+      if (alerts?.depletionFloorUnits === undefined) await setAlertSettings(db, member.accountId, alerts?.thresholdsUnits ?? [], DECISION_RESERVE_UNITS_PER_QUESTION);
+      return { endpoint: endpointMessage(added!.endpoint), secret: added!.secret };
+    },
+
+    async removeWebhookEndpoint(req, ctx) {
+      const member = allowed(ctx, "manage_alerts");
+      if (!(await removeEndpoint(db, member.accountId, await ownEndpointId(member.accountId, req.endpointId), { actor: member.email, at: now() }))) throw noSuchEndpoint();
+      return {};
+    },
+
+    async rotateWebhookSecret(req, ctx) {
+      const member = allowed(ctx, "manage_alerts");
+      const rotated = await rotateSecret(db, member.accountId, await ownEndpointId(member.accountId, req.endpointId), { actor: member.email, at: now() });
+      if (!rotated) throw noSuchEndpoint();
+      return { endpoint: endpointMessage(rotated.endpoint), secret: rotated.secret };
+    },
+
+    async enableWebhookEndpoint(req, ctx) {
+      const member = allowed(ctx, "manage_alerts");
+      const enabled = await enableEndpoint(db, member.accountId, await ownEndpointId(member.accountId, req.endpointId), { actor: member.email, at: now() });
+      if (!enabled) throw noSuchEndpoint();
+      deps.webhooks.wake();
+      return { endpoint: endpointMessage(enabled) };
+    },
+
+    async sendTestWebhook(req, ctx) {
+      const member = allowed(ctx, "manage_alerts");
+      const webhookId = await sendTestEvent(db, member.accountId, await ownEndpointId(member.accountId, req.endpointId));
+      deps.webhooks.wake();
+      return { webhookId };
+    },
+
+    async listWebhookDeliveries(req, ctx) {
+      const member = allowed(ctx, "read");
+      throwIfInvalid(req.pageSize < 0 || req.pageSize > 100 ? [{ field: "page_size", rule: "0 to 100" }] : []);
+      return { deliveries: (await listDeliveries(db, member.accountId, req.pageSize || 20)).map(deliveryMessage) };
+    },
+
+    async replayWebhookDelivery(req, ctx) {
+      const member = allowed(ctx, "manage_alerts");
+      if (!(await replayDelivery(db, member.accountId, req.deliveryId, now()))) {
+        throw apiError("NOT_FOUND", "delivery_id: no such finished delivery", { field: "delivery_id", rule: "a delivered or failed delivery of your account" });
+      }
+      deps.webhooks.wake();
+      return {};
     },
 
     async listKeys(req, ctx) {
@@ -562,6 +650,12 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     return keyMessage(key);
   }
 
+  /** The endpoint's id when it is the account's own; otherwise the same NOT_FOUND as an unknown id. */
+  async function ownEndpointId(accountId: string, endpointId: string): Promise<string> {
+    if (!isUuid(endpointId) || !(await findEndpoint(db, accountId, endpointId))) throw noSuchEndpoint();
+    return endpointId;
+  }
+
   /** A new session replaces the one the browser had, so two never share a cookie. */
   async function endPreviousSession(tx: Knex.Transaction, ctx: HandlerContext, at: Date): Promise<void> {
     const previous = ctx.values.get(kSessionToken);
@@ -703,4 +797,44 @@ function keyLabel(key: { display_prefix: string; last4: string; name: string }):
 /** A request's time, checked: a Timestamp out of range (binary callers can send any seconds) is a 400. */
 function optionalDate(timestamp: Timestamp | undefined, field: string): Date | undefined {
   return checkedTime(timestamp ? timestampDate(timestamp) : undefined, field);
+}
+
+function noSuchEndpoint() {
+  return apiError("NOT_FOUND", "endpoint_id: no such endpoint", { field: "endpoint_id", rule: "an endpoint of your account" });
+}
+
+function alertsMessage(settings: AlertSettings) {
+  return {
+    thresholdsCredits: settings.thresholdsUnits.map(unitsToCredits),
+    crossedCredits: settings.crossedUnits.map(unitsToCredits),
+    depleted: settings.depleted,
+  };
+}
+
+function creditsList(units: readonly number[]): string {
+  return units.length === 0 ? "no thresholds" : units.map((u) => `${unitsToCredits(u)} credits`).join(", ");
+}
+
+function endpointMessage(endpoint: WebhookEndpointView) {
+  return {
+    id: endpoint.id,
+    url: endpoint.url,
+    enabled: endpoint.enabled,
+    disabledReason: endpoint.disabledReason,
+    createdAt: timestampFromDate(endpoint.createdAt),
+    previousSecretUntil: endpoint.previousSecretUntil ? timestampFromDate(endpoint.previousSecretUntil) : undefined,
+  };
+}
+
+function deliveryMessage(delivery: DeliveryView) {
+  return {
+    id: delivery.id,
+    endpointId: delivery.endpointId,
+    webhookId: delivery.webhookId,
+    eventType: delivery.eventType,
+    eventAt: timestampFromDate(delivery.eventAt),
+    state: delivery.state,
+    nextAttemptAt: delivery.nextAttemptAt ? timestampFromDate(delivery.nextAttemptAt) : undefined,
+    attempts: delivery.attempts.map((a) => ({ attempt: a.attempt, at: timestampFromDate(a.at), status: a.status ?? 0, latencyMs: a.latencyMs, error: a.error })),
+  };
 }

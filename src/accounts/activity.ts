@@ -16,6 +16,12 @@ export const ACTIVITY_KINDS = [
   "two_factor_enabled",
   "two_factor_disabled",
   "two_factor_required_changed",
+  "alerts_set",
+  "webhook_endpoint_added",
+  "webhook_endpoint_removed",
+  "webhook_secret_rotated",
+  "webhook_endpoint_disabled",
+  "webhook_endpoint_enabled",
 ] as const;
 export type ActivityKind = (typeof ACTIVITY_KINDS)[number];
 

@@ -1,20 +1,22 @@
 /**
  * A member's role decides what they may do in the account area. Owners do
  * everything; admins run the team (invite, remove, change roles) and keys;
- * members manage keys; viewers only read. One table, read by the account
+ * members manage keys; viewers only read. Owners and admins set balance
+ * alerts and webhook endpoints. One table, read by the account
  * area and the operator CLI alike.
  */
 export const ROLES = ["owner", "admin", "member", "viewer"] as const;
 export type Role = (typeof ROLES)[number];
 
 /** What a call of the account area asks to do. */
-export type Action = "read" | "manage_keys" | "manage_members" | "require_two_factor";
+export type Action = "read" | "manage_keys" | "manage_members" | "manage_alerts" | "require_two_factor";
 
 /** The roles allowed each action. */
 export const ALLOWED_ROLES: Readonly<Record<Action, readonly Role[]>> = {
   read: ["owner", "admin", "member", "viewer"],
   manage_keys: ["owner", "admin", "member"],
   manage_members: ["owner", "admin"],
+  manage_alerts: ["owner", "admin"],
   require_two_factor: ["owner"],
 };
 
@@ -23,6 +25,7 @@ export const ACTION_RULES: Readonly<Record<Action, string>> = {
   read: "every member reads the account",
   manage_keys: "owners, admins and members manage keys; viewers only read",
   manage_members: "owners and admins invite, remove and change the roles of members",
+  manage_alerts: "owners and admins set balance alerts and webhook endpoints",
   require_two_factor: "only owners require two-factor sign-in for the account",
 };
 

@@ -18,6 +18,12 @@ import { readAccountMoney, type AccountMoney } from "../metering/account-views.j
 import { createLogger } from "../logger.js";
 import { parseCredits, unitsToCredits } from "../units.js";
 import { listUsage } from "./usage.js";
+import { DECISION_RESERVE_UNITS_PER_QUESTION } from "../metering/meter.js";
+import { listDeliveries, replayDelivery, sendTestEvent } from "../webhooks/deliveries.js";
+import { addEndpoint, enableEndpoint, findEndpoint, listEndpoints, MAX_ENDPOINTS, removeEndpoint, rotateSecret } from "../webhooks/endpoints.js";
+import { endpointUrlViolations } from "../webhooks/endpoint-url.js";
+import { readAlertSettings, setAlertSettings, type AlertSettings } from "../webhooks/events.js";
+import { thresholdViolations } from "../webhooks/thresholds.js";
 
 const USAGE = `usage: npm run --silent admin -- <command>
 
@@ -35,6 +41,13 @@ const USAGE = `usage: npm run --silent admin -- <command>
   members role --member MEMBER_ID --role owner|admin|member|viewer
   members remove --member MEMBER_ID [--keep-keys]
   members reset-two-factor --member MEMBER_ID
+  alerts show --account ID
+  alerts set --account ID --thresholds C[,C...]   (empty: no thresholds)
+  webhooks add --account ID --url URL
+  webhooks list --account ID
+  webhooks remove|rotate|enable|test --account ID --endpoint ENDPOINT_ID
+  webhooks deliveries --account ID [--limit N]
+  webhooks replay --account ID --delivery DELIVERY_ID
 
 LIMITS: [--expires-at ISO-8601] [--scopes decisions,search] [--budget C --budget-period day|week|month|total]
         [--rate CALLS_PER_MINUTE]
@@ -63,7 +76,12 @@ async function main(argv: string[]): Promise<number> {
   const logger = createLogger("silent");
   const store = await openStore(config.databaseUrl, config.dataDir, logger);
   try {
-    const output = await run(store.db, command, values, { defaultFreeRequests: config.metering.defaultFreeRequests, publicUrl: config.account.publicUrl, publicUrlIsGuessed: config.account.publicUrlIsGuessed });
+    const output = await run(store.db, command, values, {
+      defaultFreeRequests: config.metering.defaultFreeRequests,
+      publicUrl: config.account.publicUrl,
+      publicUrlIsGuessed: config.account.publicUrlIsGuessed,
+      allowLoopbackWebhooks: config.webhooks.allowLoopback,
+    });
     process.stdout.write(JSON.stringify(output) + "\n");
     return 0;
   } finally {
@@ -100,6 +118,10 @@ function parseCommandLine(argv: string[]) {
         rate: { type: "string" },
         "grace-seconds": { type: "string" },
         "keep-keys": { type: "boolean" },
+        thresholds: { type: "string" },
+        url: { type: "string" },
+        endpoint: { type: "string" },
+        delivery: { type: "string" },
         help: { type: "boolean", short: "h" },
       },
     });
@@ -114,7 +136,12 @@ function isParseArgsError(err: unknown): err is Error {
   return err instanceof Error && typeof code === "string" && code.startsWith("ERR_PARSE_ARGS_");
 }
 
-async function run(db: Knex, command: string, options: Options, settings: { defaultFreeRequests: number; publicUrl: string; publicUrlIsGuessed: boolean }): Promise<unknown> {
+async function run(
+  db: Knex,
+  command: string,
+  options: Options,
+  settings: { defaultFreeRequests: number; publicUrl: string; publicUrlIsGuessed: boolean; allowLoopbackWebhooks: boolean },
+): Promise<unknown> {
   const now = new Date();
   switch (command) {
     case "accounts create": {
@@ -327,6 +354,67 @@ async function run(db: Knex, command: string, options: Options, settings: { defa
       if (!member) throw new UsageError(`no member with id ${memberId}`);
       return { member_id: member.id, account_id: member.account_id, email: member.email, two_factor_enabled: false };
     }
+    case "alerts show": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      return alertsJson(account.id, (await readAlertSettings(db, account.id))!);
+    }
+    case "alerts set": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      const raw = stringOption(options, "thresholds");
+      if (raw === undefined) throw new UsageError("--thresholds is required (an empty value removes every threshold)");
+      const parts = raw.trim() === "" ? [] : raw.split(",").map((part) => credits("thresholds", part));
+      const { units, violations } = thresholdViolations("thresholds", parts.map(unitsToCredits));
+      if (violations[0]) throw new UsageError(`--${violations[0].field}: ${violations[0].rule}`);
+      const settings = await db.transaction(async (tx) => {
+        const set = await setAlertSettings(tx, account.id, units, DECISION_RESERVE_UNITS_PER_QUESTION);
+        await recordActivity(tx, { accountId: account.id, kind: "alerts_set", actor: OPERATOR, detail: raw, at: now });
+        return set!;
+      });
+      return alertsJson(account.id, settings);
+    }
+    case "webhooks add": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      const url = requiredOption(options, "url").trim();
+      const violation = endpointUrlViolations("url", url, settings.allowLoopbackWebhooks)[0];
+      if (violation) throw new UsageError(`--url ${violation.rule}`);
+      const added = await addEndpoint(db, account.id, url, { actor: OPERATOR, at: now });
+      if (!added) throw new UsageError(`the account has ${MAX_ENDPOINTS} endpoints already`);
+      const alerts = await readAlertSettings(db, account.id);
+      if (alerts?.depletionFloorUnits === undefined) await setAlertSettings(db, account.id, alerts?.thresholdsUnits ?? [], DECISION_RESERVE_UNITS_PER_QUESTION);
+      return { account_id: account.id, endpoint_id: added.endpoint.id, url, secret: added.secret };
+    }
+    case "webhooks list": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      const endpoints = await listEndpoints(db, account.id);
+      return {
+        account_id: account.id,
+        endpoints: endpoints.map((e) => ({ endpoint_id: e.id, url: e.url, enabled: e.enabled, disabled_reason: e.disabledReason, created_at: e.createdAt })),
+      };
+    }
+    case "webhooks remove":
+    case "webhooks rotate":
+    case "webhooks enable":
+    case "webhooks test": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      const endpointId = requiredOption(options, "endpoint");
+      if (!isUuid(endpointId) || !(await findEndpoint(db, account.id, endpointId))) throw new UsageError(`no endpoint with id ${endpointId} in this account`);
+      const change = { actor: OPERATOR, at: now };
+      if (command === "webhooks remove") return { removed: await removeEndpoint(db, account.id, endpointId, change), endpoint_id: endpointId };
+      if (command === "webhooks rotate") return { endpoint_id: endpointId, secret: (await rotateSecret(db, account.id, endpointId, change))!.secret };
+      if (command === "webhooks enable") return { endpoint_id: endpointId, enabled: (await enableEndpoint(db, account.id, endpointId, change))!.enabled };
+      return { endpoint_id: endpointId, webhook_id: await sendTestEvent(db, account.id, endpointId) };
+    }
+    case "webhooks deliveries": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      const deliveries = await listDeliveries(db, account.id, Math.min(integerOption(options, "limit") ?? 20, 500));
+      return { account_id: account.id, deliveries };
+    }
+    case "webhooks replay": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      const deliveryId = requiredOption(options, "delivery");
+      if (!(await replayDelivery(db, account.id, deliveryId, now))) throw new UsageError(`no finished delivery with id ${deliveryId} in this account`);
+      return { replayed: true, delivery_id: deliveryId };
+    }
     default:
       throw new UsageError(`unknown command "${command}"\n\n${USAGE}`);
   }
@@ -353,6 +441,15 @@ function moneyJson(money: AccountMoney) {
     in_flight: money.inFlight,
     max_in_flight: money.maxInFlight,
     requests_per_minute: money.requestsPerMinute,
+  };
+}
+
+function alertsJson(accountId: string, settings: AlertSettings) {
+  return {
+    account_id: accountId,
+    thresholds_credits: settings.thresholdsUnits.map(unitsToCredits),
+    crossed_credits: settings.crossedUnits.map(unitsToCredits),
+    depleted: settings.depleted,
   };
 }
 

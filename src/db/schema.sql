@@ -130,6 +130,86 @@ CREATE DOMAIN public.metering_units AS bigint
 	CONSTRAINT metering_units_not_negative CHECK ((VALUE >= 0));
 
 --
+-- Name: account_balance_alerts_v1(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.account_balance_alerts_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+      DECLARE
+        v_available bigint := NEW.balance - NEW.reserved;
+        v_thresholds bigint[] := coalesce(NEW.alert_thresholds, '{}');
+        v_crossed bigint[];
+        v_newly bigint[];
+        v_back bigint[];
+        v_depleted_ended boolean := false;
+        v_threshold bigint;
+        v_figures jsonb := jsonb_build_object('balance_units', NEW.balance, 'available_units', NEW.balance - NEW.reserved);
+      BEGIN
+        -- Thresholds no longer set are no longer crossed.
+        SELECT coalesce(array_agg(t ORDER BY t DESC), '{}') INTO v_crossed
+          FROM unnest(NEW.alert_crossed) t WHERE t = ANY (v_thresholds);
+        IF NEW.alert_floor IS NULL THEN
+          NEW.alert_depleted := false;
+        END IF;
+
+        IF NEW.balance < OLD.balance
+           OR NEW.alert_thresholds IS DISTINCT FROM OLD.alert_thresholds
+           OR NEW.alert_floor IS DISTINCT FROM OLD.alert_floor THEN
+          SELECT coalesce(array_agg(t ORDER BY t DESC), '{}') INTO v_newly
+            FROM unnest(v_thresholds) t WHERE v_available < t AND NOT t = ANY (v_crossed);
+          FOREACH v_threshold IN ARRAY v_newly LOOP
+            PERFORM account_event_record_v1(NEW.id, 'balance.low', v_figures || jsonb_build_object('threshold_units', v_threshold));
+          END LOOP;
+          v_crossed := v_crossed || v_newly;
+          IF NEW.alert_floor IS NOT NULL AND NOT NEW.alert_depleted AND v_available < NEW.alert_floor THEN
+            NEW.alert_depleted := true;
+            PERFORM account_event_record_v1(NEW.id, 'balance.depleted', v_figures || jsonb_build_object('smallest_reservation_units', NEW.alert_floor));
+          END IF;
+        ELSIF NEW.balance > OLD.balance THEN
+          SELECT coalesce(array_agg(t ORDER BY t), '{}') INTO v_back FROM unnest(v_crossed) t WHERE v_available >= t;
+          v_depleted_ended := NEW.alert_depleted AND v_available >= NEW.alert_floor;
+          IF cardinality(v_back) > 0 OR v_depleted_ended THEN
+            SELECT coalesce(array_agg(t ORDER BY t DESC), '{}') INTO v_crossed FROM unnest(v_crossed) t WHERE NOT t = ANY (v_back);
+            NEW.alert_depleted := NEW.alert_depleted AND NOT v_depleted_ended;
+            PERFORM account_event_record_v1(NEW.id, 'balance.recovered',
+              v_figures || jsonb_build_object('thresholds_units', to_jsonb(v_back), 'depleted_ended', v_depleted_ended));
+          END IF;
+        END IF;
+
+        NEW.alert_crossed := v_crossed;
+        -- The levels the WHEN clause tests: below the first, a settle runs this; at or above the second, a grant does.
+        NEW.alert_low_below := (SELECT max(t) FROM unnest(v_thresholds) t WHERE NOT t = ANY (v_crossed));
+        IF NEW.alert_floor IS NOT NULL AND NOT NEW.alert_depleted THEN
+          NEW.alert_low_below := greatest(NEW.alert_low_below, NEW.alert_floor);
+        END IF;
+        NEW.alert_recover_at := (SELECT min(t) FROM unnest(v_crossed) t);
+        IF NEW.alert_depleted THEN
+          NEW.alert_recover_at := least(NEW.alert_recover_at, NEW.alert_floor);
+        END IF;
+        RETURN NEW;
+      END
+      $$;
+
+--
+-- Name: account_event_record_v1(uuid, text, jsonb); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.account_event_record_v1(p_account_id uuid, p_type text, p_data jsonb) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+      DECLARE
+        v_event_id bigint;
+      BEGIN
+        INSERT INTO account_events (account_id, type, data) VALUES (p_account_id, p_type, p_data) RETURNING id INTO v_event_id;
+        INSERT INTO webhook_deliveries (event_id, endpoint_id)
+        SELECT v_event_id, e.id FROM webhook_endpoints e
+         WHERE e.account_id = p_account_id AND e.enabled AND e.deleted_at IS NULL;
+        RETURN v_event_id;
+      END
+      $$;
+
+--
 -- Name: metering_abandon(uuid, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -657,6 +737,12 @@ CREATE TABLE public.accounts (
     rate_window_ms public.metering_limit DEFAULT 60000 NOT NULL,
     recent timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    alert_thresholds bigint[],
+    alert_floor bigint,
+    alert_crossed bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    alert_depleted boolean DEFAULT false NOT NULL,
+    alert_low_below bigint,
+    alert_recover_at bigint,
     CONSTRAINT accounts_check CHECK (((reserved)::bigint <= (balance)::bigint)),
     CONSTRAINT accounts_check1 CHECK (((free_reserved)::integer <= (free_remaining)::integer)),
     CONSTRAINT accounts_check2 CHECK (((in_flight)::integer <= (max_in_flight)::integer))
@@ -1028,6 +1114,36 @@ CREATE SEQUENCE public.account_activity_id_seq
 ALTER SEQUENCE public.account_activity_id_seq OWNED BY public.account_activity.id;
 
 --
+-- Name: account_events; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.account_events (
+    id bigint NOT NULL,
+    account_id uuid NOT NULL,
+    webhook_id text DEFAULT ('msg_'::text || replace((gen_random_uuid())::text, '-'::text, ''::text)) NOT NULL,
+    type text NOT NULL,
+    data jsonb NOT NULL,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+--
+-- Name: account_events_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+CREATE SEQUENCE public.account_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: account_events_id_seq; Type: SEQUENCE OWNED BY; Schema: public; Owner: -
+--
+
+ALTER SEQUENCE public.account_events_id_seq OWNED BY public.account_events.id;
+
+--
 -- Name: account_settings; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1301,10 +1417,100 @@ CREATE TABLE public.sign_in_challenges (
 );
 
 --
+-- Name: webhook_attempts; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.webhook_attempts (
+    id bigint NOT NULL,
+    delivery_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    at timestamp with time zone NOT NULL,
+    status integer,
+    latency_ms integer NOT NULL,
+    error text DEFAULT ''::text NOT NULL
+);
+
+--
+-- Name: webhook_attempts_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+CREATE SEQUENCE public.webhook_attempts_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: webhook_attempts_id_seq; Type: SEQUENCE OWNED BY; Schema: public; Owner: -
+--
+
+ALTER SEQUENCE public.webhook_attempts_id_seq OWNED BY public.webhook_attempts.id;
+
+--
+-- Name: webhook_deliveries; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.webhook_deliveries (
+    id bigint NOT NULL,
+    event_id bigint NOT NULL,
+    endpoint_id uuid NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    replayed_after integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    lease_until timestamp with time zone,
+    lease_token uuid,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT webhook_deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])))
+);
+
+--
+-- Name: webhook_deliveries_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+CREATE SEQUENCE public.webhook_deliveries_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: webhook_deliveries_id_seq; Type: SEQUENCE OWNED BY; Schema: public; Owner: -
+--
+
+ALTER SEQUENCE public.webhook_deliveries_id_seq OWNED BY public.webhook_deliveries.id;
+
+--
+-- Name: webhook_endpoints; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.webhook_endpoints (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    account_id uuid NOT NULL,
+    url text NOT NULL,
+    secret text NOT NULL,
+    previous_secret text,
+    previous_secret_until timestamp with time zone,
+    enabled boolean DEFAULT true NOT NULL,
+    disabled_reason text DEFAULT ''::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    deleted_at timestamp with time zone
+);
+
+--
 -- Name: account_activity id; Type: DEFAULT; Schema: public; Owner: -
 --
 
 ALTER TABLE ONLY public.account_activity ALTER COLUMN id SET DEFAULT nextval('public.account_activity_id_seq'::regclass);
+
+--
+-- Name: account_events id; Type: DEFAULT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.account_events ALTER COLUMN id SET DEFAULT nextval('public.account_events_id_seq'::regclass);
 
 --
 -- Name: knex_migrations id; Type: DEFAULT; Schema: public; Owner: -
@@ -1337,6 +1543,18 @@ ALTER TABLE ONLY public.member_recovery_codes ALTER COLUMN id SET DEFAULT nextva
 ALTER TABLE ONLY public.sign_in_attempts ALTER COLUMN id SET DEFAULT nextval('public.sign_in_attempts_id_seq'::regclass);
 
 --
+-- Name: webhook_attempts id; Type: DEFAULT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_attempts ALTER COLUMN id SET DEFAULT nextval('public.webhook_attempts_id_seq'::regclass);
+
+--
+-- Name: webhook_deliveries id; Type: DEFAULT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_deliveries ALTER COLUMN id SET DEFAULT nextval('public.webhook_deliveries_id_seq'::regclass);
+
+--
 -- Name: abandoned_admissions abandoned_admissions_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1349,6 +1567,20 @@ ALTER TABLE ONLY public.abandoned_admissions
 
 ALTER TABLE ONLY public.account_activity
     ADD CONSTRAINT account_activity_pkey PRIMARY KEY (id);
+
+--
+-- Name: account_events account_events_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.account_events
+    ADD CONSTRAINT account_events_pkey PRIMARY KEY (id);
+
+--
+-- Name: account_events account_events_webhook_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.account_events
+    ADD CONSTRAINT account_events_webhook_id_key UNIQUE (webhook_id);
 
 --
 -- Name: account_settings account_settings_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -1498,10 +1730,44 @@ ALTER TABLE ONLY public.sign_in_challenges
     ADD CONSTRAINT sign_in_challenges_pkey PRIMARY KEY (token_hash);
 
 --
+-- Name: webhook_attempts webhook_attempts_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_attempts
+    ADD CONSTRAINT webhook_attempts_pkey PRIMARY KEY (id);
+
+--
+-- Name: webhook_deliveries webhook_deliveries_event_id_endpoint_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_event_id_endpoint_id_key UNIQUE (event_id, endpoint_id);
+
+--
+-- Name: webhook_deliveries webhook_deliveries_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id);
+
+--
+-- Name: webhook_endpoints webhook_endpoints_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT webhook_endpoints_pkey PRIMARY KEY (id);
+
+--
 -- Name: account_activity_account_at; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX account_activity_account_at ON public.account_activity USING btree (account_id, at, id);
+
+--
+-- Name: account_events_account; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX account_events_account ON public.account_events USING btree (account_id, id);
 
 --
 -- Name: api_keys_account_id; Type: INDEX; Schema: public; Owner: -
@@ -1594,11 +1860,48 @@ CREATE INDEX sign_in_attempts_email_at ON public.sign_in_attempts USING btree (e
 CREATE INDEX sign_in_challenges_member ON public.sign_in_challenges USING btree (member_id) WHERE (used_at IS NULL);
 
 --
+-- Name: webhook_attempts_delivery; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX webhook_attempts_delivery ON public.webhook_attempts USING btree (delivery_id, id);
+
+--
+-- Name: webhook_deliveries_due; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (next_attempt_at) WHERE (state = 'pending'::text);
+
+--
+-- Name: webhook_deliveries_pending; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX webhook_deliveries_pending ON public.webhook_deliveries USING btree (endpoint_id, id) WHERE (state = 'pending'::text);
+
+--
+-- Name: webhook_endpoints_account; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX webhook_endpoints_account ON public.webhook_endpoints USING btree (account_id) WHERE (deleted_at IS NULL);
+
+--
+-- Name: accounts accounts_balance_alerts; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER accounts_balance_alerts BEFORE UPDATE ON public.accounts FOR EACH ROW WHEN (((((new.balance)::bigint < (old.balance)::bigint) AND (((new.balance)::bigint - (new.reserved)::bigint) < new.alert_low_below)) OR (((new.balance)::bigint > (old.balance)::bigint) AND (((new.balance)::bigint - (new.reserved)::bigint) >= new.alert_recover_at)) OR (new.alert_thresholds IS DISTINCT FROM old.alert_thresholds) OR (new.alert_floor IS DISTINCT FROM old.alert_floor))) EXECUTE FUNCTION public.account_balance_alerts_v1();
+
+--
 -- Name: account_activity account_activity_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
 --
 
 ALTER TABLE ONLY public.account_activity
     ADD CONSTRAINT account_activity_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
+
+--
+-- Name: account_events account_events_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.account_events
+    ADD CONSTRAINT account_events_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
 
 --
 -- Name: api_keys api_keys_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
@@ -1662,6 +1965,34 @@ ALTER TABLE ONLY public.requests
 
 ALTER TABLE ONLY public.sign_in_challenges
     ADD CONSTRAINT sign_in_challenges_member_id_fkey FOREIGN KEY (member_id) REFERENCES public.members(id);
+
+--
+-- Name: webhook_attempts webhook_attempts_delivery_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_attempts
+    ADD CONSTRAINT webhook_attempts_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES public.webhook_deliveries(id);
+
+--
+-- Name: webhook_deliveries webhook_deliveries_endpoint_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.webhook_endpoints(id);
+
+--
+-- Name: webhook_deliveries webhook_deliveries_event_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_event_id_fkey FOREIGN KEY (event_id) REFERENCES public.account_events(id);
+
+--
+-- Name: webhook_endpoints webhook_endpoints_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT webhook_endpoints_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
 
 --
 -- PostgreSQL database dump complete

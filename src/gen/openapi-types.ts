@@ -393,6 +393,144 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/account/v1/alerts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** GetAlerts reads the balance thresholds below which the account hears a balance.low event, and which of them the balance is below now. */
+        get: operations["AccountService_GetAlerts"];
+        put?: never;
+        /** SetAlerts replaces the thresholds. A threshold above the available balance records its balance.low at once. */
+        post: operations["AccountService_SetAlerts"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** ListWebhookEndpoints lists the URLs the account's events are sent to. Secrets are never shown again after they are made. */
+        get: operations["AccountService_ListWebhookEndpoints"];
+        put?: never;
+        /** AddWebhookEndpoint adds a URL and returns its signing secret this once. The URL must reach a public address. */
+        post: operations["AccountService_AddWebhookEndpoint"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/webhooks/remove": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** RemoveWebhookEndpoint stops sending to an endpoint. */
+        post: operations["AccountService_RemoveWebhookEndpoint"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/webhooks/rotate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** RotateWebhookSecret makes a new secret, returned this once; the old one keeps signing beside it for 24 hours. */
+        post: operations["AccountService_RotateWebhookSecret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/webhooks/enable": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** EnableWebhookEndpoint sends again to an endpoint that was disabled; the deliveries still pending go first. */
+        post: operations["AccountService_EnableWebhookEndpoint"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/webhooks/test": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** SendTestWebhook sends a webhook.test event to one endpoint. */
+        post: operations["AccountService_SendTestWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/webhooks/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** ListWebhookDeliveries lists the latest deliveries, newest first, each with every attempt. */
+        post: operations["AccountService_ListWebhookDeliveries"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/webhooks/deliveries/replay": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** ReplayWebhookDelivery sends a finished delivery again, with the same webhook-id. */
+        post: operations["AccountService_ReplayWebhookDelivery"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -745,6 +883,8 @@ export interface components {
             created_at?: string;
             /** @description Every member must sign in with a second factor. */
             two_factor_required: boolean;
+            /** @description True while the available balance is below one of the account's alert thresholds, or below what one call reserves. */
+            balance_low: boolean;
         };
         "typesafe.account.v1.Limits": {
             /**
@@ -987,7 +1127,7 @@ export interface components {
         /** @description Something that happened to the account. */
         "typesafe.account.v1.ActivityEvent": {
             id: string;
-            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "credits_granted", "member_invited", "member_removed", "member_role_changed", "two_factor_enabled", "two_factor_disabled", "two_factor_required_changed". */
+            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "credits_granted", "member_invited", "member_removed", "member_role_changed", "two_factor_enabled", "two_factor_disabled", "two_factor_required_changed". "member_removed", "alerts_set", "webhook_endpoint_added", "webhook_endpoint_removed", "webhook_secret_rotated", "webhook_endpoint_disabled", "webhook_endpoint_enabled". */
             kind: string;
             /** @description Who did it: a member's email, or "operator" for the CLI. */
             actor: string;
@@ -1080,6 +1220,129 @@ export interface components {
         "typesafe.account.v1.SetTwoFactorRequiredResponse": Record<string, never>;
         "typesafe.account.v1.SetTwoFactorRequiredRequest": {
             required?: boolean | null;
+        };
+        "typesafe.account.v1.GetAlertsResponse": {
+            alerts?: components["schemas"]["typesafe.account.v1.Alerts"];
+        };
+        /** @description The account's balance alerts. Credits are decimals. */
+        "typesafe.account.v1.Alerts": {
+            /** @description A balance.low event is sent when the available balance falls below one of these; highest first. */
+            thresholds_credits: number[];
+            /** @description The thresholds the available balance is below now (told, and not yet recovered by a grant). */
+            crossed_credits: number[];
+            /** @description The available balance no longer covers what one call reserves. */
+            depleted: boolean;
+        };
+        "typesafe.account.v1.SetAlertsResponse": {
+            alerts?: components["schemas"]["typesafe.account.v1.Alerts"];
+        };
+        "typesafe.account.v1.SetAlertsRequest": {
+            /** @description At most 5 thresholds, each above 0 with at most 6 decimals; empty turns the threshold alerts off. */
+            thresholds_credits?: (number | string)[] | null;
+        };
+        "typesafe.account.v1.ListWebhookEndpointsResponse": {
+            endpoints: components["schemas"]["typesafe.account.v1.WebhookEndpoint"][];
+        };
+        /** @description A URL the account's events are sent to, as the account area shows it: never its secret. */
+        "typesafe.account.v1.WebhookEndpoint": {
+            id: string;
+            url: string;
+            /** @description False once disabled: by a 410 answer, by failing for days, or never enabled again after that. */
+            enabled: boolean;
+            /** @description Why it was disabled; empty while enabled. */
+            disabled_reason: string;
+            /** Format: date-time */
+            created_at?: string;
+            /**
+             * Format: date-time
+             * @description While the secret before the last rotation still signs beside the new one.
+             */
+            previous_secret_until?: string;
+        };
+        "typesafe.account.v1.AddWebhookEndpointResponse": {
+            endpoint?: components["schemas"]["typesafe.account.v1.WebhookEndpoint"];
+            /** @description The signing secret ("whsec_..."). It is shown this once and never again. */
+            secret: string;
+        };
+        "typesafe.account.v1.AddWebhookEndpointRequest": {
+            /** @description An http:// or https:// URL reaching a public address, at most 2048 characters. */
+            url?: string | null;
+        };
+        "typesafe.account.v1.RemoveWebhookEndpointResponse": Record<string, never>;
+        "typesafe.account.v1.RemoveWebhookEndpointRequest": {
+            endpoint_id?: string | null;
+        };
+        "typesafe.account.v1.RotateWebhookSecretResponse": {
+            endpoint?: components["schemas"]["typesafe.account.v1.WebhookEndpoint"];
+            /** @description The new signing secret, shown this once. */
+            secret: string;
+        };
+        "typesafe.account.v1.RotateWebhookSecretRequest": {
+            endpoint_id?: string | null;
+        };
+        "typesafe.account.v1.EnableWebhookEndpointResponse": {
+            endpoint?: components["schemas"]["typesafe.account.v1.WebhookEndpoint"];
+        };
+        "typesafe.account.v1.EnableWebhookEndpointRequest": {
+            endpoint_id?: string | null;
+        };
+        "typesafe.account.v1.SendTestWebhookResponse": {
+            /** @description The webhook-id the test event carries. */
+            webhook_id: string;
+        };
+        "typesafe.account.v1.SendTestWebhookRequest": {
+            endpoint_id?: string | null;
+        };
+        "typesafe.account.v1.ListWebhookDeliveriesResponse": {
+            /** @description Newest first. */
+            deliveries: components["schemas"]["typesafe.account.v1.WebhookDelivery"][];
+        };
+        /** @description One event sent, or to be sent, to one endpoint. */
+        "typesafe.account.v1.WebhookDelivery": {
+            id: string;
+            endpoint_id: string;
+            /** @description The webhook-id header: the same on every attempt. */
+            webhook_id: string;
+            /** @description "balance.low", "balance.depleted", "balance.recovered" or "webhook.test". */
+            event_type: string;
+            /** Format: date-time */
+            event_at?: string;
+            /** @description "pending", "delivered" or "failed". */
+            state: string;
+            /** @description Oldest first. */
+            attempts: components["schemas"]["typesafe.account.v1.WebhookAttempt"][];
+            /**
+             * Format: date-time
+             * @description When the next attempt is due, while pending.
+             */
+            next_attempt_at?: string;
+        };
+        /** @description One attempt of a delivery. */
+        "typesafe.account.v1.WebhookAttempt": {
+            /**
+             * Format: int32
+             * @description 1 for the first.
+             */
+            attempt: number;
+            /** Format: date-time */
+            at?: string;
+            /**
+             * Format: int32
+             * @description The HTTP status of the answer; 0 when none came.
+             */
+            status: number;
+            /** Format: int32 */
+            latency_ms: number;
+            /** @description Why no answer came (refused address, timeout, connection error); empty otherwise. */
+            error: string;
+        };
+        "typesafe.account.v1.ListWebhookDeliveriesRequest": {
+            /** @description 1 to 100; 0 means 20. */
+            page_size?: (number | string) | null;
+        };
+        "typesafe.account.v1.ReplayWebhookDeliveryResponse": Record<string, never>;
+        "typesafe.account.v1.ReplayWebhookDeliveryRequest": {
+            delivery_id?: string | null;
         };
         /** @description ErrorDetail is attached to every error the service returns: as a typed detail on gRPC/Connect errors, and as `data` of the JSON envelope. */
         "typesafe.error.v1.ErrorDetail": {
@@ -2764,6 +3027,458 @@ export interface operations {
                         /** @constant */
                         message: "ok";
                         data: components["schemas"]["typesafe.account.v1.SetTwoFactorRequiredResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_GetAlerts: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The GetAlertsResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.GetAlertsResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_SetAlerts: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.SetAlertsRequest"];
+            };
+        };
+        responses: {
+            /** @description The SetAlertsResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.SetAlertsResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ListWebhookEndpoints: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The ListWebhookEndpointsResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ListWebhookEndpointsResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_AddWebhookEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.AddWebhookEndpointRequest"];
+            };
+        };
+        responses: {
+            /** @description The AddWebhookEndpointResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.AddWebhookEndpointResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_RemoveWebhookEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.RemoveWebhookEndpointRequest"];
+            };
+        };
+        responses: {
+            /** @description The RemoveWebhookEndpointResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.RemoveWebhookEndpointResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_RotateWebhookSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.RotateWebhookSecretRequest"];
+            };
+        };
+        responses: {
+            /** @description The RotateWebhookSecretResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.RotateWebhookSecretResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_EnableWebhookEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.EnableWebhookEndpointRequest"];
+            };
+        };
+        responses: {
+            /** @description The EnableWebhookEndpointResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.EnableWebhookEndpointResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_SendTestWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.SendTestWebhookRequest"];
+            };
+        };
+        responses: {
+            /** @description The SendTestWebhookResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.SendTestWebhookResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ListWebhookDeliveries: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.ListWebhookDeliveriesRequest"];
+            };
+        };
+        responses: {
+            /** @description The ListWebhookDeliveriesResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ListWebhookDeliveriesResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ReplayWebhookDelivery: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.ReplayWebhookDeliveryRequest"];
+            };
+        };
+        responses: {
+            /** @description The ReplayWebhookDeliveryResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ReplayWebhookDeliveryResponse"];
                     };
                 };
             };

@@ -262,6 +262,16 @@ describe("the OpenAPI document's account section", () => {
         "POST /account/v1/two-factor/confirm",
         "POST /account/v1/two-factor/disable",
         "POST /account/v1/two-factor/required",
+        "GET /account/v1/alerts",
+        "POST /account/v1/alerts",
+        "GET /account/v1/webhooks",
+        "POST /account/v1/webhooks",
+        "POST /account/v1/webhooks/remove",
+        "POST /account/v1/webhooks/rotate",
+        "POST /account/v1/webhooks/enable",
+        "POST /account/v1/webhooks/test",
+        "POST /account/v1/webhooks/deliveries",
+        "POST /account/v1/webhooks/deliveries/replay",
       ].sort(),
     );
     expect(document.components.securitySchemes.sessionCookie).toMatchObject({ type: "apiKey", in: "cookie", name: "typesafe_session" });

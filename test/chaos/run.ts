@@ -14,15 +14,25 @@
  * Afterwards it checks the ledger invariants of every account and that every
  * answer a client saw agrees with the ledger: a 200's billing equals its row,
  * an error was never charged, and no admission that arrived after its call
- * abandoned it holds anything. The last line names the calls, the faults and
- * the violations; the exit code is 1 when there is any violation.
+ * abandoned it holds anything. Every account also has balance thresholds, a
+ * webhook endpoint at a receiver that fails or hangs some deliveries, and
+ * grants now and then: its balance events must alternate (a threshold's low,
+ * then its recovery, never two lows), agree with the crossed state on its row,
+ * and each reach the receiver, verified, with one webhook-id per event and in
+ * order per endpoint; nothing lost, nothing invented. The last line names the
+ * calls, the faults and the violations; the exit code is 1 when there is any
+ * violation.
  * Loopback only, bounded in time, seeded.
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { createApiKey } from "../../src/accounts/store.js";
-import { createAccount } from "../../src/admin/account-funding.js";
+import { createAccount, grant } from "../../src/admin/account-funding.js";
+import { DECISION_RESERVE_UNITS_PER_QUESTION } from "../../src/metering/meter.js";
+import { addEndpoint } from "../../src/webhooks/endpoints.js";
+import { setAlertSettings } from "../../src/webhooks/events.js";
+import { startWebhookReceiver } from "../support/webhook-receiver.js";
 import { createKnex, migrate } from "../../src/db/database.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../support/fake-llm.js";
 import { assertInvariants } from "../support/invariants.js";
@@ -47,7 +57,10 @@ function random(): number {
 }
 const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
 
-const counts = { upstream500: 0, kill9: 0, pgCrash: "skipped" as string, cutAll: 0 };
+const counts = { upstream500: 0, kill9: 0, pgCrash: "skipped" as string, cutAll: 0, grants: 0, webhook500: 0, webhookHung: 0 };
+const START_UNITS = 200 * 1_000_000;
+/** Just below the opening balance, so a few calls cross the first and a few dozen the second. */
+const THRESHOLDS = [START_UNITS - 1_000, START_UNITS - 8_000];
 
 /** A private cluster where initdb is available, so crashing it disturbs nobody else; undefined elsewhere. */
 async function startChaosCluster(): Promise<PrivateCluster | undefined> {
@@ -134,6 +147,65 @@ async function post(url: string, apiKey: string, body: string, idempotencyKey: s
   }
 }
 
+/**
+ * The balance events of every account against its row and the receiver: per
+ * threshold low and recovered alternate, starting with low, and the last one
+ * agrees with the crossed state; depleted and its end alternate likewise;
+ * every event was delivered, each delivery reached the receiver verified, no
+ * webhook-id arrived that no event has, and each endpoint first heard its
+ * events in the order they were recorded. Returns the number of events.
+ */
+async function checkEvents(
+  db: ReturnType<typeof createKnex>,
+  accounts: { id: string }[],
+  receiver: Awaited<ReturnType<typeof startWebhookReceiver>>,
+  violations: string[],
+): Promise<number> {
+  const events = await db("account_events").whereIn("account_id", accounts.map((a) => a.id)).orderBy("id");
+  const byWebhookId = new Map(events.map((e) => [e.webhook_id as string, e]));
+  for (const account of accounts) {
+    const row = await db("accounts").where({ id: account.id }).first("alert_crossed", "alert_depleted");
+    const crossed = new Set<number>();
+    let depleted = false;
+    for (const event of events.filter((e) => e.account_id === account.id)) {
+      if (event.type === "balance.low") {
+        const t = Number(event.data.threshold_units);
+        if (crossed.has(t)) violations.push(`${account.id}: a second balance.low for ${t} before its recovery (event ${event.id})`);
+        crossed.add(t);
+      } else if (event.type === "balance.recovered") {
+        for (const t of (event.data.thresholds_units as number[]).map(Number)) {
+          if (!crossed.delete(t)) violations.push(`${account.id}: balance.recovered for ${t}, which was not crossed (event ${event.id})`);
+        }
+        if (event.data.depleted_ended) {
+          if (!depleted) violations.push(`${account.id}: a depletion ended that had not begun (event ${event.id})`);
+          depleted = false;
+        }
+      } else if (event.type === "balance.depleted") {
+        if (depleted) violations.push(`${account.id}: a second balance.depleted (event ${event.id})`);
+        depleted = true;
+      }
+    }
+    const onRow = new Set((row.alert_crossed as string[]).map(Number));
+    if ([...crossed].sort().join() !== [...onRow].sort().join() || depleted !== row.alert_depleted) {
+      violations.push(`${account.id}: events say crossed [${[...crossed]}] depleted ${depleted}, the row says [${[...onRow]}] ${row.alert_depleted}`);
+    }
+  }
+  const undelivered = await db("webhook_deliveries").whereIn("event_id", events.map((e) => e.id)).whereNot({ state: "delivered" }).pluck("id");
+  for (const id of undelivered) violations.push(`delivery ${id} was not delivered`);
+  const firstSeen = new Map<string, number>();
+  for (const [i, request] of receiver.received.entries()) {
+    if (!byWebhookId.has(request.webhookId)) violations.push(`the receiver got ${request.webhookId}, which no event has`);
+    if (request.verifiedWith.length !== 1) violations.push(`${request.webhookId} did not verify`);
+    if (!firstSeen.has(request.webhookId)) firstSeen.set(request.webhookId, i);
+  }
+  for (const event of events) if (!firstSeen.has(event.webhook_id)) violations.push(`event ${event.id} (${event.type}) never reached the receiver`);
+  for (const account of accounts) {
+    const order = events.filter((e) => e.account_id === account.id && firstSeen.has(e.webhook_id)).map((e) => firstSeen.get(e.webhook_id)!);
+    if (order.some((at, i) => i > 0 && at < order[i - 1]!)) violations.push(`${account.id}: its endpoint heard its events out of order`);
+  }
+  return events.length;
+}
+
 async function main(): Promise<void> {
   const cluster = await startChaosCluster();
   const directUrl = cluster?.url ?? process.env.DATABASE_URL;
@@ -174,6 +246,24 @@ async function main(): Promise<void> {
     TYPESAFE_LEASE_MARGIN_MS: "2000",
     TYPESAFE_SWEEP_INTERVAL_MS: "500",
     TYPESAFE_SHUTDOWN_GRACE_MS: "3000",
+    TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: "on",
+    TYPESAFE_WEBHOOK_POLL_MS: "100",
+    TYPESAFE_WEBHOOK_TIMEOUT_MS: "1000",
+    TYPESAFE_WEBHOOK_RETRY_DELAYS_MS: "100,200,400,800,1000,1000,1000,1000,1000",
+  };
+  // A receiver that answers 500 to some deliveries and never answers a few.
+  const receiver = await startWebhookReceiver();
+  receiver.answer = () => {
+    const roll = random();
+    if (roll < 0.1) {
+      counts.webhook500++;
+      return 500;
+    }
+    if (roll < 0.12) {
+      counts.webhookHung++;
+      return "hang";
+    }
+    return 200;
   };
   // Migrated directly, not through the faulty proxy: the faults are meant for the calls' statements, and a
   // migration's text names the metering functions too.
@@ -185,8 +275,11 @@ async function main(): Promise<void> {
   const db = createKnex(databaseUrl, 4);
   const accounts: { id: string; apiKey: string }[] = [];
   for (let i = 0; i < ACCOUNTS; i++) {
-    const account = await createAccount(db, { name: `chaos-${i}`, units: 200 * 1_000_000, freeRequests: 5 });
+    const account = await createAccount(db, { name: `chaos-${i}`, units: START_UNITS, freeRequests: 5 });
     await db("accounts").where({ id: account.id }).update({ rate_limit: 1_000 });
+    await setAlertSettings(db, account.id, THRESHOLDS, DECISION_RESERVE_UNITS_PER_QUESTION);
+    const endpoint = await addEndpoint(db, account.id, `${receiver.url}/${i}`, { actor: "chaos", at: new Date() });
+    receiver.secrets.push(endpoint!.secret);
     const key = await createApiKey(db, account.id);
     // Half the keys have a budget that one hold fills most of: calls racing for it, and its end, are part of the run.
     if (i % 2 === 0) await db("api_keys").where({ id: key.keyId }).update({ budget_units: KEY_BUDGET_UNITS, budget_period: "total" });
@@ -219,6 +312,12 @@ async function main(): Promise<void> {
       if (Date.now() >= nextDelivery) {
         nextDelivery = Date.now() + 1_500;
         void proxy.deliverHeld();
+        // A grant now and then brings an account back above its thresholds: balance.recovered.
+        const account = pick(accounts);
+        await grant(db, account.id, 4_000 + Math.floor(random() * 6_000), 0).then(
+          () => counts.grants++,
+          () => undefined,
+        );
       }
       await new Promise((r) => setTimeout(r, 200));
     }
@@ -240,6 +339,11 @@ async function main(): Promise<void> {
 
   await Promise.all([faultTimeline(), ...Array.from({ length: WORKERS }, worker)]);
   await proxy.deliverHeld();
+  // Every event recorded is delivered before the replicas stop (retries are short here).
+  const drainBy = Date.now() + 60_000;
+  while (Date.now() < drainBy && Number((await db("webhook_deliveries").where({ state: "pending" }).count({ n: "*" }))[0]!.n) > 0) {
+    await new Promise((r) => setTimeout(r, 250));
+  }
   let hungReplicas = 0;
   await Promise.all(
     replicas.map(async (replica) => {
@@ -294,9 +398,11 @@ async function main(): Promise<void> {
   for (const key of overBudget.rows) violations.push(`key ${key.key_id} was charged ${key.charged} units, past its budget of ${KEY_BUDGET_UNITS}`);
   const budgetRefusals = outcomes.filter((o) => o.reason === "KEY_BUDGET_EXCEEDED").length;
   if (hungReplicas > 0) violations.push(`${hungReplicas} replica(s) did not stop within 15 s of SIGTERM`);
+  const events = await checkEvents(db, accounts, receiver, violations);
   for (const v of violations.slice(0, 20)) process.stdout.write(`violation: ${v}\n`);
 
   await db.destroy();
+  await receiver.close();
   await proxy.close();
   await upstream.close();
   const drop = createKnex(directUrl, 1);
@@ -312,7 +418,8 @@ async function main(): Promise<void> {
       `lose-reply=${proxy.faults["lose-reply"]} lose-request=${proxy.faults["lose-request"]} stall-reply=${proxy.faults["stall-reply"]} ` +
       `hold-request=${proxy.faults["hold-request"]} (abandoned before arriving: ${abandoned}) ` +
       `upstream-500=${counts.upstream500} kill-9=${counts.kill9} cut-all=${counts.cutAll} pg-crash=${counts.pgCrash} · ` +
-      `key budgets: ${Math.ceil(ACCOUNTS / 2)} keys, ${budgetRefusals} calls refused KEY_BUDGET_EXCEEDED, ${overBudget.rows.length} keys over budget · violations=${violations.length}\n`,
+      `key budgets: ${Math.ceil(ACCOUNTS / 2)} keys, ${budgetRefusals} calls refused KEY_BUDGET_EXCEEDED, ${overBudget.rows.length} keys over budget · ` +
+      `events=${events} (grants=${counts.grants}; webhook 500=${counts.webhook500} hung=${counts.webhookHung}) · violations=${violations.length}\n`,
   );
   process.exit(violations.length > 0 ? 1 : 0);
 }

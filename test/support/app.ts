@@ -1,5 +1,5 @@
 import type { Knex } from "knex";
-import { startApp, type App } from "../../src/app.js";
+import { startApp, type App, type AppOverrides } from "../../src/app.js";
 import { createApiKey } from "../../src/accounts/store.js";
 import { createAccount } from "../../src/admin/account-funding.js";
 import { loadConfig } from "../../src/config.js";
@@ -17,7 +17,7 @@ export interface TestApp {
 export async function startTestApp(
   database: TestDatabase,
   env: Record<string, string> = {},
-  options: { onLogLine?: (line: string) => void } = {},
+  options: { onLogLine?: (line: string) => void; overrides?: AppOverrides } = {},
 ): Promise<TestApp> {
   const config = loadConfig({
     PORT: "0",
@@ -31,7 +31,7 @@ export async function startTestApp(
     ...env,
     DATABASE_URL: database.url,
   });
-  const app = await startApp(config, createLogger(config.logLevel, {}, options.onLogLine));
+  const app = await startApp(config, createLogger(config.logLevel, {}, options.onLogLine), options.overrides);
   checkAnswersOf(app.server.url);
   return { app, url: app.server.url, stop: () => app.stop() };
 }

@@ -33,7 +33,9 @@ export interface ServiceProcess {
 /** Starts `src/main.ts` as its own process and resolves once it logs that it listens. */
 export function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
   return new Promise((resolve, reject) => {
-    const child = spawn(tsx, ["src/main.ts"], {
+    // Node itself with tsx's loader, not the tsx command: the command runs the service in a child
+    // process of its own, so a SIGKILL sent here would kill the wrapper and leave the service running.
+    const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
       cwd: root,
       // Tests never reach the real providers: a test enables the sources it points at its fakes.
       env: { ...cleanEnv(), PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off", ...env },

@@ -13,6 +13,8 @@ import * as recordKeyOfEachCall from "./20261126000100_record_key_of_each_call.j
 import { addKeyLimits } from "./20261127100000_add_key_limits.js";
 import { createMeteringFunctionsV2 } from "./20261127100100_create_metering_functions_v2.js";
 import { addMemberRolesAndTwoFactor } from "./20261127110000_add_member_roles_and_two_factor.js";
+import { createWebhooks } from "./20261127120000_create_webhooks.js";
+import { recordBalanceAlerts } from "./20261127120100_record_balance_alerts.js";
 
 /**
  * The migrations applied and recorded by knex, in order; frozen. Listed statically so that they load the same way
@@ -48,4 +50,11 @@ export const migrationSource: Knex.MigrationSource<string> = {
  * above. The list above is frozen: older releases check knex's table against
  * it at start, so nothing new is ever recorded there.
  */
-export const schemaMigrations: readonly SchemaMigration[] = [addKeyLimits, createMeteringFunctionsV2, addMemberRolesAndTwoFactor, markKeptKeys];
+export const schemaMigrations: readonly SchemaMigration[] = [
+  addKeyLimits,
+  createMeteringFunctionsV2,
+  addMemberRolesAndTwoFactor,
+  createWebhooks,
+  recordBalanceAlerts,
+  markKeptKeys,
+];

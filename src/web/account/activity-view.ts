@@ -15,6 +15,12 @@ const KIND_TEXT: Record<string, string> = {
   credits_granted: "granted credits",
   member_invited: "invited a member",
   member_removed: "removed a member",
+  alerts_set: "set the balance alerts",
+  webhook_endpoint_added: "added a webhook endpoint",
+  webhook_endpoint_removed: "removed a webhook endpoint",
+  webhook_secret_rotated: "rotated a webhook secret",
+  webhook_endpoint_disabled: "disabled a webhook endpoint",
+  webhook_endpoint_enabled: "enabled a webhook endpoint",
 };
 
 /** What the activity view needs from the page. */

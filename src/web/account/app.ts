@@ -14,10 +14,11 @@ import { loadOverview, showAccount } from "./overview-view.js";
 import { createSecurityView } from "./security-view.js";
 import { createTeamView } from "./team-view.js";
 import { createUsageView } from "./usage-view.js";
+import { createAlertsView } from "./alerts-view.js";
 
-type SignedInView = "overview" | "keys" | "usage" | "activity" | "team" | "security";
+type SignedInView = "overview" | "keys" | "usage" | "alerts" | "activity" | "team" | "security";
 type View = "loading" | "sign-in" | "second-step" | "invite" | SignedInView;
-const SIGNED_IN_VIEWS: SignedInView[] = ["overview", "keys", "usage", "activity", "team", "security"];
+const SIGNED_IN_VIEWS: SignedInView[] = ["overview", "keys", "usage", "alerts", "activity", "team", "security"];
 const ALL_VIEWS: View[] = ["loading", "sign-in", "second-step", "invite", ...SIGNED_IN_VIEWS];
 const MIN_PASSWORD_CHARS = 12;
 
@@ -45,6 +46,7 @@ const securityView = createSecurityView({
     return { member: me, twoFactorRequired };
   },
 });
+const alertsView = createAlertsView({ client, fail, onAccount: showAccount });
 
 /** Shows one view, marks its nav link, and moves focus to its heading when the reader asked for it. */
 function show(view: View, focus: boolean): void {
@@ -90,6 +92,7 @@ async function route(focus: boolean): Promise<void> {
       if (keyNames.size === 0) rememberKeys(await listAllKeys(client));
       await usageView.load();
     }
+    if (view === "alerts") await alertsView.load();
     if (view === "activity") await activityView.load();
     if (view === "team") await teamView.load();
     if (view === "security") await securityView.load();
@@ -132,6 +135,8 @@ function toSignIn(message: string): void {
   activityView.clear();
   teamView.clear();
   securityView.clear();
+  alertsView.clear();
+  byId("low-balance", HTMLElement).hidden = true;
   keyNames.clear();
   me = undefined;
   twoFactorRequired = false;

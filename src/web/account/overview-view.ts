@@ -17,6 +17,7 @@ export function showAccount(account: Account): void {
   byId("in-flight", HTMLElement).textContent = String(account.callsInFlight);
   const limits = account.limits;
   byId("limits", HTMLElement).textContent = limits ? `${limits.maxInFlight} in flight, ${limits.requestsPerMinute} a minute` : "";
+  byId("low-balance", HTMLElement).hidden = !account.balanceLow;
 }
 
 /** The overview: the account's figures and the last 30 days of usage as a chart. */
