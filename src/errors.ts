@@ -54,7 +54,6 @@ export type Reason = keyof typeof REASONS;
 export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>([
   "SIGNED_OUT",
   "SIGN_IN_FAILED",
-  "CROSS_SITE_REFUSED",
   "SECOND_STEP_FAILED",
   "CROSS_SITE_REFUSED",
   "ROLE_FORBIDDEN",
@@ -62,6 +61,8 @@ export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>([
   "TWO_FACTOR_REQUIRED",
   "INVITE_INVALID",
   "SIGN_IN_THROTTLED",
+  "PASSWORD_CHECKS_BUSY",
+  "KEY_LIMIT_REACHED",
 ]);
 
 /**

@@ -1475,7 +1475,7 @@ export interface components {
                 };
             };
         };
-        /** @description IDEMPOTENCY_IN_PROGRESS: A request with this Idempotency-Key is still in flight. KEY_LIMIT_REACHED: Account area: the account has as many live keys as it may; revoke one first. */
+        /** @description IDEMPOTENCY_IN_PROGRESS: A request with this Idempotency-Key is still in flight. */
         Error409: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1485,11 +1485,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 40901 | 40902;
+                    code: 40901;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "IDEMPOTENCY_IN_PROGRESS" | "KEY_LIMIT_REACHED";
+                        reason?: "IDEMPOTENCY_IN_PROGRESS";
                     };
                 };
             };
@@ -1551,7 +1551,7 @@ export interface components {
                 };
             };
         };
-        /** @description RATE_LIMITED: More than 60 calls in a rolling minute, or more than the API key's own limit. CONCURRENCY_LIMITED: More than 5 calls in flight. PASSWORD_CHECKS_BUSY: Account area: too many password checks are waiting, from this client or in all; wait Retry-After. */
+        /** @description RATE_LIMITED: More than 60 calls in a rolling minute, or more than the API key's own limit. CONCURRENCY_LIMITED: More than 5 calls in flight. */
         Error429: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1569,11 +1569,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 42901 | 42902 | 42904;
+                    code: 42901 | 42902;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "RATE_LIMITED" | "CONCURRENCY_LIMITED" | "PASSWORD_CHECKS_BUSY";
+                        reason?: "RATE_LIMITED" | "CONCURRENCY_LIMITED";
                     };
                 };
             };
@@ -1761,6 +1761,27 @@ export interface components {
                 };
             };
         };
+        /** @description KEY_LIMIT_REACHED: Account area: the account has as many live keys as it may; revoke one first. */
+        AccountError409: {
+            headers: {
+                /** @description The id of this call, also in the service log. */
+                "x-request-id": string;
+                /** @description Account answers are never stored by caches. */
+                "cache-control": "no-store";
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    /** @enum {integer} */
+                    code: 40902;
+                    message: string;
+                    data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
+                        /** @enum {string} */
+                        reason?: "KEY_LIMIT_REACHED";
+                    };
+                };
+            };
+        };
         /** @description INVITE_INVALID: Account area: the invite is unknown, used or expired; ask an owner, an admin or the operator for a new one. */
         AccountError410: {
             headers: {
@@ -1824,7 +1845,7 @@ export interface components {
                 };
             };
         };
-        /** @description SIGN_IN_THROTTLED: Account area: 5 failed sign-ins (or second steps) for this email within 15 minutes; wait Retry-After. */
+        /** @description SIGN_IN_THROTTLED: Account area: 5 failed sign-ins (or second steps) for this email within 15 minutes; wait Retry-After. PASSWORD_CHECKS_BUSY: Account area: too many password checks are waiting, from this client or in all; wait Retry-After. */
         AccountError429: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1838,11 +1859,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 42903;
+                    code: 42903 | 42904;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "SIGN_IN_THROTTLED";
+                        reason?: "SIGN_IN_THROTTLED" | "PASSWORD_CHECKS_BUSY";
                     };
                 };
             };
@@ -2121,6 +2142,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2169,6 +2191,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2217,6 +2240,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2259,6 +2283,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2301,6 +2326,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2347,6 +2373,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2393,6 +2420,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2439,6 +2467,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2485,6 +2514,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2531,6 +2561,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2577,6 +2608,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2623,6 +2655,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2671,6 +2704,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2713,6 +2747,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2759,6 +2794,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2805,6 +2841,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2851,6 +2888,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2897,6 +2935,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2943,6 +2982,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -2989,6 +3029,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3035,6 +3076,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3077,6 +3119,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3123,6 +3166,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3165,6 +3209,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3211,6 +3256,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3257,6 +3303,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3303,6 +3350,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3349,6 +3397,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3395,6 +3444,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3441,6 +3491,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];
@@ -3487,6 +3538,7 @@ export interface operations {
             403: components["responses"]["AccountError403"];
             404: components["responses"]["AccountError404"];
             405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
             410: components["responses"]["AccountError410"];
             413: components["responses"]["AccountError413"];
             415: components["responses"]["AccountError415"];

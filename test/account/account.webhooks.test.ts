@@ -31,7 +31,7 @@ afterAll(async () => {
 
 async function signedInMember(units: number) {
   const account = await createTestAccount(database.db, { units });
-  const { token } = await inviteMember(database.db, account.accountId, uniqueEmail("alerts"), service.clock.now());
+  const { token } = await inviteMember(database.db, account.accountId, uniqueEmail("alerts"), service.clock.now(), "admin");
   const { client, jar } = accountClient(service.url);
   await client.acceptInvite({ inviteToken: token, password: "correct horse battery" });
   return { ...account, client, jar };

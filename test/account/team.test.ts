@@ -19,7 +19,8 @@ const PASSWORD = "a long enough password";
 
 beforeAll(async () => {
   database = await createTestDatabase();
-  service = await startAccountApp(database);
+  // Endpoints on loopback, where nothing listens: the role checks are what is tested here.
+  service = await startAccountApp(database, { TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: "on" });
 });
 afterAll(async () => {
   await service?.stop();
@@ -68,7 +69,39 @@ const ACTIONS: Record<string, (client: AccountClient, t: Team) => Promise<unknow
   removeMember: (c, t) => c.removeMember({ memberId: t.targets.member.memberId }),
   setMemberRole: (c, t) => c.setMemberRole({ memberId: t.targets.member.memberId, role: "viewer" }),
   setTwoFactorRequired: (c) => c.setTwoFactorRequired({ required: false }),
+  updateKey: async (c, t) => {
+    const { key } = await t.actors.owner.client.createKey({ name: "to limit" });
+    return c.updateKey({ keyId: key!.id, limits: { scopes: ["decisions"] } });
+  },
+  rollKey: async (c, t) => {
+    const { key } = await t.actors.owner.client.createKey({ name: "to roll" });
+    return c.rollKey({ keyId: key!.id, oldKeyExpiresInSeconds: 0 });
+  },
+  getAlerts: (c) => c.getAlerts({}),
+  setAlerts: (c) => c.setAlerts({ thresholdsCredits: [1] }),
+  listWebhookEndpoints: (c) => c.listWebhookEndpoints({}),
+  listWebhookDeliveries: (c) => c.listWebhookDeliveries({}),
+  addWebhookEndpoint: (c) => c.addWebhookEndpoint({ url: NOWHERE }),
+  removeWebhookEndpoint: async (c, t) => c.removeWebhookEndpoint({ endpointId: await ownersEndpoint(t) }),
+  rotateWebhookSecret: async (c, t) => c.rotateWebhookSecret({ endpointId: await ownersEndpoint(t) }),
+  enableWebhookEndpoint: async (c, t) => c.enableWebhookEndpoint({ endpointId: await ownersEndpoint(t) }),
+  sendTestWebhook: async (c, t) => c.sendTestWebhook({ endpointId: await ownersEndpoint(t) }),
+  // No finished delivery to replay: an allowed role gets past the role check to NOT_FOUND.
+  replayWebhookDelivery: (c) =>
+    c.replayWebhookDelivery({ deliveryId: "1" }).catch(async (err: unknown) => {
+      const refused = await refusal(Promise.reject(err));
+      if (refused.reason === "NOT_FOUND") return "past the role check";
+      throw err;
+    }),
 };
+
+/** A loopback address where nothing listens (the discard port). */
+const NOWHERE = "http://127.0.0.1:9/hook";
+
+async function ownersEndpoint(t: Team): Promise<string> {
+  const { endpoint } = await t.actors.owner.client.addWebhookEndpoint({ url: NOWHERE });
+  return endpoint!.id;
+}
 
 /** Who may do what: the documented table (docs/account-area.md). */
 const ALLOWED: Record<string, readonly Role[]> = {
@@ -84,6 +117,18 @@ const ALLOWED: Record<string, readonly Role[]> = {
   removeMember: ["owner", "admin"],
   setMemberRole: ["owner", "admin"],
   setTwoFactorRequired: ["owner"],
+  updateKey: ["owner", "admin", "member"],
+  rollKey: ["owner", "admin", "member"],
+  getAlerts: ROLES,
+  setAlerts: ["owner", "admin"],
+  listWebhookEndpoints: ROLES,
+  listWebhookDeliveries: ROLES,
+  addWebhookEndpoint: ["owner", "admin"],
+  removeWebhookEndpoint: ["owner", "admin"],
+  rotateWebhookSecret: ["owner", "admin"],
+  enableWebhookEndpoint: ["owner", "admin"],
+  sendTestWebhook: ["owner", "admin"],
+  replayWebhookDelivery: ["owner", "admin"],
 };
 
 /** The methods outside the matrix, and why: how a session starts or ends, and a member's own second factor. */
