@@ -94,6 +94,8 @@ describe("members from the CLI", () => {
       const created = await client.createKey({ name: `${email.slice(0, 6)} key` });
       return { memberId: invited.member_id as string, keyId: created.key!.id, secret: created.secret, client };
     };
+    // The account's first member is its owner, who cannot be removed while the last: that one stays.
+    await runAdmin(["members", "invite", "--account", accountId, "--email", uniqueEmail("owner")], env());
     const leaving = await keyOf(uniqueEmail("leaving"));
     const secondOfLeaving = await leaving.client.createKey({});
     await leaving.client.revokeKey({ keyId: secondOfLeaving.key!.id });
