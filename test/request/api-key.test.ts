@@ -22,7 +22,8 @@ describe("apiKeyFrom", () => {
   it.each([
     [undefined, "missing API key: send Authorization: Bearer <key>"],
     ["Basic abc", "malformed API key: expected Authorization: Bearer ts_live_..."],
-    [`Bearer ${key.slice(0, -1)}x`, "malformed API key: expected Authorization: Bearer ts_live_..."],
+    // The last character changed (to one it is not), so the checksum no longer matches.
+    [`Bearer ${key.slice(0, -1)}${key.endsWith("x") ? "y" : "x"}`, "malformed API key: expected Authorization: Bearer ts_live_..."],
   ])("%s → UNAUTHENTICATED: %s", (authorization, message) => {
     const result = apiKeyFrom(authorization);
     expect("error" in result && [describeError(result.error).reason, result.error.rawMessage]).toEqual(["UNAUTHENTICATED", message]);
