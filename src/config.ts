@@ -88,9 +88,10 @@ export interface AccountAreaConfig {
    * calls, and when it is https the session cookie is Secure.
    */
   publicUrl: string;
-  /** True when TYPESAFE_PUBLIC_URL is not set and publicUrl is this process's own HOST and PORT (right for the service, a guess for the CLI). */
-  publicUrlIsGuessed: boolean;
-  /** True when TYPESAFE_PUBLIC_URL was set; else the public URL is the listening address (its real port once bound). */
+  /**
+   * True when TYPESAFE_PUBLIC_URL was set; else the public URL is the listening
+   * address (its real port once bound): right for the service, a guess for the CLI.
+   */
   publicUrlConfigured: boolean;
   /** Password hashes (scrypt) computed at once, waiting, and per client (TYPESAFE_PASSWORD_CHECKS_*). */
   passwordWork: { concurrent: number; queued: number; perClient: number };
@@ -268,7 +269,6 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
     },
     account: {
       publicUrl: (publicUrl && !publicUrlProblem(publicUrl) ? publicUrl : `http://${host.includes(":") ? `[${host}]` : host}:${port}`).replace(/\/+$/, ""),
-      publicUrlIsGuessed: !(publicUrl && !publicUrlProblem(publicUrl)),
       publicUrlConfigured: publicUrl !== undefined,
       passwordWork: {
         concurrent: int("TYPESAFE_PASSWORD_CHECKS_CONCURRENT", 2, 1, 64),

@@ -1,3 +1,4 @@
+import { isUuid } from "../accounts/store.js";
 import { throwIfInvalid, type Violation } from "../validation.js";
 import type { Endpoint } from "../metering/ledger.js";
 import type { CallCursor, CallFilter } from "../metering/account-views.js";
@@ -25,14 +26,13 @@ export function checkedTime(date: Date | undefined, field: string): Date | undef
 export function usageFilter(input: { endpoint: string; since?: Date; until?: Date; keyId?: string }): CallFilter {
   const violations: Violation[] = [];
   const keyId = input.keyId ?? "";
-  if (keyId !== "" && !UUID.test(keyId)) violations.push({ field: "key_id", rule: "the id of a key (ListKeys), or empty for every key" });
+  if (keyId !== "" && !isUuid(keyId)) violations.push({ field: "key_id", rule: "the id of a key (ListKeys), or empty for every key" });
   if (input.endpoint !== "" && !USAGE_ENDPOINTS.includes(input.endpoint)) violations.push({ field: "endpoint", rule: 'one of "decide", "search" or empty' });
   if (input.since && input.until && input.since.getTime() >= input.until.getTime()) violations.push({ field: "since", rule: "must be before until" });
   throwIfInvalid(violations);
   return { endpoint: input.endpoint === "" ? undefined : (input.endpoint as Endpoint), since: input.since, until: input.until, keyId: keyId === "" ? undefined : keyId };
 }
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /** The page size a request asked for, checked. */
 export function pageSize(size: number, field = "page_size"): number {
@@ -82,7 +82,7 @@ export function activityCursor(token: string): { at: Date; id: string } | undefi
 export function keyCursor(token: string): { at: Date; id: string } | undefined {
   const position = decodePageToken(token);
   if (!position) return undefined;
-  throwIfInvalid(UUID.test(position.id) ? [] : [{ field: "page_token", rule: "the next_page_token of an earlier page" }]);
+  throwIfInvalid(isUuid(position.id) ? [] : [{ field: "page_token", rule: "the next_page_token of an earlier page" }]);
   return position;
 }
 

@@ -79,7 +79,7 @@ async function main(argv: string[]): Promise<number> {
     const output = await run(store.db, command, values, {
       defaultFreeRequests: config.metering.defaultFreeRequests,
       publicUrl: config.account.publicUrl,
-      publicUrlIsGuessed: config.account.publicUrlIsGuessed,
+      publicUrlIsGuessed: !config.account.publicUrlConfigured,
       allowLoopbackWebhooks: config.webhooks.allowLoopback,
     });
     process.stdout.write(JSON.stringify(output) + "\n");
