@@ -8,12 +8,12 @@ export default defineConfig({
   test: {
     // The fast suites that pin the rules (crash: which commit may be lost in a crash); the HTTP, replica and shutdown suites reach the same code far more slowly.
     include: [
-      "test/metering/{ledger,meter,meter-rules,metered-rpc,lost-replies,abandon-race,batch-lock-order,crash,admission-refusal,resolve-with-retry,sweeper}.test.ts",
+      "test/metering/{ledger,meter,meter-rules,metered-rpc,lost-replies,abandon-race,batch-lock-order,crash,admission-refusal,resolve-with-retry,sweeper,key-limits,key-limits.surfaces}.test.ts",
       "test/db/{pooled-statement,statement-batcher}.test.ts",
       "test/decision/answer-math*.test.ts",
       "test/upstream/logprob-window.test.ts",
       // The account area's rules: in-process servers, so every mutant is live in them (the CLI's tests spawn processes, where none is).
-      "test/account/{rules,account.security,account.surfaces,account.happy,team,two-factor,defects.security,keys-bounds,password-work}.test.ts",
+      "test/account/{rules,account.security,account.surfaces,account.happy,team,two-factor,defects.security,keys-bounds,keys.limits,password-work,store}.test.ts",
     ],
     globalSetup: ["test/support/global-setup.ts"],
     testTimeout: 30_000,
