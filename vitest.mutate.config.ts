@@ -13,7 +13,7 @@ export default defineConfig({
       "test/decision/answer-math*.test.ts",
       "test/upstream/logprob-window.test.ts",
       // The account area's rules: in-process servers, so every mutant is live in them (the CLI's tests spawn processes, where none is).
-      "test/account/{rules,account.security,account.surfaces,account.happy,team,two-factor,defects.security,keys-bounds,keys.limits,password-work,store}.test.ts",
+      "test/account/{rules,account.security,account.surfaces,account.happy,team,two-factor,defects.security,keys-bounds,keys.limits,password-work,store,account.gateway}.test.ts",
     ],
     globalSetup: ["test/support/global-setup.ts"],
     testTimeout: 30_000,
