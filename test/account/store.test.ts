@@ -6,6 +6,7 @@ import {
   findAccount,
   findAccountKey,
   findLiveKeyByHash,
+  insertAccount,
   isUuid,
   listAccountKeys,
   listApiKeys,
@@ -115,6 +116,15 @@ describe("finding keys", () => {
   });
 });
 
+describe("creating an account", () => {
+  it("keeps its name and starts empty", async () => {
+    const account = await insertAccount(database.db, "acme");
+    expect(account).toMatchObject({ name: "acme", balance: expect.anything(), reserved: expect.anything() });
+    expect(Number(account.balance)).toBe(0);
+    expect((await findAccount(database.db, account.id))?.name).toBe("acme");
+  });
+});
+
 describe("creating a key", () => {
   it("stores its hash, prefix, last four characters, name and creator; the operator's by default", async () => {
     const { mine, second } = await accountWithKeys();
@@ -154,6 +164,21 @@ describe("listing keys", () => {
     expect(whole.more).toBe(false);
     expect(await listAccountKeys(database.db, "nope", { size: 2 })).toEqual({ keys: [], more: false });
     expect(await listAccountKeys(database.db, mine.accountId, { size: 2, after: { createdAt: T0, id: "nope" } })).toEqual({ keys: [], more: false });
+  });
+
+  it("keys made in one transaction (one created_at) still come newest id first, and page without a gap or a repeat", async () => {
+    const { accountId } = await createTestAccount(database.db);
+    await database.db("api_keys").where({ account_id: accountId }).update({ revoked_at: T0 });
+    const ids = await database.db.transaction(async (tx) => {
+      const made = [];
+      for (let i = 0; i < 4; i++) made.push((await createApiKey(tx, accountId)).keyId);
+      return made;
+    });
+    const newestFirst = [...ids].sort().reverse();
+    const first = await listAccountKeys(database.db, accountId, { size: 2 });
+    const last = first.keys.at(-1)!;
+    const rest = await listAccountKeys(database.db, accountId, { size: 3, after: { createdAt: last.created_at, id: last.id } });
+    expect([...first.keys, ...rest.keys].map((k) => k.id).filter((id) => ids.includes(id))).toEqual(newestFirst);
   });
 
   it("counts the account's live keys only", async () => {
