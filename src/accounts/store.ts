@@ -112,8 +112,9 @@ export async function listAccountKeys(
 ): Promise<{ keys: AccountKeyRow[]; more: boolean }> {
   if (!isUuid(accountId) || (page.after && !isUuid(page.after.id))) return { keys: [], more: false };
   const query = accountKeys(db).where("k.account_id", accountId);
-  if (page.after) query.whereRaw("(k.created_at, k.id) < (?, ?)", [page.after.createdAt, page.after.id]);
-  const rows: AccountKeyRow[] = await query.orderBy([{ column: "k.created_at", order: "desc" }, { column: "k.id", order: "desc" }]).limit(page.size + 1);
+  // A cursor's time is a JavaScript Date (milliseconds) and created_at has microseconds: order and compare at the cursor's precision, or keys made in the page's last millisecond would be skipped.
+  if (page.after) query.whereRaw("(date_trunc('milliseconds', k.created_at), k.id) < (?, ?)", [page.after.createdAt, page.after.id]);
+  const rows: AccountKeyRow[] = await query.orderByRaw("date_trunc('milliseconds', k.created_at) desc, k.id desc").limit(page.size + 1);
   return { keys: rows.slice(0, page.size), more: rows.length > page.size };
 }
 
