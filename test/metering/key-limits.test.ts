@@ -210,6 +210,35 @@ describe("roll", () => {
     expect((await k.call({ now: new Date(now.getTime() + 3_600_000), reserveUnits: 1 })).outcome).toBe("key_expired");
   });
 
+  it("a roll changes the rolled key only; an old key that expires before its grace keeps its sooner expiry, which the new key inherits", async () => {
+    const now = new Date();
+    const soon = new Date(now.getTime() + 600_000);
+    const k = await keyWith({ expiresAt: soon, scopes: ["search"], rateLimit: 7 });
+    const sibling = await createApiKey(database.db, k.accountId);
+    const neighbour = await keyWith({});
+    const rolled = await database.db.transaction((tx) => rollKey(tx, k.accountId, k.keyId, { graceSeconds: 3600, now, createdBy: "operator" }));
+    expect(rolled!.oldKey.expires_at).toEqual(soon);
+    expect(rolled!.newKey).toMatchObject({ expires_at: soon, scopes: ["search"], rate_limit: 7 });
+    for (const id of [sibling.keyId, neighbour.keyId]) {
+      expect(await database.db("api_keys").where({ id }).first("expires_at", "scopes", "rate_limit", "budget_units")).toEqual({
+        expires_at: null,
+        scopes: null,
+        rate_limit: null,
+        budget_units: null,
+      });
+    }
+    const later = await keyWith({ expiresAt: new Date(now.getTime() + 86_400_000) });
+    const rolledLater = await database.db.transaction((tx) => rollKey(tx, later.accountId, later.keyId, { graceSeconds: 60, now, createdBy: "operator" }));
+    expect(rolledLater!.oldKey.expires_at).toEqual(new Date(now.getTime() + 60_000));
+  });
+
+  it("every scope is stored as NULL (all, as keys made before limits), and one scope as itself", async () => {
+    const both = await keyWith({ scopes: ["search", "decisions"] });
+    expect((await both.key()).scopes).toBeNull();
+    const one = await keyWith({ scopes: ["decisions"] });
+    expect((await one.key()).scopes).toEqual(["decisions"]);
+  });
+
   it("a roll with no grace stops the old key at once; a roll of a revoked or expired key, or of another account's, is refused", async () => {
     const k = await keyWith({});
     const now = new Date();
