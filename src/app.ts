@@ -7,6 +7,8 @@ import { createGateway, type DecisionsStatus } from "./gateway/gateway.js";
 import { startEmbeddedModel, type EmbeddedModelHost } from "./upstream/embedded-supervisor.js";
 import { prepareStatementsOn } from "./metering/ledger.js";
 import { createMeter, type Meter } from "./metering/meter.js";
+import { createSweeper } from "./metering/sweeper.js";
+import { rollClosedHours } from "./metering/usage-rollup.js";
 import { createMetrics } from "./metrics.js";
 import { apiRoutes, served } from "./gateway/routes.js";
 import { readOpenApiDocument } from "./openapi/served.js";
@@ -75,6 +77,9 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     leaseMarginMs: config.metering.leaseMarginMs,
     beforeConnect: overrides.webhookBeforeConnect,
   });
+  // Summaries read closed hours from the roll-up; its clock is the wall clock, never a test's account-area clock.
+  const rollupTiming = { now: () => new Date(), delayMs: config.metering.rollupDelayMs };
+  const usageRollup = createSweeper((signal) => rollClosedHours(db, rollupTiming, signal), config.metering.rollupIntervalMs, logger, "usage roll-up");
   const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
   const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
   // Without an upstream, decisions run on a model in this process, fetched and loaded while the service already serves.
@@ -156,6 +161,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   }
   if (!config.account.publicUrlConfigured) for (const origin of listeningOrigins(config.host, server.port)) allowedOrigins.add(origin);
   meter.startSweeper();
+  usageRollup.start();
   deliverer.start();
   logger.info("listening", { url: server.url, database: database.kind });
   logger.info("enabled", enabledSummary(config));
@@ -169,7 +175,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
       logger.info("shutting down", { grace_ms: config.shutdownGraceMs });
       meter.beginShutdown();
       // A webhook in flight is abandoned and its lease given back: another replica sends it with the same webhook-id.
-      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop()]);
+      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop(), usageRollup.stop()]);
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();
       await meter.stop();

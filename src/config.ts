@@ -78,6 +78,10 @@ export interface MeteringConfig {
   sweepIntervalMs: number;
   /** Client-side deadline of one metering statement; a lost reply ends here and the call asks again. */
   statementTimeoutMs: number;
+  /** How often each replica counts closed hours of calls into the usage roll-up. */
+  rollupIntervalMs: number;
+  /** How long after its end an hour of calls may be rolled up: longer than an admission takes to commit. */
+  rollupDelayMs: number;
 }
 
 /** The upstream LLM that answers decisions, and how it is called. */
@@ -266,6 +270,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       leaseMarginMs: int("TYPESAFE_LEASE_MARGIN_MS", 30_000, 1_000),
       sweepIntervalMs: int("TYPESAFE_SWEEP_INTERVAL_MS", 5_000, 100),
       statementTimeoutMs: int("TYPESAFE_DB_STATEMENT_TIMEOUT_MS", 5_000, 100, 60_000),
+      rollupIntervalMs: int("TYPESAFE_USAGE_ROLLUP_INTERVAL_MS", 60_000, 100, 3_600_000),
+      rollupDelayMs: int("TYPESAFE_USAGE_ROLLUP_DELAY_MS", 300_000, 1_000, 86_400_000),
     },
     account: {
       publicUrl: (publicUrl && !publicUrlProblem(publicUrl) ? publicUrl : `http://${host.includes(":") ? `[${host}]` : host}:${port}`).replace(/\/+$/, ""),
@@ -365,6 +371,9 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_DEFAULT_FREE_REQUESTS: "free requests of an account created without `--free-requests`",
   TYPESAFE_LEASE_MARGIN_MS: "added to a call's deadline to form the lease of its hold",
   TYPESAFE_SWEEP_INTERVAL_MS: "how often each replica releases expired holds",
+  TYPESAFE_USAGE_ROLLUP_INTERVAL_MS: "how often each replica counts closed hours of calls into the usage roll-up that usage summaries read",
+  TYPESAFE_USAGE_ROLLUP_DELAY_MS:
+    "how long after its end an hour of calls may be rolled up (an hour with a call still active waits for it); summaries stay exact, they only read more calls while it waits",
   TYPESAFE_DB_STATEMENT_TIMEOUT_MS: "client-side deadline of one metering statement; a reply lost past it is asked for again by request id",
   TYPESAFE_PUBLIC_URL:
     "where people reach the service (default `http://HOST:PORT`): the invite links the CLI prints, the account area's allowed origin and `Secure` cookies; the CLI reads it too, so give it the service's value",

@@ -1417,6 +1417,29 @@ CREATE TABLE public.sign_in_challenges (
 );
 
 --
+-- Name: usage_hourly; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.usage_hourly (
+    account_id uuid NOT NULL,
+    hour timestamp with time zone NOT NULL,
+    endpoint text NOT NULL,
+    key_id uuid,
+    calls bigint NOT NULL,
+    charged bigint NOT NULL
+);
+
+--
+-- Name: usage_rollup_state; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.usage_rollup_state (
+    id boolean DEFAULT true NOT NULL,
+    rolled_until timestamp with time zone,
+    CONSTRAINT usage_rollup_state_id_check CHECK (id)
+);
+
+--
 -- Name: webhook_attempts; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1730,6 +1753,13 @@ ALTER TABLE ONLY public.sign_in_challenges
     ADD CONSTRAINT sign_in_challenges_pkey PRIMARY KEY (token_hash);
 
 --
+-- Name: usage_rollup_state usage_rollup_state_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.usage_rollup_state
+    ADD CONSTRAINT usage_rollup_state_pkey PRIMARY KEY (id);
+
+--
 -- Name: webhook_attempts webhook_attempts_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1836,6 +1866,12 @@ CREATE INDEX requests_active_account ON public.requests USING btree (account_id)
 CREATE INDEX requests_active_lease ON public.requests USING btree (lease_expires_at) WHERE ((status)::text = 'active'::text);
 
 --
+-- Name: requests_created_brin; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX requests_created_brin ON public.requests USING brin (created_at) WITH (autosummarize='on');
+
+--
 -- Name: requests_idempotency; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1858,6 +1894,12 @@ CREATE INDEX sign_in_attempts_email_at ON public.sign_in_attempts USING btree (e
 --
 
 CREATE INDEX sign_in_challenges_member ON public.sign_in_challenges USING btree (member_id) WHERE (used_at IS NULL);
+
+--
+-- Name: usage_hourly_bucket; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX usage_hourly_bucket ON public.usage_hourly USING btree (account_id, hour, endpoint, COALESCE(key_id, '00000000-0000-0000-0000-000000000000'::uuid));
 
 --
 -- Name: webhook_attempts_delivery; Type: INDEX; Schema: public; Owner: -

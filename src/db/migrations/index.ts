@@ -1,6 +1,8 @@
 import type { Knex } from "knex";
 import type { SchemaMigration } from "./schema-migration.js";
 import { markKeptKeys } from "./20261127130000_mark_kept_keys.js";
+import { createUsageRollup } from "./20261127140000_create_usage_rollup.js";
+import { indexRequestsByCreation } from "./20261127140100_index_requests_by_creation.js";
 import * as createAccountsAndLedger from "./20261123000000_create_accounts_and_ledger.js";
 import * as createMeteringFunctions from "./20261123000100_create_metering_functions.js";
 import * as refuseAbandonedAdmissions from "./20261125000000_refuse_abandoned_admissions.js";
@@ -57,4 +59,6 @@ export const schemaMigrations: readonly SchemaMigration[] = [
   createWebhooks,
   recordBalanceAlerts,
   markKeptKeys,
+  createUsageRollup,
+  indexRequestsByCreation,
 ];
