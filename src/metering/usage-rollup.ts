@@ -83,10 +83,28 @@ export async function rollOneHour(db: Knex, timing: RollupTiming): Promise<RollS
 }
 
 /**
+ * Brings the BRIN index on requests(created_at) up to the newest pages, so
+ * that finding an hour's calls reads that hour's pages, not every page
+ * written since autovacuum last summarized (or ever, where it is off). It
+ * waits for no lock: while a vacuum holds the table, the next tick does it.
+ */
+export async function summarizeNewPages(db: Knex): Promise<void> {
+  try {
+    await db.transaction(async (trx) => {
+      await trx.raw("SET LOCAL lock_timeout = '200ms'");
+      await trx.raw("SELECT brin_summarize_new_values('requests_created_brin')");
+    });
+  } catch (err) {
+    if ((err as { code?: string }).code !== "55P03") throw err;
+  }
+}
+
+/**
  * Rolls closed hours one by one until none is left, an active call holds the
  * next one back, or `signal` aborts. Returns the number of hours rolled.
  */
 export async function rollClosedHours(db: Knex, timing: RollupTiming, signal?: AbortSignal): Promise<number> {
+  await summarizeNewPages(db);
   let rolled = 0;
   while (!signal?.aborted && (await rollOneHour(db, timing)) === "rolled") rolled++;
   return rolled;
