@@ -1417,6 +1417,19 @@ CREATE TABLE public.sign_in_challenges (
 );
 
 --
+-- Name: usage_daily; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.usage_daily (
+    account_id uuid NOT NULL,
+    day timestamp with time zone NOT NULL,
+    endpoint text NOT NULL,
+    key_id uuid,
+    calls bigint NOT NULL,
+    charged bigint NOT NULL
+);
+
+--
 -- Name: usage_hourly; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1894,6 +1907,12 @@ CREATE INDEX sign_in_attempts_email_at ON public.sign_in_attempts USING btree (e
 --
 
 CREATE INDEX sign_in_challenges_member ON public.sign_in_challenges USING btree (member_id) WHERE (used_at IS NULL);
+
+--
+-- Name: usage_daily_bucket; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX usage_daily_bucket ON public.usage_daily USING btree (account_id, day, endpoint, COALESCE(key_id, '00000000-0000-0000-0000-000000000000'::uuid));
 
 --
 -- Name: usage_hourly_bucket; Type: INDEX; Schema: public; Owner: -

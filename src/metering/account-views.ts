@@ -1,6 +1,6 @@
 import type { Knex } from "knex";
 import type { Endpoint, Funding } from "./ledger.js";
-import { floorHour, readRolledUntil } from "./usage-rollup.js";
+import { floorDay, floorHour, readRolledUntil } from "./usage-rollup.js";
 
 /**
  * What the account area and the operator's CLI read of an account's money
@@ -149,18 +149,25 @@ export interface SummaryRange {
 
 /**
  * The account's finished calls counted per day or hour (UTC) and endpoint
- * (and key), oldest first; of one key when asked. Whole hours the roll-up
- * has counted are read from usage_hourly; the partial hours at either end
- * and every hour from its watermark on are counted from the calls
- * themselves, so the answer is the same as counting every call.
+ * (and key), oldest first; of one key when asked. What the roll-up has
+ * counted is read from it: whole days from usage_daily (per day), whole
+ * hours from usage_hourly; the partial hours at either end and every hour
+ * from its watermark on are counted from the calls themselves, so the
+ * answer is the same as counting every call.
  */
 export async function summarizeCalls(db: Knex | Knex.Transaction, accountId: string, range: SummaryRange): Promise<UsageBucketRow[]> {
   const rolledUntil = await readRolledUntil(db);
-  const firstWhole = ceilHour(range.since);
-  const lastWhole = floorHour(range.until);
-  const rolledEnd = rolledUntil && rolledUntil < lastWhole ? rolledUntil : lastWhole;
-  if (!rolledUntil || firstWhole >= rolledEnd) return summarizeCallsFromRequests(db, accountId, range);
-  return countWithRollup(db, accountId, range, { from: firstWhole, to: rolledEnd });
+  const firstHour = ceilHour(range.since);
+  const lastHour = floorHour(range.until);
+  const rolledEnd = rolledUntil && rolledUntil < lastHour ? rolledUntil : lastHour;
+  if (!rolledUntil || firstHour >= rolledEnd) return summarizeCallsFromRequests(db, accountId, range);
+  let days = { from: rolledEnd, to: rolledEnd };
+  if (range.granularity === "day") {
+    const firstDay = ceilDay(firstHour);
+    const lastDay = floorDay(rolledEnd);
+    if (firstDay < lastDay) days = { from: firstDay, to: lastDay };
+  }
+  return countWithRollup(db, accountId, range, { from: firstHour, to: rolledEnd }, days);
 }
 
 /** The same summary counted from every call, without the roll-up: the reference the roll-up must equal. */
@@ -180,8 +187,17 @@ export async function summarizeCallsFromRequests(db: Knex | Knex.Transaction, ac
   return bucketRows(result.rows);
 }
 
-/** Counts [since, until): the whole hours of `rolled` from usage_hourly, the partial ones around them from requests. */
-async function countWithRollup(db: Knex | Knex.Transaction, accountId: string, range: SummaryRange, rolled: { from: Date; to: Date }): Promise<UsageBucketRow[]> {
+/**
+ * Counts [since, until): the whole days of `days` from usage_daily, the rest
+ * of `rolled` from usage_hourly, the partial hours around it from requests.
+ */
+async function countWithRollup(
+  db: Knex | Knex.Transaction,
+  accountId: string,
+  range: SummaryRange,
+  rolled: { from: Date; to: Date },
+  days: { from: Date; to: Date },
+): Promise<UsageBucketRow[]> {
   const keyColumn = range.byKey ? "coalesce(key_id::text, '')" : "''";
   const result = await db.raw(
     `WITH hours AS (
@@ -195,7 +211,12 @@ async function countWithRollup(db: Knex | Knex.Transaction, accountId: string, r
        UNION ALL
        SELECT hour AT TIME ZONE 'UTC', endpoint, ${keyColumn}, calls, charged
          FROM usage_hourly
-        WHERE account_id = :accountId AND hour >= :rolledFrom AND hour < :rolledTo
+        WHERE account_id = :accountId AND ((hour >= :rolledFrom AND hour < :daysFrom) OR (hour >= :daysTo AND hour < :rolledTo))
+          AND (:keyId::uuid IS NULL OR key_id = :keyId::uuid)
+       UNION ALL
+       SELECT day AT TIME ZONE 'UTC', endpoint, ${keyColumn}, calls, charged
+         FROM usage_daily
+        WHERE account_id = :accountId AND day >= :daysFrom AND day < :daysTo
           AND (:keyId::uuid IS NULL OR key_id = :keyId::uuid)
      )
      SELECT date_trunc(:unit, hour) AT TIME ZONE 'UTC' AS start, endpoint, key_id,
@@ -210,6 +231,8 @@ async function countWithRollup(db: Knex | Knex.Transaction, accountId: string, r
       until: range.until,
       rolledFrom: rolled.from,
       rolledTo: rolled.to,
+      daysFrom: days.from,
+      daysTo: days.to,
       keyId: range.keyId ?? null,
     },
   );
@@ -223,6 +246,11 @@ function bucketRows(rows: { start: Date; endpoint: Endpoint; key_id: string; cal
 function ceilHour(at: Date): Date {
   const floor = floorHour(at);
   return floor.getTime() === at.getTime() ? floor : new Date(floor.getTime() + 3_600_000);
+}
+
+function ceilDay(at: Date): Date {
+  const floor = floorDay(at);
+  return floor.getTime() === at.getTime() ? floor : new Date(floor.getTime() + 86_400_000);
 }
 
 function applyFilter(query: Knex.QueryBuilder, filter: CallFilter): void {

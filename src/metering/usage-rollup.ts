@@ -2,8 +2,9 @@ import type { Knex } from "knex";
 
 /**
  * The usage roll-up: finished calls of every account counted per UTC hour,
- * endpoint and key into usage_hourly, one closed hour per transaction, so
- * that usage summaries read a few rows per hour instead of every call.
+ * endpoint and key into usage_hourly (and added to their day in
+ * usage_daily), one closed hour per transaction, so that usage summaries
+ * read a few rows per hour or day instead of every call.
  *
  * The calls of an hour never change once the hour is closed: a finished call
  * is never changed again (only its idempotency key and stored answer are
@@ -21,6 +22,7 @@ import type { Knex } from "knex";
 /** The statuses of a finished call, the ones usage counts. */
 const COUNTED = `('settled', 'released', 'expired')`;
 const HOUR_MS = 3_600_000;
+const DAY_MS = 86_400_000;
 
 export interface RollupTiming {
   /** The wall clock. */
@@ -35,6 +37,11 @@ export type RollStep = "rolled" | "caught_up" | "waiting_for_active";
 /** The start of the UTC hour that holds `at`. */
 export function floorHour(at: Date): Date {
   return new Date(Math.floor(at.getTime() / HOUR_MS) * HOUR_MS);
+}
+
+/** The start of the UTC day that holds `at`. */
+export function floorDay(at: Date): Date {
+  return new Date(Math.floor(at.getTime() / DAY_MS) * DAY_MS);
 }
 
 /** Every hour before this one is counted in usage_hourly; undefined before the first roll. */
@@ -77,6 +84,14 @@ export async function rollOneHour(db: Knex, timing: RollupTiming): Promise<RollS
         WHERE created_at >= ? AND created_at < ? AND status IN ${COUNTED}
         GROUP BY account_id, endpoint, key_id`,
       [hour, hour, end],
+    );
+    // The hour joins its day's counts; a day is complete once its last hour is rolled.
+    await trx.raw(
+      `INSERT INTO usage_daily (account_id, day, endpoint, key_id, calls, charged)
+       SELECT account_id, ?, endpoint, key_id, calls, charged FROM usage_hourly WHERE hour = ?
+       ON CONFLICT (account_id, day, endpoint, (coalesce(key_id, '00000000-0000-0000-0000-000000000000'::uuid)))
+       DO UPDATE SET calls = usage_daily.calls + excluded.calls, charged = usage_daily.charged + excluded.charged`,
+      [floorDay(hour), hour],
     );
     return "rolled";
   });

@@ -36,7 +36,7 @@ describe.runIf(sessionsCanRace)("the roll-up on replicas", () => {
 
   async function seed(): Promise<void> {
     const db = database();
-    await db.raw("TRUNCATE usage_hourly");
+    await db.raw("TRUNCATE usage_hourly, usage_daily");
     await db.raw("UPDATE usage_rollup_state SET rolled_until = NULL");
     await db.raw("DELETE FROM requests");
     const accounts = [await createTestAccount(db), await createTestAccount(db)];

@@ -45,7 +45,7 @@ interface Call {
 }
 
 async function reset(): Promise<void> {
-  await db.raw("TRUNCATE usage_hourly");
+  await db.raw("TRUNCATE usage_hourly, usage_daily");
   await db.raw("UPDATE usage_rollup_state SET rolled_until = NULL");
   await db("requests").whereIn("account_id", accounts).del();
 }
@@ -83,7 +83,12 @@ const callArb: fc.Arbitrary<Call> = fc.record({
 /** A few calls still in flight: each holds its hour, and the ones after it, back from the roll-up. */
 const activeArb: fc.Arbitrary<Call> = callArb.map((call) => ({ ...call, status: "active" as const }));
 
-const offsetArb = fc.oneof(fc.integer({ min: -2 * HOUR, max: 50 * HOUR }), fc.integer({ min: -2, max: 50 }).map((h) => h * HOUR));
+const DAY = 24 * HOUR;
+const offsetArb = fc.oneof(
+  fc.integer({ min: -2 * HOUR, max: 50 * HOUR }),
+  fc.integer({ min: -2, max: 50 }).map((h) => h * HOUR),
+  fc.integer({ min: -1, max: 2 }).map((d) => d * DAY),
+);
 const queryArb: fc.Arbitrary<Query> = fc.record({
   a: offsetArb,
   b: offsetArb,
@@ -124,7 +129,8 @@ describe("a summary with the roll-up", () => {
       fc.asyncProperty(
         fc.array(callArb, { maxLength: 120 }),
         fc.array(activeArb, { maxLength: 2 }),
-        fc.integer({ min: 0, max: 60 * HOUR }),
+        // Now, and so the watermark: anywhere, or past both days.
+        fc.oneof(fc.integer({ min: 0, max: 60 * HOUR }), fc.integer({ min: 49 * HOUR, max: 60 * HOUR })),
         fc.integer({ min: 1_000, max: 3 * HOUR }),
         fc.array(queryArb, { minLength: 1, maxLength: 8 }),
         async (calls, active, nowOffset, delayMs, queries) => {
@@ -160,6 +166,22 @@ describe("a summary with the roll-up", () => {
     ]);
     // A range that starts inside the rolled hour counts that part from the calls.
     expect((await summarizeCalls(db, accounts[0]!, { ...range, since: new Date(T0 + 1) })).map((b) => b.calls)).toEqual([1]);
+  });
+
+  it("reads whole rolled days from usage_daily, and the hours of a partial day from usage_hourly", async () => {
+    await insertCalls([
+      { account: 0, atMs: 0, endpoint: "search", key: 1, status: "settled", charged: 5 },
+      { account: 0, atMs: DAY + 2 * HOUR, endpoint: "search", key: 1, status: "expired", charged: 0 },
+    ]);
+    await rollClosedHours(db, { now: () => new Date(T0 + DAY + 4 * HOUR), delayMs: 1_000 });
+    expect(await db("usage_daily").select("calls")).toEqual([{ calls: 1 }, { calls: 1 }]);
+    await db("usage_daily").update({ calls: 30 });
+    const range: SummaryRange = { since: new Date(T0), until: new Date(T0 + 2 * DAY), granularity: "day" };
+    // The first day is whole and rolled; the second is rolled for three hours only.
+    expect((await summarizeCalls(db, accounts[0]!, range)).map((b) => [b.start.getTime() - T0, b.calls])).toEqual([
+      [0, 30],
+      [DAY, 1],
+    ]);
   });
 });
 
