@@ -33,6 +33,7 @@ import { AccountService } from "./gen/typesafe/account/v1/account_service_pb.js"
 import { withAccountPage } from "./web/account-page.js";
 import { createDeliverer, type Deliverer } from "./webhooks/deliverer.js";
 import { createResolver } from "./webhooks/sender.js";
+import { createKeyExpiryWatch } from "./webhooks/key-expiry.js";
 
 export interface App {
   server: RunningServer;
@@ -74,6 +75,13 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     resolve: createResolver(config.webhooks.dnsServers),
     leaseMarginMs: config.metering.leaseMarginMs,
     beforeConnect: overrides.webhookBeforeConnect,
+  });
+  const keyExpiryWatch = createKeyExpiryWatch({
+    db,
+    intervalMs: config.webhooks.keyExpiryCheckMs,
+    now,
+    logger,
+    onRecorded: () => deliverer.wake(),
   });
   const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
   const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
@@ -157,6 +165,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   if (!config.account.publicUrlConfigured) for (const origin of listeningOrigins(config.host, server.port)) allowedOrigins.add(origin);
   meter.startSweeper();
   deliverer.start();
+  keyExpiryWatch.start();
   logger.info("listening", { url: server.url, database: database.kind });
   logger.info("enabled", enabledSummary(config));
 
@@ -169,7 +178,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
       logger.info("shutting down", { grace_ms: config.shutdownGraceMs });
       meter.beginShutdown();
       // A webhook in flight is abandoned and its lease given back: another replica sends it with the same webhook-id.
-      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop()]);
+      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop(), keyExpiryWatch.stop()]);
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();
       await meter.stop();

@@ -43,6 +43,8 @@ export interface WebhookConfig {
   retryDelaysMs: number[];
   /** How often each replica looks for deliveries that are due. */
   pollIntervalMs: number;
+  /** How often each replica records `key.expiring` for keys that expire within 7 days. */
+  keyExpiryCheckMs: number;
   /** DNS servers asked for endpoint names ("host" or "host:port"); the system resolver when empty. */
   dnsServers: string[];
 }
@@ -309,6 +311,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       timeoutMs: int("TYPESAFE_WEBHOOK_TIMEOUT_MS", 10_000, 100, 60_000),
       retryDelaysMs,
       pollIntervalMs: int("TYPESAFE_WEBHOOK_POLL_MS", 1_000, 10, 60_000),
+      keyExpiryCheckMs: int("TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS", 60_000, 10, 3_600_000),
       dnsServers: (str("TYPESAFE_WEBHOOK_DNS_SERVERS") ?? "").split(",").map((s) => s.trim()).filter((s) => s !== ""),
     },
   };
@@ -385,6 +388,7 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_WEBHOOK_RETRY_DELAYS_MS: "comma-separated waits after each failed webhook attempt; by default the Standard Webhooks schedule (docs/webhooks.md)",
   TYPESAFE_WEBHOOK_TIMEOUT_MS: "one webhook attempt, from resolving the host to the answer; a 2xx within it is a delivery",
   TYPESAFE_WEBHOOK_POLL_MS: "how often each replica looks for webhook deliveries that are due",
+  TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS: "how often each replica records `key.expiring` for keys that expire within 7 days (each key once per expiry)",
   TYPESAFE_WEBHOOK_DNS_SERVERS: "DNS servers asked for webhook endpoint names (`host` or `host:port`, comma-separated); the system resolver when unset",
   TYPESAFE_LLM_BASE_URL: "for example `http://127.0.0.1:8000/v1`; wins over the embedded model; unset: the embedded model answers",
   TYPESAFE_LLM_API_KEY: "sent as `Authorization: Bearer` to the upstream only",

@@ -128,23 +128,28 @@ export function periodEnd(period: KeyBudgetPeriod, start: Date): Date | null {
 export async function setKeyLimits(tx: Knex.Transaction, accountId: string, keyId: string, limits: KeyLimits): Promise<DbApiKeyRow | undefined> {
   if (!isUuid(accountId) || !isUuid(keyId)) return undefined;
   await tx.raw("SELECT 1 FROM accounts WHERE id = ? FOR UPDATE", [accountId]);
-  const [row] = await tx("api_keys").where({ id: keyId, account_id: accountId }).whereNull("revoked_at").update(limitColumns(limits)).returning("*");
-  if (!row) return undefined;
-  if (limits.budget) await recountKeySpend(tx, keyId);
-  return row as DbApiKeyRow;
+  const [row] = await tx("api_keys")
+    .where({ id: keyId, account_id: accountId })
+    .whereNull("revoked_at")
+    .update({ ...limitColumns(limits), ...(limits.budget ? recountedSpend(tx, limits.budget.period) : {}) })
+    .returning("*");
+  return row as DbApiKeyRow | undefined;
 }
 
-/** The key's charges in its current budget period, from its settled calls. The caller holds the account's row lock. */
-async function recountKeySpend(tx: Knex.Transaction, keyId: string): Promise<void> {
-  await tx.raw(
-    `UPDATE api_keys k
-        SET budget_period_start = p.start,
-            budget_spent = (SELECT coalesce(sum(r.charged), 0) FROM requests r
-                             WHERE r.key_id = k.id AND r.status = 'settled' AND r.resolved_at >= p.start)
-       FROM (SELECT metering_key_period_start(budget_period, now()) AS start FROM api_keys WHERE id = ?) p
-      WHERE k.id = ?`,
-    [keyId, keyId],
-  );
+/**
+ * The key's charges in its current budget period, from its settled calls, as
+ * columns of the same UPDATE as the limits: the budget trigger then judges
+ * the new budget against this period's spend, never a stale one.
+ */
+function recountedSpend(tx: Knex.Transaction, period: KeyBudgetPeriod) {
+  return {
+    budget_period_start: tx.raw("metering_key_period_start(?, now())", [period]),
+    budget_spent: tx.raw(
+      `(SELECT coalesce(sum(r.charged), 0) FROM requests r
+         WHERE r.key_id = api_keys.id AND r.status = 'settled' AND r.resolved_at >= metering_key_period_start(?, now()))`,
+      [period],
+    ),
+  };
 }
 
 /**
@@ -179,6 +184,8 @@ export async function rollKey(
       rate_limit: old.rate_limit,
       budget_spent: old.budget_spent,
       budget_period_start: old.budget_period_start,
+      // The successor carries on the period's spend, and so whether its budget_reached was recorded.
+      budget_reached_in: old.budget_reached_in,
     })
     .returning("*");
   const stopsAt = new Date(init.now.getTime() + init.graceSeconds * 1000);
