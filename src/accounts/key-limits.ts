@@ -1,6 +1,7 @@
 import type { Knex } from "knex";
-import { UNITS_PER_CREDIT } from "../units.js";
+import { UNITS_PER_CREDIT, unitsToCredits } from "../units.js";
 import type { Violation } from "../validation.js";
+import { recordActivity } from "./activity.js";
 import { createApiKey, isUuid, type DbApiKeyRow, type KeyLimitsRow } from "./store.js";
 
 /**
@@ -134,6 +135,47 @@ export async function setKeyLimits(tx: Knex.Transaction, accountId: string, keyI
     .update({ ...limitColumns(limits), ...(limits.budget ? recountedSpend(tx, limits.budget.period) : {}) })
     .returning("*");
   return row as DbApiKeyRow | undefined;
+}
+
+/**
+ * Sets a key's limits as `setKeyLimits` does and, when any of them changed,
+ * records who changed what in the account's activity, in the same
+ * transaction. Undefined for a key that is not this account's or is revoked.
+ */
+export async function changeKeyLimits(
+  tx: Knex.Transaction,
+  accountId: string,
+  keyId: string,
+  limits: KeyLimits,
+  change: { actor: string; at: Date },
+): Promise<DbApiKeyRow | undefined> {
+  if (!isUuid(accountId) || !isUuid(keyId)) return undefined;
+  // The account first, as every metering function locks: what is read here is what the update replaces.
+  await tx.raw("SELECT 1 FROM accounts WHERE id = ? FOR UPDATE", [accountId]);
+  const before = await tx("api_keys").where({ id: keyId, account_id: accountId }).whereNull("revoked_at").first();
+  if (!before) return undefined;
+  const row = await setKeyLimits(tx, accountId, keyId, limits);
+  const changes = keyLimitChanges(keyLimitsOf(before), limits);
+  if (row && changes.length > 0) {
+    await recordActivity(tx, { accountId, kind: "key_limits_changed", actor: change.actor, detail: `${keyLabel(row)}: ${changes.join("; ")}`, at: change.at });
+  }
+  return row;
+}
+
+/** How the activity list names a key: its prefix and last 4, and its name. */
+export function keyLabel(key: { display_prefix: string; last4: string; name: string }): string {
+  return `${key.display_prefix}…${key.last4}${key.name ? ` (${key.name})` : ""}`;
+}
+
+/** Each limit that differs, as "what: before → after"; empty when none does. */
+export function keyLimitChanges(before: KeyLimits, after: KeyLimits): string[] {
+  const text = {
+    expiry: (l: KeyLimits) => (l.expiresAt ? l.expiresAt.toISOString() : "never"),
+    scopes: (l: KeyLimits) => KEY_SCOPES.filter((scope) => l.scopes.includes(scope)).join(", "),
+    budget: (l: KeyLimits) => (l.budget ? `${unitsToCredits(l.budget.units)} credits ${l.budget.period === "total" ? "in total" : `a ${l.budget.period}`}` : "none"),
+    "rate limit": (l: KeyLimits) => (l.rateLimit === null ? "the account's" : `${l.rateLimit} a minute`),
+  };
+  return Object.entries(text).flatMap(([what, show]) => (show(before) === show(after) ? [] : [`${what} ${show(before)} → ${show(after)}`]));
 }
 
 /**
