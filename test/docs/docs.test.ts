@@ -50,9 +50,10 @@ describe("README.md", () => {
 });
 
 describe("the tables made from the code (npm run docs:generate)", () => {
-  it("the settings, metrics and errors tables are there", () => {
-    expect(pagesWithRegions()).toEqual(expect.arrayContaining(["README.md", "docs/operating.md", "docs/decisions.md"]));
+  it("the settings, metrics, errors and search sources tables are there", () => {
+    expect(pagesWithRegions()).toEqual(expect.arrayContaining(["README.md", "docs/operating.md", "docs/decisions.md", "docs/search.md"]));
     expect(read("docs/operating.md")).toMatch(/<!-- generated: settings [^\n]*-->[\s\S]*<!-- generated: metrics -->/);
+    expect(read("docs/search.md")).toMatch(/<!-- generated: sources -->[\s\S]*<!-- generated: settings only=TYPESAFE_SEARCH_ -->/);
   });
 
   it.each(pagesWithRegions())("%s: every generated region is fresh (else run npm run docs:generate)", async (page) => {
