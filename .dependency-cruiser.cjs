@@ -62,7 +62,7 @@ module.exports = {
     {
       name: "features-apart",
       severity: "error",
-      comment: "decision/ and search/ are peers: neither builds on the other.",
+      comment: "decision/, search/ and webhooks/ are peers: none builds on another.",
       from: { path: FEATURES },
       to: { path: FEATURES, pathNot: "^src/$1/" },
     },
