@@ -1936,7 +1936,7 @@ CREATE TRIGGER accounts_balance_alerts BEFORE UPDATE ON public.accounts FOR EACH
 -- Name: api_keys api_keys_budget_events; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER api_keys_budget_events BEFORE UPDATE ON public.api_keys FOR EACH ROW WHEN ((((new.budget_units IS NOT NULL) AND ((new.budget_units - new.budget_spent) < 32000) AND (new.revoked_at IS NULL) AND (new.budget_period_start IS NOT NULL) AND (new.budget_reached_in IS DISTINCT FROM new.budget_period_start)) OR ((new.budget_reached_in IS NOT NULL) AND ((new.budget_units IS NULL) OR ((new.budget_units - new.budget_spent) >= 32000))))) EXECUTE FUNCTION public.api_key_budget_events_v1('32000');
+CREATE TRIGGER api_keys_budget_events BEFORE UPDATE ON public.api_keys FOR EACH ROW WHEN ((((new.budget_units - new.budget_spent) < 32000) OR (new.budget_reached_in IS NOT NULL))) EXECUTE FUNCTION public.api_key_budget_events_v1('32000');
 
 --
 -- Name: account_activity account_activity_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -17,9 +17,11 @@ const SMALLEST_RESERVATION_UNITS = 32_000;
  * once per key and period. A budget that covers the floor again (raised, or a
  * new period's first settle) clears it.
  *
- * The WHEN clause is false at its first test for a key without a budget, so
- * the hot path pays nothing for them; keys with budgets run the function
- * only at the crossing or the re-arming.
+ * The WHEN clause is short, as PostgreSQL prepares it again for each
+ * statement, and false for a key without a budget (NULL) or one whose
+ * budget still covers a call and was not reached: the function runs only for
+ * a key short of its budget or told of it, to record or re-arm. Settles of
+ * keys without budgets never update the key at all.
  *
  * `key.expiring` is time-driven (webhooks/key-expiry.ts); `expiry_warned_for`
  * holds the expiry it was recorded for, so a changed expiry warns again.
@@ -66,13 +68,7 @@ export const recordKeyEvents: SchemaMigration = {
       $fn$;
 
       CREATE TRIGGER api_keys_budget_events BEFORE UPDATE ON api_keys FOR EACH ROW
-      WHEN (
-        (NEW.budget_units IS NOT NULL AND NEW.budget_units - NEW.budget_spent < ${SMALLEST_RESERVATION_UNITS}
-          AND NEW.revoked_at IS NULL AND NEW.budget_period_start IS NOT NULL
-          AND NEW.budget_reached_in IS DISTINCT FROM NEW.budget_period_start)
-        OR (NEW.budget_reached_in IS NOT NULL
-          AND (NEW.budget_units IS NULL OR NEW.budget_units - NEW.budget_spent >= ${SMALLEST_RESERVATION_UNITS}))
-      )
+      WHEN (NEW.budget_units - NEW.budget_spent < ${SMALLEST_RESERVATION_UNITS} OR NEW.budget_reached_in IS NOT NULL)
       EXECUTE FUNCTION api_key_budget_events_v1('${SMALLEST_RESERVATION_UNITS}');
     `);
   },
