@@ -1,8 +1,6 @@
 import type { Knex } from "knex";
 import type { SchemaMigration } from "./schema-migration.js";
 import { markKeptKeys } from "./20261127130000_mark_kept_keys.js";
-import { createUsageRollup } from "./20261127140000_create_usage_rollup.js";
-import { indexRequestsByCreation } from "./20261127140100_index_requests_by_creation.js";
 import * as createAccountsAndLedger from "./20261123000000_create_accounts_and_ledger.js";
 import * as createMeteringFunctions from "./20261123000100_create_metering_functions.js";
 import * as refuseAbandonedAdmissions from "./20261125000000_refuse_abandoned_admissions.js";
@@ -17,6 +15,10 @@ import { createMeteringFunctionsV2 } from "./20261127100100_create_metering_func
 import { addMemberRolesAndTwoFactor } from "./20261127110000_add_member_roles_and_two_factor.js";
 import { createWebhooks } from "./20261127120000_create_webhooks.js";
 import { recordBalanceAlerts } from "./20261127120100_record_balance_alerts.js";
+import { recordKeyEvents } from "./20261127141000_record_key_events.js";
+import { indexExpiringKeys } from "./20261127141100_index_expiring_keys.js";
+import { createUsageRollup } from "./20261127142000_create_usage_rollup.js";
+import { indexRequestsByCreation } from "./20261127142100_index_requests_by_creation.js";
 
 /**
  * The migrations applied and recorded by knex, in order; frozen. Listed statically so that they load the same way
@@ -59,6 +61,8 @@ export const schemaMigrations: readonly SchemaMigration[] = [
   createWebhooks,
   recordBalanceAlerts,
   markKeptKeys,
+  recordKeyEvents,
+  indexExpiringKeys,
   createUsageRollup,
   indexRequestsByCreation,
 ];

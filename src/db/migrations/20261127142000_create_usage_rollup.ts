@@ -7,7 +7,7 @@ import type { SchemaMigration } from "./schema-migration.js";
  * New tables only; no foreign key, so no lock is taken on a hot table.
  */
 export const createUsageRollup: SchemaMigration = {
-  name: "20261127140000_create_usage_rollup",
+  name: "20261127142000_create_usage_rollup",
   transactional: true,
   async up(db) {
     await db.raw(`

@@ -6,7 +6,7 @@ import type { SchemaMigration } from "./schema-migration.js";
  * without blocking writes to requests.
  */
 export const indexRequestsByCreation: SchemaMigration = {
-  name: "20261127140100_index_requests_by_creation",
+  name: "20261127142100_index_requests_by_creation",
   transactional: false,
   statements: ["CREATE INDEX CONCURRENTLY IF NOT EXISTS requests_created_brin ON requests USING brin (created_at) WITH (autosummarize = on)"],
 };
