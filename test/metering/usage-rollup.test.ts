@@ -3,9 +3,11 @@ import type { Knex } from "knex";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { createApiKey } from "../../src/accounts/store.js";
 import { summarizeCalls, summarizeCallsFromRequests, type SummaryRange } from "../../src/metering/account-views.js";
-import { readRolledUntil, rollClosedHours, rollOneHour } from "../../src/metering/usage-rollup.js";
+import { floorHour, readRolledUntil, rollClosedHours, rollOneHour } from "../../src/metering/usage-rollup.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { waitFor } from "../support/wait.js";
+import { startAccountApp } from "../account/support.js";
 
 /**
  * Usage summaries read closed hours from the roll-up and count the rest from
@@ -232,4 +234,32 @@ describe("rolling an hour", () => {
     expect(await rollClosedHours(db, timing)).toBe(2);
     expect(await db("usage_hourly").sum({ calls: "calls" })).toEqual([{ calls: "1" }]);
   });
+});
+
+describe("the service", () => {
+  beforeEach(reset);
+
+  it("rolls closed hours in the background from its start, and stops rolling when stopped", async () => {
+    const threeHoursAgo = Date.now() - 3 * HOUR;
+    await db("requests").insert({
+      account_id: accounts[0],
+      endpoint: "decide",
+      funding: "paid",
+      reserved: 10,
+      charged: 4,
+      status: "settled",
+      created_at: new Date(threeHoursAgo),
+      lease_expires_at: new Date(threeHoursAgo + 60_000),
+      resolved_at: new Date(threeHoursAgo + 10),
+      key_id: keys[0],
+    });
+    const service = await startAccountApp(database, { TYPESAFE_USAGE_ROLLUP_INTERVAL_MS: "100", TYPESAFE_USAGE_ROLLUP_DELAY_MS: "1000" });
+    try {
+      const closed = floorHour(new Date(Date.now() - 1_000)).getTime();
+      await waitFor(async () => ((await readRolledUntil(db))?.getTime() ?? 0) >= closed, "the service's roll-up to reach the last closed hour");
+      expect(await db("usage_hourly").select("calls", "charged")).toEqual([{ calls: 1, charged: 4 }]);
+    } finally {
+      await service.stop();
+    }
+  }, 60_000);
 });
