@@ -8,9 +8,10 @@
  *   BENCH_SQL_BEFORE=20261127110000_add_member_roles_and_two_factor npm run bench:sql   # also the schema as of that migration
  *
  * BENCH_SQL_BEFORE names any migration, a frozen knex one or a release-safe
- * one. A throwaway cluster (Debian's server binaries, as the crash test uses)
- * gets one database per schema, migrated as the service migrates and given
- * accounts; the latest schema gets a second database whose accounts have
+ * one, from the first that has metering_grant. A throwaway cluster (Debian's
+ * server binaries, as the crash test uses) gets one database per schema,
+ * migrated as the service migrates, and accounts that any of those schemas
+ * takes; the latest schema gets a second database whose accounts have
  * balance alerts set (thresholds and the depletion floor, as the account page
  * sets them) that the pairs never cross. Then the server stops and each
  * script of statements runs in single-user mode under callgrind, once with
