@@ -2,6 +2,7 @@ import path from "node:path";
 import type { LogLevel } from "./logger.js";
 import { ConfigError } from "./config-error.js";
 import { parseSourceCatalog } from "./search/source-config.js";
+import type { SettingRead } from "./setting-read.js";
 
 /**
  * The whole configuration, parsed once from the environment. This is the only
@@ -164,12 +165,7 @@ export interface SearchConfig {
   configuredSources?: string[];
 }
 
-/** One environment variable as loadConfig reads it: its default and, for a number, its range. */
-export interface SettingRead {
-  name: string;
-  default: string | undefined;
-  range?: readonly [number, number];
-}
+export type { SettingRead } from "./setting-read.js";
 
 /**
  * Parses `env` (process.env by default) into a Config, or throws a
@@ -235,7 +231,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   // The search settings are checked here too, so every problem is listed before anything opens.
   let configuredSources: string[] = [];
   try {
-    configuredSources = parseSourceCatalog(searchEnv).entries.filter((e) => e.configured).map((e) => e.id);
+    configuredSources = parseSourceCatalog(searchEnv, onRead).entries.filter((e) => e.configured).map((e) => e.id);
   } catch (err) {
     if (!(err instanceof ConfigError)) throw err;
     problems.push(...err.problems);
@@ -399,5 +395,16 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_LLM_CONTEXT_TOKENS: "tokens one sequence holds: the longest prompt of one question on the embedded model",
   TYPESAFE_LLM_SEQUENCES: "questions the embedded model evaluates side by side",
   TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0 lets it choose",
+  TYPESAFE_SEARCH_SOURCES: "comma list of enabled ids, or `none` (keyed ones also need their key)",
+  TYPESAFE_SEARCH_CONTACT: "e-mail or URL in the User-Agent (Wikimedia and GDELT ask for one)",
   TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS: "deadline of one search",
+  TYPESAFE_SEARCH_CACHE_ENTRIES: "cache size per process (0 = off)",
+  "TYPESAFE_SEARCH_<ID>_KEY": "the provider's key (Brave, Exa; optional for Stack Exchange, GitHub)",
+  "TYPESAFE_SEARCH_<ID>_URL": "base URL (mirror, proxy, tests)",
+  "TYPESAFE_SEARCH_<ID>_PRICE_UNITS": "price per call in units (1 credit = 1,000,000)",
+  "TYPESAFE_SEARCH_<ID>_DEFAULT": "`true`/`false`: queried when `s` is omitted",
+  "TYPESAFE_SEARCH_<ID>_WEIGHT": "fusion weight, above 0 and at most 100",
+  "TYPESAFE_SEARCH_<ID>_TIMEOUT_MS": "timeout of one call to the provider",
+  "TYPESAFE_SEARCH_<ID>_RATE": "budget per process, `<count>/<n><s\\|m\\|h\\|d>` (for example `10/1m`)",
+  "TYPESAFE_SEARCH_<ID>_CONCURRENCY": "calls in flight per process",
 };

@@ -1380,7 +1380,7 @@ export interface components {
                 };
             };
         };
-        /** @description UNAUTHENTICATED: Missing, malformed, unknown or revoked API key. KEY_EXPIRED: The API key passed its expiry (set by its owner, or by a roll); use its successor. */
+        /** @description UNAUTHENTICATED: Missing, malformed, unknown or revoked API key. KEY_EXPIRED: The API key passed its expiry (set in the account area or by the operator, or by a roll); use its successor. */
         Error401: {
             headers: {
                 /** @description The id of this call, also in the service log. */

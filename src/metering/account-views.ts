@@ -169,5 +169,4 @@ function applyFilter(query: Knex.QueryBuilder, filter: CallFilter): void {
   if (filter.keyId) query.where({ key_id: filter.keyId });
   if (filter.since) query.where("created_at", ">=", filter.since);
   if (filter.until) query.where("created_at", "<", filter.until);
-  if (filter.keyId) query.where({ key_id: filter.keyId });
 }
