@@ -9,8 +9,8 @@
  *   npm run bench:triggers
  *
  * The same schema three times: with every trigger, without the key budget
- * trigger (api_keys_budget_events), and without the balance alerts trigger
- * (accounts_balance_alerts); each with keys without a budget, and keys with
+ * trigger (api_keys_budget_events), and without the two balance alerts
+ * triggers (accounts_balance_alerts_on_*); each with keys without a budget, and keys with
  * a budget that stays far from reached (the settle then charges the key).
  * Prints thousands of instructions per pair, and the ratio to the schema
  * with every trigger.
@@ -29,8 +29,8 @@ const ACCOUNTS = 20;
 const [FEW, MANY] = [100, 300];
 const VARIANTS = [
   { name: "every trigger", drop: undefined },
-  { name: "without the key budget trigger", drop: "api_keys_budget_events ON api_keys" },
-  { name: "without the balance alerts trigger", drop: "accounts_balance_alerts ON accounts" },
+  { name: "without the key budget trigger", drop: ["api_keys_budget_events ON api_keys"] },
+  { name: "without the balance alerts triggers", drop: ["accounts_balance_alerts_on_balance ON accounts", "accounts_balance_alerts_on_settings ON accounts"] },
 ] as const;
 type KeyKind = "without a budget" | "with a budget";
 
@@ -63,7 +63,7 @@ async function main() {
       const plain = await createBenchAccounts(db, ACCOUNTS, 1_000);
       const budgeted = await createBenchAccounts(db, ACCOUNTS, 1_000);
       await db("api_keys").whereIn("account_id", budgeted.map((a) => a.id)).update({ budget_units: 1e14, budget_period: "total" });
-      if (variant.drop) await db.raw(`DROP TRIGGER ${variant.drop}`);
+      for (const trigger of variant.drop ?? []) await db.raw(`DROP TRIGGER ${trigger}`);
       await db.destroy();
       const hashes = (accounts: Array<{ apiKey: string }>) => accounts.map((a) => hashApiKey(a.apiKey).toString("hex"));
       databases.push({ variant: variant.name, database, keys: { "without a budget": hashes(plain), "with a budget": hashes(budgeted) } });

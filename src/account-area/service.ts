@@ -729,20 +729,6 @@ function throttled(ctx: HandlerContext, retryAfterMs: number) {
   return apiError("SIGN_IN_THROTTLED", `too many failed sign-ins for this email: try again in ${seconds} s`, {
     metadata: { retry_after_seconds: seconds, retry_after_ms: String(retryAfterMs) },
   });
-
-function inviteInvalid(): Error {
-  return apiError("INVITE_INVALID", "invite_token: this invite is unknown, used or expired; ask for a new one", { field: "invite_token", rule: "a live invite" });
-}
-
-/** Who the password work is counted against: the peer's address. */
-function clientOf(ctx: HandlerContext): string {
-  return ctx.values.get(kRemoteAddress);
-}
-
-/** Puts a refusal's delay in Retry-After, as every 429 of the service does. */
-function retryAfter(ctx: HandlerContext): (seconds: number) => void {
-  return (seconds) => ctx.responseHeader.set("retry-after", String(seconds));
-}
 }
 
 function inviteInvalid(): Error {

@@ -1988,10 +1988,16 @@ CREATE INDEX webhook_deliveries_pending ON public.webhook_deliveries USING btree
 CREATE INDEX webhook_endpoints_account ON public.webhook_endpoints USING btree (account_id) WHERE (deleted_at IS NULL);
 
 --
--- Name: accounts accounts_balance_alerts; Type: TRIGGER; Schema: public; Owner: -
+-- Name: accounts accounts_balance_alerts_on_balance; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER accounts_balance_alerts BEFORE UPDATE ON public.accounts FOR EACH ROW WHEN (((((new.balance)::bigint < (old.balance)::bigint) AND (((new.balance)::bigint - (new.reserved)::bigint) < new.alert_low_below)) OR (((new.balance)::bigint > (old.balance)::bigint) AND (((new.balance)::bigint - (new.reserved)::bigint) >= new.alert_recover_at)) OR (new.alert_thresholds IS DISTINCT FROM old.alert_thresholds) OR (new.alert_floor IS DISTINCT FROM old.alert_floor))) EXECUTE FUNCTION public.account_balance_alerts_v1();
+CREATE TRIGGER accounts_balance_alerts_on_balance BEFORE UPDATE OF balance ON public.accounts FOR EACH ROW WHEN (((((new.balance)::bigint - (new.reserved)::bigint) < new.alert_low_below) OR (((new.balance)::bigint - (new.reserved)::bigint) >= new.alert_recover_at))) EXECUTE FUNCTION public.account_balance_alerts_v1();
+
+--
+-- Name: accounts accounts_balance_alerts_on_settings; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER accounts_balance_alerts_on_settings BEFORE UPDATE OF alert_thresholds, alert_floor ON public.accounts FOR EACH ROW WHEN (((new.alert_thresholds IS DISTINCT FROM old.alert_thresholds) OR (new.alert_floor IS DISTINCT FROM old.alert_floor))) EXECUTE FUNCTION public.account_balance_alerts_v1();
 
 --
 -- Name: api_keys api_keys_budget_events; Type: TRIGGER; Schema: public; Owner: -

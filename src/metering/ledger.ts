@@ -106,6 +106,13 @@ const RESOLVE_MANY: PooledStatement = {
   text: "SELECT * FROM metering_resolve_many_v2($1::uuid[], $2::boolean[], $3::bigint[], $4::jsonb[], $5::timestamptz[])",
 };
 
+/**
+ * The hot path's statement texts, for `npm run bench:sql`, which counts what
+ * PostgreSQL runs for them: the bench sends these very texts, so it cannot
+ * drift from what the service sends.
+ */
+export const meteringStatements = { admit: ADMIT, admitMany: ADMIT_MANY, resolve: RESOLVE, resolveMany: RESOLVE_MANY } as const;
+
 /** What the account looks like after the call, for billing fields and rate-limit headers. */
 export interface AccountSnapshot {
   accountId: string;
