@@ -288,7 +288,7 @@ async function grpcFramesLoop(options: LoadOptions): Promise<LoadResult> {
 async function sqlPairLoop(options: LoadOptions): Promise<LoadResult> {
   const db = createKnex(options.url, 10);
   const keyHashes = options.apiKeys.map(hashApiKey);
-  const { admit, resolve: settle } = createBatchedLedger(db, undefined);
+  const { admit, finish: settle } = createBatchedLedger(db, undefined);
   try {
     await prepareStatementsOn(db);
     return await concurrentLoops(options, async (_apiKey, i) => {

@@ -5,124 +5,192 @@
  * even on a busy 2-core VM where pairs per second vary by a third between runs.
  *
  *   npm run bench:sql
- *   BENCH_SQL_BEFORE=20261125000000_refuse_abandoned_admissions npm run bench:sql   # also the schema as of that migration
+ *   BENCH_SQL_BEFORE=20261127110000_add_member_roles_and_two_factor npm run bench:sql   # also the schema as of that migration
  *
- * A throwaway cluster (Debian's server binaries, as the crash test uses) gets
- * one database per schema, migrated and given accounts; then the server stops
- * and each script of statements runs in single-user mode under callgrind,
- * once with 100 pairs and once with 300, so start-up and warm-up cancel out of
- * the difference. The statements are the service's (an admission through
- * metering_admit_unless_abandoned with its own request id, then the settle),
- * each its own transaction; and the same pairs as the meter batches them under
- * load (ten admissions in one statement, then their ten settles in one). The
- * count leaves out what a batch saves most (round trips, wake-ups, WAL
- * flushes: single-user mode has none). The same-run baseline is a bare
- * `UPDATE … RETURNING` on an account row, one statement per pair, as in
- * bench:metering. Prints thousands of instructions per pair and the ratio.
+ * BENCH_SQL_BEFORE names any migration, a frozen knex one or a release-safe
+ * one, from the first that has metering_grant. A throwaway cluster (Debian's
+ * server binaries, as the crash test uses) gets one database per schema,
+ * migrated as the service migrates, and accounts that any of those schemas
+ * takes; the latest schema gets a second database whose accounts have
+ * balance alerts set (thresholds and the depletion floor, as the account page
+ * sets them) that the pairs never cross. Then the server stops and each
+ * script of statements runs in single-user mode under callgrind, once with
+ * 100 pairs and once with 300, so start-up and warm-up cancel out of the
+ * difference.
+ *
+ * The statements are the service's own texts (ledger.ts exports them),
+ * prepared once per backend as the service's named statements are, and
+ * executed each in its own transaction: one admission with its own request id,
+ * then its settle; and the same pairs as the meter batches them under load
+ * (ten admissions in one statement, then their ten settles in one). A schema
+ * older than the service's functions gets the same texts with the functions it
+ * has (the name without `_v2`); a row whose function it lacks is left out.
+ * The count leaves out what a batch saves most (round trips, wake-ups, WAL
+ * flushes: single-user mode has none). The same-run baseline is bench:metering's
+ * bare `UPDATE … RETURNING` on an account row, one statement per pair, on the
+ * latest schema. Prints thousands of instructions per pair and the ratios.
  */
 import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
-import { hashApiKey } from "../src/accounts/api-keys.js";
+import type { Knex } from "knex";
+import { displayPrefix, generateApiKey, hashApiKey } from "../src/accounts/api-keys.js";
+import { createAccount } from "../src/admin/account-funding.js";
 import { createKnex } from "../src/db/database.js";
-import { migrationSource } from "../src/db/migrations/index.js";
-import { decisionReserveUnits } from "../src/metering/meter.js";
+import { migrate } from "../src/db/migrator.js";
+import { knexMigrationNames, migrationSource, schemaMigrations } from "../src/db/migrations/index.js";
+import { meteringStatements } from "../src/metering/ledger.js";
+import { DECISION_RESERVE_UNITS_PER_QUESTION, decisionReserveUnits } from "../src/metering/meter.js";
+import { setAlertSettings } from "../src/webhooks/events.js";
 import { postgresBinaries, runAsClusterOwner, startPrivateCluster } from "../test/support/private-cluster.js";
-import { createBenchAccounts } from "./support.js";
+import { BARE_STATEMENT } from "./support.js";
 
 const BEFORE = process.env.BENCH_SQL_BEFORE;
 const ACCOUNTS = 50;
 const [FEW, MANY] = [100, 300];
+/** Pairs per statement in the "batched" script: what the meter's batches hold under load. */
+const BATCH = 10;
+/** Alert thresholds of the "alerts set" accounts: 100, 10 and 1 credits, far below their balance. */
+const THRESHOLDS_UNITS = [100_000_000, 10_000_000, 1_000_000];
+
+type Kind = "bare" | "metered" | "batched";
+type StatementName = keyof typeof meteringStatements;
 
 interface Schema {
   name: string;
   database: string;
   keyHashes: string[];
   accountIds: string[];
+  /** The texts this schema can run: the service's, or the same calls to the functions it has. */
+  statements: Partial<Record<StatementName, string>>;
 }
 
-/** Pairs per statement in the "batched" script: what the meter's batches hold under load. */
-const BATCH = 10;
+/** The statements each kind of script prepares. */
+const NEEDS: Record<Exclude<Kind, "bare">, StatementName[]> = { metered: ["admit", "resolve"], batched: ["admitMany", "resolveMany"] };
 
-/** The statements of `pairs` pairs, one per line (single-user mode runs each line as its own transaction). */
-function pairScript(schema: Schema, pairs: number, kind: "bare" | "metered" | "batched"): string {
-  if (kind === "batched") return batchedPairScript(schema, pairs);
-  const lines: string[] = [];
-  for (let i = 0; i < pairs; i++) {
-    const account = i % ACCOUNTS;
-    if (kind === "bare") {
-      lines.push(`UPDATE accounts SET reserved = reserved WHERE id = '${schema.accountIds[account]}' AND balance >= 1 RETURNING balance`);
-      continue;
-    }
-    const id = crypto.randomUUID();
-    lines.push(
-      "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, " +
-        `metering_admit_unless_abandoned('\\x${schema.keyHashes[account]}'::bytea, 'decide', ${decisionReserveUnits(1)}, false, 60000, NULL, NULL, NULL, '${id}'::uuid) AS admission`,
-      `SELECT * FROM metering_resolve('${id}'::uuid, true, 1000)`,
-    );
+/** The service's texts as `schema` can run them: with the function it has (a `_v2` name or the one before it), or none. */
+function statementsOf(functions: Set<string>): Partial<Record<StatementName, string>> {
+  const texts: Partial<Record<StatementName, string>> = {};
+  for (const [name, statement] of Object.entries(meteringStatements) as Array<[StatementName, { text: string }]>) {
+    const called = /\b(metering_\w+)\(/.exec(statement.text)![1]!;
+    const older = called.replace(/_v2$/, "");
+    if (functions.has(called)) texts[name] = statement.text;
+    else if (functions.has(older)) texts[name] = statement.text.replace(`${called}(`, `${older}(`);
   }
-  return lines.join("\n") + "\n";
+  return texts;
 }
 
-/** The same pairs as the meter sends them under load: BATCH admissions in one statement, then their BATCH settles in one. */
-function batchedPairScript(schema: Schema, pairs: number): string {
+/**
+ * The statements of `pairs` pairs, one per line (single-user mode runs each
+ * line as its own transaction), after the PREPAREs: the service names its
+ * hot-path statements, so PostgreSQL parses each once per connection.
+ */
+function pairScript(schema: Schema, pairs: number, kind: Kind): string {
   const lines: string[] = [];
-  const array = (values: string[], type: string) => `ARRAY[${values.join(", ")}]::${type}[]`;
+  const prepare = (name: string, text: string) => lines.push(`PREPARE ${name} AS ${text}`);
+  if (kind === "bare") {
+    prepare("bare", BARE_STATEMENT.text);
+    for (let i = 0; i < pairs; i++) lines.push(`EXECUTE bare('${schema.accountIds[i % ACCOUNTS]}')`);
+    return lines.join("\n") + "\n";
+  }
+  for (const name of NEEDS[kind]) prepare(name, schema.statements[name]!);
+  const keyHash = (account: number) => `'\\x${schema.keyHashes[account]}'`;
+  const reserve = String(decisionReserveUnits(1));
+  if (kind === "metered") {
+    for (let i = 0; i < pairs; i++) {
+      const id = `'${crypto.randomUUID()}'`;
+      lines.push(
+        `EXECUTE admit(${keyHash(i % ACCOUNTS)}, 'decide', ${reserve}, false, 60000, NULL, NULL, NULL, ${id})`,
+        `EXECUTE resolve(${id}, true, 1000, NULL, NULL)`,
+      );
+    }
+    return lines.join("\n") + "\n";
+  }
+  const array = (values: string[]) => `ARRAY[${values.join(", ")}]`;
+  // An ARRAY of quoted literals is text[] to EXECUTE: each argument takes the type the statement casts its parameter to.
+  const execute = (name: StatementName, args: string[]) => {
+    const types = [...schema.statements[name]!.matchAll(/\$\d+::(\w+\[\])/g)].map((match) => match[1]);
+    return `EXECUTE ${name}(${args.map((arg, i) => `${arg}::${types[i]}`).join(", ")})`;
+  };
   for (let first = 0; first < pairs; first += BATCH) {
     const accounts = Array.from({ length: BATCH }, (_, i) => (first + i) % ACCOUNTS);
     const ids = accounts.map(() => `'${crypto.randomUUID()}'`);
-    const each = (value: string) => accounts.map(() => value);
+    const each = (value: string) => array(accounts.map(() => value));
     lines.push(
-      "SELECT admission.* FROM set_config('synchronous_commit', 'off', true) AS relaxed, metering_admit_many(" +
-        [
-          array(accounts.map((account) => `'\\x${schema.keyHashes[account]}'`), "bytea"),
-          array(each("'decide'"), "text"),
-          array(each(String(decisionReserveUnits(1))), "bigint"),
-          array(each("false"), "boolean"),
-          array(each("60000"), "integer"),
-          array(each("NULL"), "text"),
-          array(each("NULL"), "bytea"),
-          array(each("NULL"), "timestamptz"),
-          array(ids, "uuid"),
-        ].join(", ") +
-        ") AS admission",
-      `SELECT * FROM metering_resolve_many(${[array(ids, "uuid"), array(each("true"), "boolean"), array(each("1000"), "bigint"), array(each("NULL"), "jsonb"), array(each("NULL"), "timestamptz")].join(", ")})`,
+      execute("admitMany", [array(accounts.map(keyHash)), each("'decide'"), each(reserve), each("false"), each("60000"), each("NULL"), each("NULL"), each("NULL"), array(ids)]),
+      execute("resolveMany", [array(ids), each("true"), each("1000"), each("NULL"), each("NULL")]),
     );
   }
   return lines.join("\n") + "\n";
+}
+
+/**
+ * Accounts as bench:metering's (createBenchAccounts) makes them, funded without
+ * end and with limits that never bind, but with keys written in the columns of
+ * the first schema, so that every schema since takes them; the columns added
+ * since have defaults or are NULL.
+ */
+async function createAccounts(db: Knex): Promise<Array<{ id: string; keyHash: Buffer }>> {
+  const accounts = [];
+  for (let i = 0; i < ACCOUNTS; i++) {
+    const account = await createAccount(db, { name: "bench", units: 1e15, freeRequests: 0 });
+    const apiKey = generateApiKey();
+    await db("api_keys").insert({ account_id: account.id, key_hash: hashApiKey(apiKey), display_prefix: displayPrefix(apiKey) });
+    await db("accounts").where({ id: account.id }).update({ rate_limit: 1_000_000_000, rate_window_ms: 50, max_in_flight: 1_000 });
+    accounts.push({ id: account.id, keyHash: hashApiKey(apiKey) });
+  }
+  return accounts;
+}
+
+/** Migrates a new database to the schema as of `until` (the latest when undefined), as the service would have. */
+async function migrateUntil(db: Knex, until: string | undefined): Promise<void> {
+  const knexIndex = until === undefined ? -1 : knexMigrationNames.indexOf(until);
+  if (knexIndex >= 0) {
+    const applied = knexMigrationNames.slice(0, knexIndex + 1);
+    await db.migrate.latest({ migrationSource: { ...migrationSource, getMigrations: async () => [...applied] } });
+    return;
+  }
+  const schemaIndex = until === undefined ? schemaMigrations.length - 1 : schemaMigrations.findIndex((m) => m.name === until);
+  await migrate(db, { useAdvisoryLock: false, migrations: schemaMigrations.slice(0, schemaIndex + 1) });
 }
 
 async function main() {
   const bin = postgresBinaries();
   if (!bin) throw new Error("no PostgreSQL server binaries under /usr/lib/postgresql (Debian's postgresql package)");
+  const all = [...knexMigrationNames, ...schemaMigrations.map((m) => m.name)];
+  if (BEFORE && !all.includes(BEFORE)) throw new Error(`BENCH_SQL_BEFORE: no migration ${BEFORE}; one of ${all.join(", ")}`);
   const cluster = await startPrivateCluster();
   try {
-    const all = [...(await migrationSource.getMigrations([]))].sort();
-    const latest = all.at(-1)!;
-    if (BEFORE && !all.includes(BEFORE)) throw new Error(`BENCH_SQL_BEFORE: no migration ${BEFORE}; one of ${all.join(", ")}`);
+    const variants: Array<{ name: string; until: string | undefined; alerts: boolean }> = [
+      ...(BEFORE ? [{ name: `as of ${BEFORE}`, until: BEFORE, alerts: false }] : []),
+      { name: "latest", until: undefined, alerts: false },
+      { name: "latest, alerts set, never crossed", until: undefined, alerts: true },
+    ];
     const schemas: Schema[] = [];
-    for (const until of BEFORE ? [BEFORE, latest] : [latest]) {
+    for (const variant of variants) {
       const database = `schema_${schemas.length}`;
       const admin = createKnex(cluster.url, 1);
       await admin.raw(`CREATE DATABASE ${database}`);
       await admin.destroy();
       const db = createKnex(cluster.url.replace(/\/postgres$/, `/${database}`), 2);
-      const applied = all.filter((name) => name <= until);
-      await db.migrate.latest({
-        migrationSource: { ...migrationSource, getMigrations: async () => applied },
-      });
-      const accounts = await createBenchAccounts(db, ACCOUNTS, 1_000);
+      await migrateUntil(db, variant.until);
+      const accounts = await createAccounts(db);
+      if (variant.alerts) {
+        for (const account of accounts) await setAlertSettings(db, account.id, THRESHOLDS_UNITS, DECISION_RESERVE_UNITS_PER_QUESTION);
+      }
+      const { rows } = await db.raw<{ rows: Array<{ proname: string }> }>("SELECT proname FROM pg_proc WHERE proname LIKE 'metering%'");
       await db.destroy();
       schemas.push({
-        name: until === latest ? "latest" : `as of ${until}`,
+        name: variant.name,
         database,
-        keyHashes: accounts.map((a) => hashApiKey(a.apiKey).toString("hex")),
+        keyHashes: accounts.map((a) => a.keyHash.toString("hex")),
         accountIds: accounts.map((a) => a.id),
+        statements: statementsOf(new Set(rows.map((row) => row.proname))),
       });
     }
     runAsClusterOwner(path.join(bin, "pg_ctl"), ["-D", cluster.dir, "-m", "fast", "-w", "stop"]);
 
-    const instructions = (schema: Schema, pairs: number, kind: "bare" | "metered" | "batched"): number => {
+    const instructions = (schema: Schema, pairs: number, kind: Kind): number => {
       // valgrind reports on stderr: "==pid== Collected : <instructions>".
       const report = runAsClusterOwner(
         "valgrind",
@@ -136,20 +204,27 @@ async function main() {
       if (!collected) throw new Error(`callgrind printed no count:\n${report}`);
       return Number(collected[1]);
     };
-    const perPair = (schema: Schema, kind: "bare" | "metered" | "batched") =>
-      (instructions(schema, MANY, kind) - instructions(schema, FEW, kind)) / (MANY - FEW);
+    const perPair = (schema: Schema, kind: Kind) => (instructions(schema, MANY, kind) - instructions(schema, FEW, kind)) / (MANY - FEW);
 
     console.log(`sql instructions bench: PostgreSQL ${path.basename(path.dirname(bin))}, single-user backend, ${MANY - FEW} pairs over ${ACCOUNTS} accounts`);
-    const newest = schemas.at(-1)!;
-    const bare = perPair(newest, "bare");
-    console.log(`${"path".padEnd(72)} | k instructions/pair | ratio to bare`);
-    console.log(`${"bare UPDATE … RETURNING (one statement)".padEnd(72)} | ${(bare / 1000).toFixed(0).padStart(19)} | 1.00`);
-    for (const schema of schemas) {
-      const pair = perPair(schema, "metered");
-      console.log(`${`admit + settle, schema ${schema.name}`.padEnd(72)} | ${(pair / 1000).toFixed(0).padStart(19)} | ${(pair / bare).toFixed(2)}`);
+    const latest = schemas.find((schema) => schema.name === "latest")!;
+    const bare = perPair(latest, "bare");
+    const row = (label: string, value: number, versus: string) =>
+      console.log(`${label.padEnd(72)} | ${(value / 1000).toFixed(0).padStart(19)} | ${(value / bare).toFixed(2).padStart(13)} | ${versus}`);
+    console.log(`${"path".padEnd(72)} | k instructions/pair | ratio to bare | ratio to latest`);
+    row("bare UPDATE … RETURNING (one statement), latest", bare, "");
+    for (const kind of ["metered", "batched"] as const) {
+      const latestPair = perPair(latest, kind);
+      for (const schema of schemas) {
+        const label = `${kind === "metered" ? "admit + settle" : `admit + settle in batches of ${BATCH}`}, ${schema.name}`;
+        if (!NEEDS[kind].every((name) => schema.statements[name])) {
+          console.log(`${label.padEnd(72)} | ${"—".padStart(19)} | (this schema has no such function)`);
+          continue;
+        }
+        const pair = schema === latest ? latestPair : perPair(schema, kind);
+        row(label, pair, (pair / latestPair).toFixed(3));
+      }
     }
-    const batched = perPair(newest, "batched");
-    console.log(`${`admit + settle in batches of ${BATCH}, schema ${newest.name}`.padEnd(72)} | ${(batched / 1000).toFixed(0).padStart(19)} | ${(batched / bare).toFixed(2)}`);
   } finally {
     fs.rmSync(cluster.dir, { recursive: true, force: true });
   }

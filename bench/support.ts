@@ -175,7 +175,7 @@ export interface BareChainOptions {
 }
 
 /** The bare statement of bench:metering and bench:sql: one account row written and read back, a commit. */
-const BARE_STATEMENT = { name: "bare_chain_touch", text: "UPDATE accounts SET reserved = reserved WHERE id = $1 AND balance >= 1 RETURNING balance" };
+export const BARE_STATEMENT = { name: "bare_chain_touch", text: "UPDATE accounts SET reserved = reserved WHERE id = $1 AND balance >= 1 RETURNING balance" };
 
 /**
  * The hops of a metered call and nothing else: a `node:http` server that, per

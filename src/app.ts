@@ -7,6 +7,8 @@ import { createGateway, type DecisionsStatus } from "./gateway/gateway.js";
 import { startEmbeddedModel, type EmbeddedModelHost } from "./upstream/embedded-supervisor.js";
 import { prepareStatementsOn } from "./metering/ledger.js";
 import { createMeter, type Meter } from "./metering/meter.js";
+import { createSweeper } from "./metering/sweeper.js";
+import { rollClosedHours } from "./metering/usage-rollup.js";
 import { createMetrics } from "./metrics.js";
 import { apiRoutes, served } from "./gateway/routes.js";
 import { readOpenApiDocument } from "./openapi/served.js";
@@ -20,12 +22,12 @@ import { createObserveInterceptor } from "./rpc/observe.js";
 import { registerReflection } from "./rpc/reflection.js";
 import { createSearchService } from "./search/service.js";
 import { startServer, type RunningServer } from "./server.js";
-import { createAccountService } from "./account/service.js";
-import { sessionCookieFor } from "./account/cookie.js";
-import { listeningOrigins } from "./account/origin.js";
-import { answerHeadersFor } from "./account/answer-headers.js";
-import { accountRouteDoor, createAccountDoorInterceptor, type AccountDoorOptions } from "./account/door.js";
-import { createUsageCsvHandler, USAGE_CSV_PATH } from "./account/usage-csv.js";
+import { createAccountService } from "./account-area/service.js";
+import { sessionCookieFor } from "./account-area/cookie.js";
+import { listeningOrigins } from "./account-area/origin.js";
+import { answerHeadersFor } from "./account-area/answer-headers.js";
+import { accountRouteDoor, createAccountDoorInterceptor, type AccountDoorOptions } from "./account-area/door.js";
+import { createUsageCsvHandler, USAGE_CSV_PATH } from "./account-area/usage-csv.js";
 import { countLiveSessions } from "./accounts/sessions.js";
 import { createPasswordWork } from "./accounts/password-work.js";
 import type { ScryptParams } from "./accounts/passwords.js";
@@ -33,6 +35,7 @@ import { AccountService } from "./gen/typesafe/account/v1/account_service_pb.js"
 import { withAccountPage } from "./web/account-page.js";
 import { createDeliverer, type Deliverer } from "./webhooks/deliverer.js";
 import { createResolver } from "./webhooks/sender.js";
+import { createKeyExpiryWatch } from "./webhooks/key-expiry.js";
 
 export interface App {
   server: RunningServer;
@@ -74,6 +77,16 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     resolve: createResolver(config.webhooks.dnsServers),
     leaseMarginMs: config.metering.leaseMarginMs,
     beforeConnect: overrides.webhookBeforeConnect,
+  });
+  // Summaries read closed hours from the roll-up; its clock is the wall clock, never a test's account-area clock.
+  const rollupTiming = { now: () => new Date(), delayMs: config.metering.rollupDelayMs };
+  const usageRollup = createSweeper((signal) => rollClosedHours(db, rollupTiming, signal), config.metering.rollupIntervalMs, logger, "usage roll-up");
+  const keyExpiryWatch = createKeyExpiryWatch({
+    db,
+    intervalMs: config.webhooks.keyExpiryCheckMs,
+    now,
+    logger,
+    onRecorded: () => deliverer.wake(),
   });
   const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
   const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
@@ -156,7 +169,9 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   }
   if (!config.account.publicUrlConfigured) for (const origin of listeningOrigins(config.host, server.port)) allowedOrigins.add(origin);
   meter.startSweeper();
+  usageRollup.start();
   deliverer.start();
+  keyExpiryWatch.start();
   logger.info("listening", { url: server.url, database: database.kind });
   logger.info("enabled", enabledSummary(config));
 
@@ -169,7 +184,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
       logger.info("shutting down", { grace_ms: config.shutdownGraceMs });
       meter.beginShutdown();
       // A webhook in flight is abandoned and its lease given back: another replica sends it with the same webhook-id.
-      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop()]);
+      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop(), keyExpiryWatch.stop(), usageRollup.stop()]);
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();
       await meter.stop();

@@ -2,6 +2,7 @@ import path from "node:path";
 import type { LogLevel } from "./logger.js";
 import { ConfigError } from "./config-error.js";
 import { parseSourceCatalog } from "./search/source-config.js";
+import type { SettingRead } from "./setting-read.js";
 
 /**
  * The whole configuration, parsed once from the environment. This is the only
@@ -43,6 +44,8 @@ export interface WebhookConfig {
   retryDelaysMs: number[];
   /** How often each replica looks for deliveries that are due. */
   pollIntervalMs: number;
+  /** How often each replica records `key.expiring` for keys that expire within 7 days. */
+  keyExpiryCheckMs: number;
   /** DNS servers asked for endpoint names ("host" or "host:port"); the system resolver when empty. */
   dnsServers: string[];
 }
@@ -78,6 +81,10 @@ export interface MeteringConfig {
   sweepIntervalMs: number;
   /** Client-side deadline of one metering statement; a lost reply ends here and the call asks again. */
   statementTimeoutMs: number;
+  /** How often each replica counts closed hours of calls into the usage roll-up. */
+  rollupIntervalMs: number;
+  /** How long after its end an hour of calls may be rolled up: longer than an admission takes to commit. */
+  rollupDelayMs: number;
 }
 
 /** The upstream LLM that answers decisions, and how it is called. */
@@ -164,12 +171,7 @@ export interface SearchConfig {
   configuredSources?: string[];
 }
 
-/** One environment variable as loadConfig reads it: its default and, for a number, its range. */
-export interface SettingRead {
-  name: string;
-  default: string | undefined;
-  range?: readonly [number, number];
-}
+export type { SettingRead } from "./setting-read.js";
 
 /**
  * Parses `env` (process.env by default) into a Config, or throws a
@@ -235,7 +237,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   // The search settings are checked here too, so every problem is listed before anything opens.
   let configuredSources: string[] = [];
   try {
-    configuredSources = parseSourceCatalog(searchEnv).entries.filter((e) => e.configured).map((e) => e.id);
+    configuredSources = parseSourceCatalog(searchEnv, onRead).entries.filter((e) => e.configured).map((e) => e.id);
   } catch (err) {
     if (!(err instanceof ConfigError)) throw err;
     problems.push(...err.problems);
@@ -266,6 +268,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       leaseMarginMs: int("TYPESAFE_LEASE_MARGIN_MS", 30_000, 1_000),
       sweepIntervalMs: int("TYPESAFE_SWEEP_INTERVAL_MS", 5_000, 100),
       statementTimeoutMs: int("TYPESAFE_DB_STATEMENT_TIMEOUT_MS", 5_000, 100, 60_000),
+      rollupIntervalMs: int("TYPESAFE_USAGE_ROLLUP_INTERVAL_MS", 60_000, 100, 3_600_000),
+      rollupDelayMs: int("TYPESAFE_USAGE_ROLLUP_DELAY_MS", 300_000, 1_000, 86_400_000),
     },
     account: {
       publicUrl: (publicUrl && !publicUrlProblem(publicUrl) ? publicUrl : `http://${host.includes(":") ? `[${host}]` : host}:${port}`).replace(/\/+$/, ""),
@@ -309,6 +313,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       timeoutMs: int("TYPESAFE_WEBHOOK_TIMEOUT_MS", 10_000, 100, 60_000),
       retryDelaysMs,
       pollIntervalMs: int("TYPESAFE_WEBHOOK_POLL_MS", 1_000, 10, 60_000),
+      keyExpiryCheckMs: int("TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS", 60_000, 10, 3_600_000),
       dnsServers: (str("TYPESAFE_WEBHOOK_DNS_SERVERS") ?? "").split(",").map((s) => s.trim()).filter((s) => s !== ""),
     },
   };
@@ -365,6 +370,9 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_DEFAULT_FREE_REQUESTS: "free requests of an account created without `--free-requests`",
   TYPESAFE_LEASE_MARGIN_MS: "added to a call's deadline to form the lease of its hold",
   TYPESAFE_SWEEP_INTERVAL_MS: "how often each replica releases expired holds",
+  TYPESAFE_USAGE_ROLLUP_INTERVAL_MS: "how often each replica counts closed hours of calls into the usage roll-up that usage summaries read",
+  TYPESAFE_USAGE_ROLLUP_DELAY_MS:
+    "how long after its end an hour of calls may be rolled up (an hour with a call still active waits for it); summaries stay exact, they only read more calls while it waits",
   TYPESAFE_DB_STATEMENT_TIMEOUT_MS: "client-side deadline of one metering statement; a reply lost past it is asked for again by request id",
   TYPESAFE_PUBLIC_URL:
     "where people reach the service (default `http://HOST:PORT`): the invite links the CLI prints, the account area's allowed origin and `Secure` cookies; the CLI reads it too, so give it the service's value",
@@ -385,6 +393,7 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_WEBHOOK_RETRY_DELAYS_MS: "comma-separated waits after each failed webhook attempt; by default the Standard Webhooks schedule (docs/webhooks.md)",
   TYPESAFE_WEBHOOK_TIMEOUT_MS: "one webhook attempt, from resolving the host to the answer; a 2xx within it is a delivery",
   TYPESAFE_WEBHOOK_POLL_MS: "how often each replica looks for webhook deliveries that are due",
+  TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS: "how often each replica records `key.expiring` for keys that expire within 7 days (each key once per expiry)",
   TYPESAFE_WEBHOOK_DNS_SERVERS: "DNS servers asked for webhook endpoint names (`host` or `host:port`, comma-separated); the system resolver when unset",
   TYPESAFE_LLM_BASE_URL: "for example `http://127.0.0.1:8000/v1`; wins over the embedded model; unset: the embedded model answers",
   TYPESAFE_LLM_API_KEY: "sent as `Authorization: Bearer` to the upstream only",
@@ -399,5 +408,16 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_LLM_CONTEXT_TOKENS: "tokens one sequence holds: the longest prompt of one question on the embedded model",
   TYPESAFE_LLM_SEQUENCES: "questions the embedded model evaluates side by side",
   TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0 lets it choose",
+  TYPESAFE_SEARCH_SOURCES: "comma list of enabled ids, or `none` (keyed ones also need their key)",
+  TYPESAFE_SEARCH_CONTACT: "e-mail or URL in the User-Agent (Wikimedia and GDELT ask for one)",
   TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS: "deadline of one search",
+  TYPESAFE_SEARCH_CACHE_ENTRIES: "cache size per process (0 = off)",
+  "TYPESAFE_SEARCH_<ID>_KEY": "the provider's key (Brave, Exa; optional for Stack Exchange, GitHub)",
+  "TYPESAFE_SEARCH_<ID>_URL": "base URL (mirror, proxy, tests)",
+  "TYPESAFE_SEARCH_<ID>_PRICE_UNITS": "price per call in units (1 credit = 1,000,000)",
+  "TYPESAFE_SEARCH_<ID>_DEFAULT": "`true`/`false`: queried when `s` is omitted",
+  "TYPESAFE_SEARCH_<ID>_WEIGHT": "fusion weight, above 0 and at most 100",
+  "TYPESAFE_SEARCH_<ID>_TIMEOUT_MS": "timeout of one call to the provider",
+  "TYPESAFE_SEARCH_<ID>_RATE": "budget per process, `<count>/<n><s\\|m\\|h\\|d>` (for example `10/1m`)",
+  "TYPESAFE_SEARCH_<ID>_CONCURRENCY": "calls in flight per process",
 };

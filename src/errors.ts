@@ -18,7 +18,7 @@ export const REASONS = {
   UNAUTHENTICATED: { grpc: Code.Unauthenticated, http: 401, envelope: 40101, meaning: "Missing, malformed, unknown or revoked API key." },
   SIGNED_OUT: { grpc: Code.Unauthenticated, http: 401, envelope: 40102, meaning: "Account area: no live session (never an API key); sign in." },
   SIGN_IN_FAILED: { grpc: Code.Unauthenticated, http: 401, envelope: 40103, meaning: "Account area: wrong email or password (the same answer for both)." },
-  KEY_EXPIRED: { grpc: Code.Unauthenticated, http: 401, envelope: 40104, meaning: "The API key passed its expiry (set by its owner, or by a roll); use its successor." },
+  KEY_EXPIRED: { grpc: Code.Unauthenticated, http: 401, envelope: 40104, meaning: "The API key passed its expiry (set in the account area or by the operator, or by a roll); use its successor." },
   SECOND_STEP_FAILED: { grpc: Code.Unauthenticated, http: 401, envelope: 40105, meaning: "Account area: a wrong, used or late code at the second step of sign-in, or its token expired." },
   INSUFFICIENT_BALANCE: { grpc: Code.FailedPrecondition, http: 402, envelope: 40201, meaning: "Available balance does not cover the reservation." },
   KEY_BUDGET_EXCEEDED: { grpc: Code.FailedPrecondition, http: 402, envelope: 40202, meaning: "The API key's budget for this period does not cover the reservation." },

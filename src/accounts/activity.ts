@@ -9,6 +9,8 @@ export const ACTIVITY_KINDS = [
   "invite_accepted",
   "key_created",
   "key_revoked",
+  "key_limits_changed",
+  "key_rolled",
   "credits_granted",
   "member_invited",
   "member_removed",

@@ -1,6 +1,7 @@
 import type { Knex } from "knex";
-import { UNITS_PER_CREDIT } from "../units.js";
+import { UNITS_PER_CREDIT, unitsToCredits } from "../units.js";
 import type { Violation } from "../validation.js";
+import { recordActivity } from "./activity.js";
 import { createApiKey, isUuid, type DbApiKeyRow, type KeyLimitsRow } from "./store.js";
 
 /**
@@ -129,23 +130,69 @@ export function periodEnd(period: KeyBudgetPeriod, start: Date): Date | null {
 export async function setKeyLimits(tx: Knex.Transaction, accountId: string, keyId: string, limits: KeyLimits): Promise<DbApiKeyRow | undefined> {
   if (!isUuid(accountId) || !isUuid(keyId)) return undefined;
   await tx.raw("SELECT 1 FROM accounts WHERE id = ? FOR UPDATE", [accountId]);
-  const [row] = await tx("api_keys").where({ id: keyId, account_id: accountId }).whereNull("revoked_at").update(limitColumns(limits)).returning("*");
-  if (!row) return undefined;
-  if (limits.budget) await recountKeySpend(tx, keyId);
-  return row as DbApiKeyRow;
+  const [row] = await tx("api_keys")
+    .where({ id: keyId, account_id: accountId })
+    .whereNull("revoked_at")
+    .update({ ...limitColumns(limits), ...(limits.budget ? recountedSpend(tx, limits.budget.period) : {}) })
+    .returning("*");
+  return row as DbApiKeyRow | undefined;
 }
 
-/** The key's charges in its current budget period, from its settled calls. The caller holds the account's row lock. */
-async function recountKeySpend(tx: Knex.Transaction, keyId: string): Promise<void> {
-  await tx.raw(
-    `UPDATE api_keys k
-        SET budget_period_start = p.start,
-            budget_spent = (SELECT coalesce(sum(r.charged), 0) FROM requests r
-                             WHERE r.key_id = k.id AND r.status = 'settled' AND r.resolved_at >= p.start)
-       FROM (SELECT metering_key_period_start(budget_period, now()) AS start FROM api_keys WHERE id = ?) p
-      WHERE k.id = ?`,
-    [keyId, keyId],
-  );
+/**
+ * Sets a key's limits as `setKeyLimits` does and, when any of them changed,
+ * records who changed what in the account's activity, in the same
+ * transaction. Undefined for a key that is not this account's or is revoked.
+ */
+export async function changeKeyLimits(
+  tx: Knex.Transaction,
+  accountId: string,
+  keyId: string,
+  limits: KeyLimits,
+  change: { actor: string; at: Date },
+): Promise<DbApiKeyRow | undefined> {
+  if (!isUuid(accountId) || !isUuid(keyId)) return undefined;
+  // The account first, as every metering function locks: what is read here is what the update replaces.
+  await tx.raw("SELECT 1 FROM accounts WHERE id = ? FOR UPDATE", [accountId]);
+  const before = await tx("api_keys").where({ id: keyId, account_id: accountId }).whereNull("revoked_at").first();
+  if (!before) return undefined;
+  const row = await setKeyLimits(tx, accountId, keyId, limits);
+  const changes = keyLimitChanges(keyLimitsOf(before), limits);
+  if (row && changes.length > 0) {
+    await recordActivity(tx, { accountId, kind: "key_limits_changed", actor: change.actor, detail: `${keyLabel(row)}: ${changes.join("; ")}`, at: change.at });
+  }
+  return row;
+}
+
+/** How the activity list names a key: its prefix and last 4, and its name. */
+export function keyLabel(key: { display_prefix: string; last4: string; name: string }): string {
+  return `${key.display_prefix}…${key.last4}${key.name ? ` (${key.name})` : ""}`;
+}
+
+/** Each limit that differs, as "what: before → after"; empty when none does. */
+export function keyLimitChanges(before: KeyLimits, after: KeyLimits): string[] {
+  const text = {
+    expiry: (l: KeyLimits) => (l.expiresAt ? l.expiresAt.toISOString() : "never"),
+    scopes: (l: KeyLimits) => KEY_SCOPES.filter((scope) => l.scopes.includes(scope)).join(", "),
+    budget: (l: KeyLimits) => (l.budget ? `${unitsToCredits(l.budget.units)} credits ${l.budget.period === "total" ? "in total" : `a ${l.budget.period}`}` : "none"),
+    "rate limit": (l: KeyLimits) => (l.rateLimit === null ? "the account's" : `${l.rateLimit} a minute`),
+  };
+  return Object.entries(text).flatMap(([what, show]) => (show(before) === show(after) ? [] : [`${what} ${show(before)} → ${show(after)}`]));
+}
+
+/**
+ * The key's charges in its current budget period, from its settled calls, as
+ * columns of the same UPDATE as the limits: the budget trigger then judges
+ * the new budget against this period's spend, never a stale one.
+ */
+function recountedSpend(tx: Knex.Transaction, period: KeyBudgetPeriod) {
+  return {
+    budget_period_start: tx.raw("metering_key_period_start(?, now())", [period]),
+    budget_spent: tx.raw(
+      `(SELECT coalesce(sum(r.charged), 0) FROM requests r
+         WHERE r.key_id = api_keys.id AND r.status = 'settled' AND r.resolved_at >= metering_key_period_start(?, now()))`,
+      [period],
+    ),
+  };
 }
 
 /**
@@ -180,6 +227,8 @@ export async function rollKey(
       rate_limit: old.rate_limit,
       budget_spent: old.budget_spent,
       budget_period_start: old.budget_period_start,
+      // The successor carries on the period's spend, and so whether its budget_reached was recorded.
+      budget_reached_in: old.budget_reached_in,
     })
     .returning("*");
   const stopsAt = new Date(init.now.getTime() + init.graceSeconds * 1000);

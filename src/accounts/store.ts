@@ -91,12 +91,15 @@ export async function createApiKey(
       last4: apiKey.slice(-4),
       created_by: init.createdBy ?? "operator",
     } as Partial<DbApiKeyRow>)
-    // A new key has no expiry until its limits are set; not read back, so this works on the schema before limits too (the bench's older build).
-    .returning(KEY_COLUMNS.filter((column) => column !== "expires_at"));
-  return { keyId: row!.id, apiKey, row: { ...row!, expires_at: null } };
+    // A new key has no expiry until its limits are set and was kept by nobody; not read back, so this works on the schemas
+    // before limits and kept keys too (the benches' older builds and schemas).
+    .returning(KEY_COLUMNS.filter((column) => !NEW_KEY_NULLS.includes(column)));
+  return { keyId: row!.id, apiKey, row: { ...row!, expires_at: null, kept_by: null, kept_at: null } };
 }
 
 const KEY_COLUMNS = ["id", "account_id", "display_prefix", "name", "last4", "created_by", "created_at", "revoked_at", "expires_at", "kept_by", "kept_at"] as const;
+/** The key columns that are NULL on a new key, and came with migrations after the key itself. */
+const NEW_KEY_NULLS: readonly string[] = ["expires_at", "kept_by", "kept_at"];
 
 /** Where a page of keys starts: after this key (exclusive), newest first. */
 export interface KeyCursor {

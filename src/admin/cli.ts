@@ -5,7 +5,7 @@ import { loadConfig } from "../config.js";
 import { createKnex, migrate, openDatabase } from "../db/database.js";
 import { readPublishedSocket } from "../db/published-socket.js";
 import { createApiKey, findAccount, findAccountKey, isUuid, listAccountKeys, listApiKeys, revokeApiKey, type AccountKeyRow, type DbAccountRow } from "../accounts/store.js";
-import { keyLimitsOf, MAX_ROLL_GRACE_SECONDS, parseKeyLimits, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
+import { changeKeyLimits, keyLimitsOf, MAX_ROLL_GRACE_SECONDS, parseKeyLimits, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
 import { createAccount, grant } from "./account-funding.js";
 import { OPERATOR, recordActivity } from "../accounts/activity.js";
 import { createInvite, inviteUrl } from "../accounts/invites.js";
@@ -174,7 +174,7 @@ async function run(
       const key = isUuid(keyId) ? await db("api_keys").where({ id: keyId }).first("account_id") : undefined;
       if (!key) throw new UsageError(`no key with id ${keyId}`);
       const limits = await limitsOption(db, key.account_id, options, now);
-      const updated = await db.transaction((tx) => setKeyLimits(tx, key.account_id, keyId, limits));
+      const updated = await db.transaction((tx) => changeKeyLimits(tx, key.account_id, keyId, limits, { actor: OPERATOR, at: now }));
       if (!updated) throw new UsageError(`key ${keyId} is revoked`);
       return { key_id: keyId, account_id: key.account_id, ...(await keyJson(db, key.account_id, keyId)) };
     }
@@ -187,7 +187,7 @@ async function run(
         const result = await rollKey(tx, key.account_id, keyId, { graceSeconds, now, createdBy: OPERATOR });
         if (result) {
           const detail = `${result.newKey.display_prefix}…${result.newKey.last4}, rolled from ${result.oldKey.display_prefix}…${result.oldKey.last4}`;
-          await recordActivity(tx, { accountId: key.account_id, kind: "key_created", actor: OPERATOR, detail, at: now });
+          await recordActivity(tx, { accountId: key.account_id, kind: "key_rolled", actor: OPERATOR, detail, at: now });
         }
         return result;
       }));

@@ -22,6 +22,8 @@ export const MIGRATION_ATTEMPTS = 10;
 const LOCK_NOT_HAD = new Set(["55P03", "40P01"]);
 /** Any constant shared by every replica and the operator CLI. */
 const ADVISORY_LOCK_ID = 7_261_123;
+/** How often a replica asks again for the lock another one holds while it migrates. */
+const ADVISORY_LOCK_POLL_MS = 100;
 
 export interface MigrateOptions {
   /** Replicas starting at once wait for each other (needs a pool of two). */
@@ -141,7 +143,11 @@ async function withAdvisoryLock(db: Knex, useAdvisoryLock: boolean, work: () => 
   if (!useAdvisoryLock) return work();
   const connection = await db.client.acquireConnection();
   try {
-    await connection.query("SELECT pg_advisory_lock($1)", [ADVISORY_LOCK_ID]);
+    // Asked again and again rather than waited for: a statement waiting in pg_advisory_lock holds a snapshot,
+    // and the migrating replica's CREATE INDEX CONCURRENTLY would wait for that snapshot while it holds the lock.
+    while (!(await connection.query("SELECT pg_try_advisory_lock($1) AS locked", [ADVISORY_LOCK_ID])).rows[0].locked) {
+      await delay(ADVISORY_LOCK_POLL_MS);
+    }
     try {
       await work();
     } finally {

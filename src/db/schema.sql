@@ -210,6 +210,41 @@ CREATE FUNCTION public.account_event_record_v1(p_account_id uuid, p_type text, p
       $$;
 
 --
+-- Name: api_key_budget_events_v1(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.api_key_budget_events_v1() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+      DECLARE
+        v_floor bigint := TG_ARGV[0]::bigint;
+        v_start timestamp;
+      BEGIN
+        IF NEW.budget_units IS NULL OR NEW.budget_units - NEW.budget_spent >= v_floor THEN
+          NEW.budget_reached_in := NULL;
+        ELSIF NEW.revoked_at IS NULL AND NEW.budget_period_start IS NOT NULL
+              AND NEW.budget_reached_in IS DISTINCT FROM NEW.budget_period_start THEN
+          NEW.budget_reached_in := NEW.budget_period_start;
+          v_start := CASE WHEN NEW.budget_period <> 'total' THEN NEW.budget_period_start AT TIME ZONE 'UTC' END;
+          PERFORM account_event_record_v1(NEW.account_id, 'key.budget_reached', jsonb_build_object(
+            'key_id', NEW.id,
+            'key_name', NEW.name,
+            'key_prefix', NEW.display_prefix,
+            'key_last4', NEW.last4,
+            'budget_units', NEW.budget_units,
+            'spent_units', NEW.budget_spent,
+            'left_units', greatest(NEW.budget_units - NEW.budget_spent, 0),
+            'period', NEW.budget_period,
+            'period_start', to_char(v_start, 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+            'period_end', to_char(v_start + CASE NEW.budget_period WHEN 'day' THEN interval '1 day' WHEN 'week' THEN interval '7 days'
+                                                                  ELSE interval '1 month' END, 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+            'smallest_reservation_units', v_floor));
+        END IF;
+        RETURN NEW;
+      END
+      $$;
+
+--
 -- Name: metering_abandon(uuid, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -1175,7 +1210,9 @@ CREATE TABLE public.api_keys (
     budget_period_start timestamp with time zone,
     recent timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
     kept_by text,
-    kept_at timestamp with time zone
+    kept_at timestamp with time zone,
+    budget_reached_in timestamp with time zone,
+    expiry_warned_for timestamp with time zone
 );
 
 --
@@ -1414,6 +1451,42 @@ CREATE TABLE public.sign_in_challenges (
     created_at timestamp with time zone NOT NULL,
     expires_at timestamp with time zone NOT NULL,
     used_at timestamp with time zone
+);
+
+--
+-- Name: usage_daily; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.usage_daily (
+    account_id uuid NOT NULL,
+    day timestamp with time zone NOT NULL,
+    endpoint text NOT NULL,
+    key_id uuid,
+    calls bigint NOT NULL,
+    charged bigint NOT NULL
+);
+
+--
+-- Name: usage_hourly; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.usage_hourly (
+    account_id uuid NOT NULL,
+    hour timestamp with time zone NOT NULL,
+    endpoint text NOT NULL,
+    key_id uuid,
+    calls bigint NOT NULL,
+    charged bigint NOT NULL
+);
+
+--
+-- Name: usage_rollup_state; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.usage_rollup_state (
+    id boolean DEFAULT true NOT NULL,
+    rolled_until timestamp with time zone,
+    CONSTRAINT usage_rollup_state_id_check CHECK (id)
 );
 
 --
@@ -1730,6 +1803,13 @@ ALTER TABLE ONLY public.sign_in_challenges
     ADD CONSTRAINT sign_in_challenges_pkey PRIMARY KEY (token_hash);
 
 --
+-- Name: usage_rollup_state usage_rollup_state_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.usage_rollup_state
+    ADD CONSTRAINT usage_rollup_state_pkey PRIMARY KEY (id);
+
+--
 -- Name: webhook_attempts webhook_attempts_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1774,6 +1854,12 @@ CREATE INDEX account_events_account ON public.account_events USING btree (accoun
 --
 
 CREATE INDEX api_keys_account_id ON public.api_keys USING btree (account_id);
+
+--
+-- Name: api_keys_expiring; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX api_keys_expiring ON public.api_keys USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (revoked_at IS NULL));
 
 --
 -- Name: ledger_account_at; Type: INDEX; Schema: public; Owner: -
@@ -1836,6 +1922,12 @@ CREATE INDEX requests_active_account ON public.requests USING btree (account_id)
 CREATE INDEX requests_active_lease ON public.requests USING btree (lease_expires_at) WHERE ((status)::text = 'active'::text);
 
 --
+-- Name: requests_created_brin; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX requests_created_brin ON public.requests USING brin (created_at) WITH (autosummarize='on');
+
+--
 -- Name: requests_idempotency; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1858,6 +1950,18 @@ CREATE INDEX sign_in_attempts_email_at ON public.sign_in_attempts USING btree (e
 --
 
 CREATE INDEX sign_in_challenges_member ON public.sign_in_challenges USING btree (member_id) WHERE (used_at IS NULL);
+
+--
+-- Name: usage_daily_bucket; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX usage_daily_bucket ON public.usage_daily USING btree (account_id, day, endpoint, COALESCE(key_id, '00000000-0000-0000-0000-000000000000'::uuid));
+
+--
+-- Name: usage_hourly_bucket; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX usage_hourly_bucket ON public.usage_hourly USING btree (account_id, hour, endpoint, COALESCE(key_id, '00000000-0000-0000-0000-000000000000'::uuid));
 
 --
 -- Name: webhook_attempts_delivery; Type: INDEX; Schema: public; Owner: -
@@ -1884,10 +1988,22 @@ CREATE INDEX webhook_deliveries_pending ON public.webhook_deliveries USING btree
 CREATE INDEX webhook_endpoints_account ON public.webhook_endpoints USING btree (account_id) WHERE (deleted_at IS NULL);
 
 --
--- Name: accounts accounts_balance_alerts; Type: TRIGGER; Schema: public; Owner: -
+-- Name: accounts accounts_balance_alerts_on_balance; Type: TRIGGER; Schema: public; Owner: -
 --
 
-CREATE TRIGGER accounts_balance_alerts BEFORE UPDATE ON public.accounts FOR EACH ROW WHEN (((((new.balance)::bigint < (old.balance)::bigint) AND (((new.balance)::bigint - (new.reserved)::bigint) < new.alert_low_below)) OR (((new.balance)::bigint > (old.balance)::bigint) AND (((new.balance)::bigint - (new.reserved)::bigint) >= new.alert_recover_at)) OR (new.alert_thresholds IS DISTINCT FROM old.alert_thresholds) OR (new.alert_floor IS DISTINCT FROM old.alert_floor))) EXECUTE FUNCTION public.account_balance_alerts_v1();
+CREATE TRIGGER accounts_balance_alerts_on_balance BEFORE UPDATE OF balance ON public.accounts FOR EACH ROW WHEN (((((new.balance)::bigint - (new.reserved)::bigint) < new.alert_low_below) OR (((new.balance)::bigint - (new.reserved)::bigint) >= new.alert_recover_at))) EXECUTE FUNCTION public.account_balance_alerts_v1();
+
+--
+-- Name: accounts accounts_balance_alerts_on_settings; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER accounts_balance_alerts_on_settings BEFORE UPDATE OF alert_thresholds, alert_floor ON public.accounts FOR EACH ROW WHEN (((new.alert_thresholds IS DISTINCT FROM old.alert_thresholds) OR (new.alert_floor IS DISTINCT FROM old.alert_floor))) EXECUTE FUNCTION public.account_balance_alerts_v1();
+
+--
+-- Name: api_keys api_keys_budget_events; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER api_keys_budget_events BEFORE UPDATE ON public.api_keys FOR EACH ROW WHEN ((((new.budget_units - new.budget_spent) < 32000) OR (new.budget_reached_in IS NOT NULL))) EXECUTE FUNCTION public.api_key_budget_events_v1('32000');
 
 --
 -- Name: account_activity account_activity_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -1127,7 +1127,7 @@ export interface components {
         /** @description Something that happened to the account. */
         "typesafe.account.v1.ActivityEvent": {
             id: string;
-            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "credits_granted", "member_invited", "member_removed", "member_role_changed", "two_factor_enabled", "two_factor_disabled", "two_factor_required_changed". "member_removed", "alerts_set", "webhook_endpoint_added", "webhook_endpoint_removed", "webhook_secret_rotated", "webhook_endpoint_disabled", "webhook_endpoint_enabled". */
+            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "key_limits_changed", "key_rolled", "credits_granted", "member_invited", "member_removed", "member_role_changed", "two_factor_enabled", "two_factor_disabled", "two_factor_required_changed", "alerts_set", "webhook_endpoint_added", "webhook_endpoint_removed", "webhook_secret_rotated", "webhook_endpoint_disabled", "webhook_endpoint_enabled". */
             kind: string;
             /** @description Who did it: a member's email, or "operator" for the CLI. */
             actor: string;
@@ -1303,7 +1303,7 @@ export interface components {
             endpoint_id: string;
             /** @description The webhook-id header: the same on every attempt. */
             webhook_id: string;
-            /** @description "balance.low", "balance.depleted", "balance.recovered" or "webhook.test". */
+            /** @description "balance.low", "balance.depleted", "balance.recovered", "key.budget_reached", "key.expiring" or "webhook.test". */
             event_type: string;
             /** Format: date-time */
             event_at?: string;
@@ -1380,7 +1380,7 @@ export interface components {
                 };
             };
         };
-        /** @description UNAUTHENTICATED: Missing, malformed, unknown or revoked API key. KEY_EXPIRED: The API key passed its expiry (set by its owner, or by a roll); use its successor. */
+        /** @description UNAUTHENTICATED: Missing, malformed, unknown or revoked API key. KEY_EXPIRED: The API key passed its expiry (set in the account area or by the operator, or by a roll); use its successor. */
         Error401: {
             headers: {
                 /** @description The id of this call, also in the service log. */

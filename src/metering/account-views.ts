@@ -1,5 +1,6 @@
 import type { Knex } from "knex";
 import type { Endpoint, Funding } from "./ledger.js";
+import { floorDay, floorHour, readRolledUntil } from "./usage-rollup.js";
 
 /**
  * What the account area and the operator's CLI read of an account's money
@@ -137,12 +138,40 @@ export interface UsageBucketRow {
   chargedUnits: number;
 }
 
-/** The account's finished calls counted per day or hour (UTC) and endpoint (and key), oldest first; of one key when asked. */
-export async function summarizeCalls(
-  db: Knex | Knex.Transaction,
-  accountId: string,
-  range: { since: Date; until: Date; granularity: "day" | "hour"; keyId?: string; byKey?: boolean },
-): Promise<UsageBucketRow[]> {
+/** What a usage summary counts: a start-time range, per day or hour (UTC), of one key or all, grouped by key or not. */
+export interface SummaryRange {
+  since: Date;
+  until: Date;
+  granularity: "day" | "hour";
+  keyId?: string;
+  byKey?: boolean;
+}
+
+/**
+ * The account's finished calls counted per day or hour (UTC) and endpoint
+ * (and key), oldest first; of one key when asked. What the roll-up has
+ * counted is read from it: whole days from usage_daily (per day), whole
+ * hours from usage_hourly; the partial hours at either end and every hour
+ * from its watermark on are counted from the calls themselves, so the
+ * answer is the same as counting every call.
+ */
+export async function summarizeCalls(db: Knex | Knex.Transaction, accountId: string, range: SummaryRange): Promise<UsageBucketRow[]> {
+  const rolledUntil = await readRolledUntil(db);
+  const firstHour = ceilHour(range.since);
+  const lastHour = floorHour(range.until);
+  const rolledEnd = rolledUntil && rolledUntil < lastHour ? rolledUntil : lastHour;
+  if (!rolledUntil || firstHour >= rolledEnd) return summarizeCallsFromRequests(db, accountId, range);
+  let days = { from: rolledEnd, to: rolledEnd };
+  if (range.granularity === "day") {
+    const firstDay = ceilDay(firstHour);
+    const lastDay = floorDay(rolledEnd);
+    if (firstDay < lastDay) days = { from: firstDay, to: lastDay };
+  }
+  return countWithRollup(db, accountId, range, { from: firstHour, to: rolledEnd }, days);
+}
+
+/** The same summary counted from every call, without the roll-up: the reference the roll-up must equal. */
+export async function summarizeCallsFromRequests(db: Knex | Knex.Transaction, accountId: string, range: SummaryRange): Promise<UsageBucketRow[]> {
   const keyColumn = range.byKey ? "coalesce(key_id::text, '')" : "''";
   const result = await db.raw(
     `SELECT date_trunc(:unit, created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS start, endpoint, ${keyColumn} AS key_id,
@@ -155,13 +184,73 @@ export async function summarizeCalls(
       ORDER BY 1, 2, 3`,
     { unit: range.granularity, accountId, since: range.since, until: range.until, keyId: range.keyId ?? null },
   );
-  return (result.rows as { start: Date; endpoint: Endpoint; key_id: string; calls: number; charged: string }[]).map((row) => ({
-    start: row.start,
-    endpoint: row.endpoint,
-    keyId: row.key_id,
-    calls: Number(row.calls),
-    chargedUnits: Number(row.charged),
-  }));
+  return bucketRows(result.rows);
+}
+
+/**
+ * Counts [since, until): the whole days of `days` from usage_daily, the rest
+ * of `rolled` from usage_hourly, the partial hours around it from requests.
+ */
+async function countWithRollup(
+  db: Knex | Knex.Transaction,
+  accountId: string,
+  range: SummaryRange,
+  rolled: { from: Date; to: Date },
+  days: { from: Date; to: Date },
+): Promise<UsageBucketRow[]> {
+  const keyColumn = range.byKey ? "coalesce(key_id::text, '')" : "''";
+  const result = await db.raw(
+    `WITH hours AS (
+       SELECT date_trunc('hour', created_at AT TIME ZONE 'UTC') AS hour, endpoint::text AS endpoint, ${keyColumn} AS key_id,
+              count(*)::bigint AS calls, coalesce(sum(charged), 0)::bigint AS charged
+         FROM requests
+        WHERE account_id = :accountId AND status IN ('settled', 'released', 'expired')
+          AND ((created_at >= :since AND created_at < :rolledFrom) OR (created_at >= :rolledTo AND created_at < :until))
+          AND (:keyId::uuid IS NULL OR key_id = :keyId::uuid)
+        GROUP BY 1, 2, 3
+       UNION ALL
+       SELECT hour AT TIME ZONE 'UTC', endpoint, ${keyColumn}, calls, charged
+         FROM usage_hourly
+        WHERE account_id = :accountId AND ((hour >= :rolledFrom AND hour < :daysFrom) OR (hour >= :daysTo AND hour < :rolledTo))
+          AND (:keyId::uuid IS NULL OR key_id = :keyId::uuid)
+       UNION ALL
+       SELECT day AT TIME ZONE 'UTC', endpoint, ${keyColumn}, calls, charged
+         FROM usage_daily
+        WHERE account_id = :accountId AND day >= :daysFrom AND day < :daysTo
+          AND (:keyId::uuid IS NULL OR key_id = :keyId::uuid)
+     )
+     SELECT date_trunc(:unit, hour) AT TIME ZONE 'UTC' AS start, endpoint, key_id,
+            sum(calls)::bigint AS calls, sum(charged)::bigint AS charged
+       FROM hours
+      GROUP BY 1, 2, 3
+      ORDER BY 1, 2, 3`,
+    {
+      unit: range.granularity,
+      accountId,
+      since: range.since,
+      until: range.until,
+      rolledFrom: rolled.from,
+      rolledTo: rolled.to,
+      daysFrom: days.from,
+      daysTo: days.to,
+      keyId: range.keyId ?? null,
+    },
+  );
+  return bucketRows(result.rows);
+}
+
+function bucketRows(rows: { start: Date; endpoint: Endpoint; key_id: string; calls: number | string; charged: string }[]): UsageBucketRow[] {
+  return rows.map((row) => ({ start: row.start, endpoint: row.endpoint, keyId: row.key_id, calls: Number(row.calls), chargedUnits: Number(row.charged) }));
+}
+
+function ceilHour(at: Date): Date {
+  const floor = floorHour(at);
+  return floor.getTime() === at.getTime() ? floor : new Date(floor.getTime() + 3_600_000);
+}
+
+function ceilDay(at: Date): Date {
+  const floor = floorDay(at);
+  return floor.getTime() === at.getTime() ? floor : new Date(floor.getTime() + 86_400_000);
 }
 
 function applyFilter(query: Knex.QueryBuilder, filter: CallFilter): void {
@@ -169,5 +258,4 @@ function applyFilter(query: Knex.QueryBuilder, filter: CallFilter): void {
   if (filter.keyId) query.where({ key_id: filter.keyId });
   if (filter.since) query.where("created_at", ">=", filter.since);
   if (filter.until) query.where("created_at", "<", filter.until);
-  if (filter.keyId) query.where({ key_id: filter.keyId });
 }

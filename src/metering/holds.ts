@@ -1,7 +1,7 @@
 import { apiError } from "../errors.js";
 import type { Logger } from "../logger.js";
-import type { Resolution, ResolveInput } from "./ledger.js";
-import { asOwnOutcome, resolveWithRetry } from "./resolve-with-retry.js";
+import type { FinishResult, FinishInput } from "./ledger.js";
+import { asOwnOutcome, finishWithRetry } from "./finish-with-retry.js";
 
 /** How this replica's holds ended; each but `settles` should stay near zero. */
 export interface HoldStats {
@@ -20,7 +20,7 @@ export interface HoldStats {
 }
 
 /** A settle this call's own attempt recorded: the charge and the account as it left it. */
-export type Settled = Extract<Resolution, { capped: boolean }>;
+export type Settled = Extract<FinishResult, { capped: boolean }>;
 
 /** What a settle charges and stores. */
 export interface SettleInput {
@@ -49,7 +49,7 @@ export interface Holds {
    * outcome is unknown. Resolves to what the database answered, or undefined
    * when it could not be reached (the lease releases the hold).
    */
-  release(requestId: string, log: Logger, statement?: (input: ResolveInput) => Promise<Resolution>): Promise<Resolution | undefined>;
+  release(requestId: string, log: Logger, statement?: (input: FinishInput) => Promise<FinishResult>): Promise<FinishResult | undefined>;
   /** Waits for releases under way, then releases every hold still open. */
   releaseAll(logger: Logger): Promise<void>;
   /** How many holds are open now. */
@@ -59,7 +59,7 @@ export interface Holds {
 
 export interface HoldsDeps {
   /** The settle and release statement (batched). */
-  resolve: (input: ResolveInput) => Promise<Resolution>;
+  finish: (input: FinishInput) => Promise<FinishResult>;
   /** Waits between attempts while the database is unreachable. */
   retryDelaysMs: readonly number[];
   /** Test clock passed to the database; undefined for the database clock. */
@@ -67,16 +67,16 @@ export interface HoldsDeps {
 }
 
 /** This replica's open holds and their settles and releases, with retries and counters. */
-export function createHolds({ resolve, retryDelaysMs, now }: HoldsDeps): Holds {
+export function createHolds({ finish, retryDelaysMs, now }: HoldsDeps): Holds {
   const open = new Set<string>();
   /** Releases under way, so shutdown can wait for them before the pool closes. */
   const releasing = new Set<Promise<unknown>>();
   const counters: HoldStats = { settles: 0, releases: 0, lateSettles: 0, settleFailures: 0, releaseFailures: 0, cappedCharges: 0 };
 
-  function release(requestId: string, log: Logger, statement = resolve): Promise<Resolution | undefined> {
+  function release(requestId: string, log: Logger, statement = finish): Promise<FinishResult | undefined> {
     const pending = (async () => {
       try {
-        const released = await resolveWithRetry(statement, { requestId, success: false, now: now() }, retryDelaysMs);
+        const released = await finishWithRetry(statement, { requestId, success: false, now: now() }, retryDelaysMs);
         if (released.outcome === "released") counters.releases++;
         return released;
       } catch (err) {
@@ -93,10 +93,10 @@ export function createHolds({ resolve, retryDelaysMs, now }: HoldsDeps): Holds {
 
   async function settle(input: SettleInput, log: Logger): Promise<Settled> {
     const { requestId, chargeUnits } = input;
-    let settled: Resolution;
+    let settled: FinishResult;
     try {
-      settled = await resolveWithRetry(
-        resolve,
+      settled = await finishWithRetry(
+        finish,
         { requestId, success: true, actualUnits: chargeUnits, response: input.response, now: now() },
         retryDelaysMs,
       );
@@ -130,11 +130,11 @@ export function createHolds({ resolve, retryDelaysMs, now }: HoldsDeps): Holds {
    * committed after all (answer 200 with that billing). When the release
    * fails too, nobody knows, and the 503 says so.
    */
-  async function settleOrReleaseAfterFailure(requestId: string, chargeUnits: number, settleError: unknown, log: Logger): Promise<Resolution> {
+  async function settleOrReleaseAfterFailure(requestId: string, chargeUnits: number, settleError: unknown, log: Logger): Promise<FinishResult> {
     counters.settleFailures++;
-    let fallback: Resolution;
+    let fallback: FinishResult;
     try {
-      fallback = await resolveWithRetry(resolve, { requestId, success: false, now: now() }, retryDelaysMs);
+      fallback = await finishWithRetry(finish, { requestId, success: false, now: now() }, retryDelaysMs);
     } catch (err) {
       counters.releaseFailures++;
       log.error("settle and release failed; the lease releases the hold unless a settle attempt committed", { err: settleError });

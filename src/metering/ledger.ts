@@ -7,7 +7,8 @@ import { runPooled, type PooledStatement } from "../db/pooled-statement.js";
  * batch_metering_statements, record_account_after_resolve and, for admit and
  * resolve, their _v2 versions, which add a key's own limits): each call is one
  * round trip and one transaction, for one metered call or a batch of them.
- * admit, resolve, abandon and sweep run on a connection of the root knex's
+ * The SQL's "resolve" is this module's finish: a settle or a release.
+ * admit, finish, abandon and sweep run on a connection of the root knex's
  * pool (runPooled: the hot path skips knex's builder); grant takes
  * `Knex | Knex.Transaction` so a caller (the operator CLI) decides the
  * transaction. Amounts are integer units.
@@ -21,7 +22,7 @@ export interface AdmitInput {
   /** sha256 of the API key (hashApiKey). */
   keyHash: Buffer;
   endpoint: Endpoint;
-  /** The maximum this call can cost; held until it resolves. */
+  /** The maximum this call can cost; held until it finishes (settle or release). */
   reserveUnits: number;
   /** Decisions may be paid with a free request; search never is (enforced in SQL too). */
   freeAllowed: boolean;
@@ -104,6 +105,13 @@ const RESOLVE_MANY: PooledStatement = {
   name: "metering_resolve_many_v2",
   text: "SELECT * FROM metering_resolve_many_v2($1::uuid[], $2::boolean[], $3::bigint[], $4::jsonb[], $5::timestamptz[])",
 };
+
+/**
+ * The hot path's statement texts, for `npm run bench:sql`, which counts what
+ * PostgreSQL runs for them: the bench sends these very texts, so it cannot
+ * drift from what the service sends.
+ */
+export const meteringStatements = { admit: ADMIT, admitMany: ADMIT_MANY, resolve: RESOLVE, resolveMany: RESOLVE_MANY } as const;
 
 /** What the account looks like after the call, for billing fields and rate-limit headers. */
 export interface AccountSnapshot {
@@ -280,7 +288,7 @@ function admissionOf(row: DbAdmissionRow): Admission {
   }
 }
 
-export interface ResolveInput {
+export interface FinishInput {
   requestId: string;
   success: boolean;
   /** Actual cost; charged up to the reservation. Absent on a success: the reservation is charged. */
@@ -292,7 +300,7 @@ export interface ResolveInput {
   timeoutMs?: number;
 }
 
-export type Resolution =
+export type FinishResult =
   | {
       /** settled: charged and released the rest; released: everything given back. */
       outcome: "settled" | "released";
@@ -310,7 +318,7 @@ export type Resolution =
     }
   | {
       /**
-       * Already settled, released or expired: nothing changed (a request resolves
+       * Already settled, released or expired: nothing changed (a request finishes
        * at most once). The account figures are those its settle or release left,
        * so a retry whose first attempt committed reports that call's own outcome.
        */
@@ -328,7 +336,7 @@ export type Resolution =
     }
   | { outcome: "not_found"; requestId: string };
 
-interface DbResolutionRow {
+interface DbFinishRow {
   outcome: "settled" | "released" | "not_active" | "not_found";
   request_id: string;
   account_id: string | null;
@@ -344,12 +352,12 @@ interface DbResolutionRow {
 }
 
 /** Settles (success) or releases (failure) a hold; idempotent by request id. */
-export async function resolve(db: Knex, input: ResolveInput): Promise<Resolution> {
-  return (await resolveMany(db, [input], input.timeoutMs))[0]!;
+export async function finish(db: Knex, input: FinishInput): Promise<FinishResult> {
+  return (await finishMany(db, [input], input.timeoutMs))[0]!;
 }
 
 /** Settles and releases several holds in one round trip and one transaction, as admitMany admits. */
-export async function resolveMany(db: Knex, inputs: readonly ResolveInput[], timeoutMs: number | undefined): Promise<Resolution[]> {
+export async function finishMany(db: Knex, inputs: readonly FinishInput[], timeoutMs: number | undefined): Promise<FinishResult[]> {
   const columns = [
     inputs.map((input) => input.requestId),
     inputs.map((input) => input.success),
@@ -359,9 +367,9 @@ export async function resolveMany(db: Knex, inputs: readonly ResolveInput[], tim
   ];
   const rows =
     inputs.length === 1
-      ? await runMoneyStatement<DbResolutionRow>(db, RESOLVE, columns.map((column) => column[0]), timeoutMs)
-      : await runMoneyStatement<DbResolutionRow>(db, RESOLVE_MANY, columns, timeoutMs);
-  return oneRowEach(rows, inputs).map((row, i) => resolutionOf(row, inputs[i]!.requestId));
+      ? await runMoneyStatement<DbFinishRow>(db, RESOLVE, columns.map((column) => column[0]), timeoutMs)
+      : await runMoneyStatement<DbFinishRow>(db, RESOLVE_MANY, columns, timeoutMs);
+  return oneRowEach(rows, inputs).map((row, i) => finishResultOf(row, inputs[i]!.requestId));
 }
 
 /** The account as a settle left it, read back from its ledger entry (see settledFigures). */
@@ -410,16 +418,16 @@ export interface AbandonInput {
 
 /**
  * Gives up on an admission whose outcome is unknown (its reply was lost or
- * late): releases its hold if it committed, as resolve with success false
+ * late): releases its hold if it committed, as finish with success false
  * does; otherwise (not_found) the admission, should it still arrive, rolls
  * itself back instead of holding until its lease. Idempotent by request id.
  */
-export async function abandon(db: Knex, input: AbandonInput): Promise<Resolution> {
-  const rows = await runPooled<DbResolutionRow>(db, ABANDON, [input.requestId, input.now ?? null], input.timeoutMs);
-  return resolutionOf(onlyRow(rows), input.requestId);
+export async function abandon(db: Knex, input: AbandonInput): Promise<FinishResult> {
+  const rows = await runPooled<DbFinishRow>(db, ABANDON, [input.requestId, input.now ?? null], input.timeoutMs);
+  return finishResultOf(onlyRow(rows), input.requestId);
 }
 
-function resolutionOf(row: DbResolutionRow, requestId: string): Resolution {
+function finishResultOf(row: DbFinishRow, requestId: string): FinishResult {
   if (row.outcome === "not_found") return { outcome: "not_found", requestId };
   const common = {
     requestId: row.request_id,

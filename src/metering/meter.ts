@@ -14,14 +14,14 @@ import { createHolds, type HoldStats } from "./holds.js";
 import {
   abandon,
   admitMany,
-  resolveMany,
+  finishMany,
   settledFigures,
   sweep,
   type Admission,
   type AdmitInput,
   type Endpoint,
-  type Resolution,
-  type ResolveInput,
+  type FinishResult,
+  type FinishInput,
 } from "./ledger.js";
 import { rateLimitStateOf, type RateLimitState } from "./rate-limit-state.js";
 import { createSweeper } from "./sweeper.js";
@@ -119,7 +119,7 @@ export interface MeterDeps {
   now?: () => Date;
   /**
    * Waits between attempts of a settle or release when the database fails
-   * (safe: a request resolves at most once). The default spans a PostgreSQL
+   * (safe: a request finishes at most once). The default spans a PostgreSQL
    * restart of a few seconds.
    */
   settleRetryDelaysMs?: readonly number[];
@@ -137,11 +137,11 @@ export interface MeterDeps {
  */
 export const METER_BATCHING = { maxBatch: 32, maxInFlight: 2, stallMs: 50 } as const;
 
-/** The meter's admit and resolve on `db`, batched as METER_BATCHING says (bench's PostgreSQL-alone row sends its pairs through them too). */
+/** The meter's admit and finish on `db`, batched as METER_BATCHING says (bench's PostgreSQL-alone row sends its pairs through them too). */
 export function createBatchedLedger(db: Knex, timeoutMs: number | undefined) {
   return {
     admit: createBatcher<AdmitInput, Admission>({ run: (inputs) => admitMany(db, inputs, timeoutMs), ...METER_BATCHING }),
-    resolve: createBatcher<ResolveInput, Resolution>({ run: (inputs) => resolveMany(db, inputs, timeoutMs), ...METER_BATCHING }),
+    finish: createBatcher<FinishInput, FinishResult>({ run: (inputs) => finishMany(db, inputs, timeoutMs), ...METER_BATCHING }),
   };
 }
 
@@ -159,9 +159,9 @@ export function createMeter(deps: MeterDeps): Meter {
   const { db, config, logger } = deps;
   const now = (): Date | undefined => deps.now?.();
   const timeoutMs = config.statementTimeoutMs;
-  const { admit, resolve } = createBatchedLedger(db, timeoutMs);
-  const abandonAlone = (input: ResolveInput) => abandon(db, { ...input, timeoutMs });
-  const holds = createHolds({ resolve, retryDelaysMs: deps.settleRetryDelaysMs ?? DEFAULT_RETRY_DELAYS_MS, now });
+  const { admit, finish } = createBatchedLedger(db, timeoutMs);
+  const abandonAlone = (input: FinishInput) => abandon(db, { ...input, timeoutMs });
+  const holds = createHolds({ finish, retryDelaysMs: deps.settleRetryDelaysMs ?? DEFAULT_RETRY_DELAYS_MS, now });
   const sweeper = createSweeper(sweepNow, config.sweepIntervalMs, logger);
   let holdsExpired = 0;
   let admissionsAbandoned = 0;

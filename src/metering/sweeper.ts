@@ -4,7 +4,7 @@ import type { Logger } from "../logger.js";
 export interface Sweeper {
   /** Starts the periodic sweep; a second start does nothing. */
   start(): void;
-  /** Stops the sweeps and waits for one in progress. */
+  /** Stops the sweeps, aborts the signal of one in progress, and waits for it. */
   stop(): Promise<void>;
 }
 
@@ -12,18 +12,22 @@ export interface Sweeper {
  * The safety net for holds whose call never came back: a sweep every
  * `intervalMs`, skipped while the previous one still runs. Its timer does not
  * keep the process alive, and a failed sweep is logged and tried again at the
- * next tick.
+ * next tick. Other periodic work (the usage roll-up) runs on it too, named
+ * by `what` in its log line; a long run stops early when its signal aborts.
  */
-export function createSweeper(sweepNow: () => Promise<number>, intervalMs: number, logger: Logger): Sweeper {
+export function createSweeper(sweepNow: (signal: AbortSignal) => Promise<unknown>, intervalMs: number, logger: Logger, what = "sweep"): Sweeper {
   let timer: NodeJS.Timeout | undefined;
   let sweeping: Promise<void> | undefined;
+  let stopping = new AbortController();
   return {
     start() {
       if (timer) return;
+      stopping = new AbortController();
+      const { signal } = stopping;
       timer = setInterval(() => {
         if (sweeping) return;
-        sweeping = sweepNow()
-          .then(() => undefined, (err: unknown) => logger.warn("sweep failed", { err }))
+        sweeping = sweepNow(signal)
+          .then(() => undefined, (err: unknown) => logger.warn(`${what} failed`, { err }))
           .finally(() => {
             sweeping = undefined;
           });
@@ -33,6 +37,7 @@ export function createSweeper(sweepNow: () => Promise<number>, intervalMs: numbe
     async stop() {
       if (timer) clearInterval(timer);
       timer = undefined;
+      stopping.abort();
       await sweeping;
     },
   };

@@ -4,8 +4,8 @@ import { SearchRequestSchema } from "../gen/typesafe/search/v1/search_service_pb
 import { MAX_QUERY_CHARS, SOURCE_IDS, WINDOWS } from "../search/validate.js";
 import { MAX_EMAIL_CHARS } from "../accounts/members.js";
 import { MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS } from "../accounts/passwords.js";
-import { MAX_KEY_NAME_CHARS, MAX_SUMMARY_DAYS } from "../account/service.js";
-import { MAX_PAGE_SIZE, USAGE_ENDPOINTS } from "../account/usage-query.js";
+import { MAX_KEY_NAME_CHARS, MAX_SUMMARY_DAYS } from "../account-area/service.js";
+import { MAX_PAGE_SIZE, USAGE_ENDPOINTS } from "../account-area/usage-query.js";
 import {
   AcceptInviteRequestSchema,
   CreateKeyRequestSchema,

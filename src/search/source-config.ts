@@ -1,4 +1,5 @@
 import { ConfigError } from "../config-error.js";
+import type { SettingRead } from "../setting-read.js";
 import { SOURCE_IDS, type SourceId } from "./validate.js";
 
 /**
@@ -125,30 +126,50 @@ const PER_SOURCE_SETTINGS = ["KEY", "URL", "PRICE_UNITS", "DEFAULT", "WEIGHT", "
 /** Variables of the TYPESAFE_SEARCH_ namespace read elsewhere (config.ts). */
 const GLOBAL_SETTINGS = ["SOURCES", "CONTACT", "CACHE_ENTRIES", "REQUEST_TIMEOUT_MS"];
 
-/** Parses the catalog; throws ConfigError listing every bad value. */
-export function parseSourceCatalog(env: Record<string, string>): SourceCatalog {
+/**
+ * Parses the catalog; throws ConfigError listing every bad value. `onRead`
+ * hears of each variable once, a per-source one under its `<ID>` form.
+ */
+export function parseSourceCatalog(env: Record<string, string>, onRead?: (setting: SettingRead) => void): SourceCatalog {
   const problems: string[] = [];
   const warnings: string[] = [];
   const get = (name: string): string | undefined => {
     const raw = env[`TYPESAFE_SEARCH_${name}`]?.trim();
     return raw ? raw : undefined;
   };
+  const heard = new Set<string>();
+  const report = (setting: SettingRead) => {
+    if (heard.has(setting.name)) return;
+    heard.add(setting.name);
+    onRead?.(setting);
+  };
+  const perSource = "per source";
 
+  report({ name: "TYPESAFE_SEARCH_SOURCES", default: undefined, defaultText: "all" });
   const enabled = parseEnabled(get("SOURCES"), problems);
+  report({ name: "TYPESAFE_SEARCH_CONTACT", default: undefined });
   const contact = get("CONTACT");
   if (contact !== undefined && /[\r\n()]/.test(contact)) {
     problems.push(`TYPESAFE_SEARCH_CONTACT: must be an e-mail address or URL without parentheses or newlines, got "${contact}"`);
   }
   const userAgent = `typesafe-search/1.0 (+${contact && !/[\r\n()]/.test(contact) ? contact : "contact not configured"})`;
 
+  report({ name: "TYPESAFE_SEARCH_CACHE_ENTRIES", default: "5000", range: [0, 1_000_000] });
   const cacheEntries = parseInteger("TYPESAFE_SEARCH_CACHE_ENTRIES", get("CACHE_ENTRIES"), 5000, 0, 1_000_000, problems);
 
   const entries = SOURCE_IDS.map((id, order): SourceEntry => {
     const d = DEFAULTS[id];
     const upper = id.toUpperCase();
     const name = (setting: string) => `TYPESAFE_SEARCH_${upper}_${setting}`;
-    const key = get(`${upper}_KEY`);
-    const baseUrl = parseBaseUrl(name("URL"), get(`${upper}_URL`), d.baseUrl, problems);
+    /** One of this source's values; the settings tables hear of it under its <ID> form. */
+    const raw = (setting: string, shown: Omit<SettingRead, "name"> = { default: undefined, defaultText: perSource }) => {
+      report({ name: `TYPESAFE_SEARCH_<ID>_${setting}`, ...shown });
+      return get(`${upper}_${setting}`);
+    };
+    const int = (setting: string, fallback: number, min: number, max: number) =>
+      parseInteger(name(setting), raw(setting, { default: undefined, defaultText: perSource, range: [min, max] }), fallback, min, max, problems);
+    const key = raw("KEY", { default: undefined });
+    const baseUrl = parseBaseUrl(name("URL"), raw("URL", { default: undefined, defaultText: "the provider's" }), d.baseUrl, problems);
     const isEnabled = enabled === undefined || enabled.has(id);
     if (isEnabled && d.keyRequired && key === undefined) {
       warnings.push(`${id} is not configured: ${name("KEY")} is not set`);
@@ -158,13 +179,13 @@ export function parseSourceCatalog(env: Record<string, string>): SourceCatalog {
       kind: d.kind,
       configured: isEnabled && (!d.keyRequired || key !== undefined),
       supportsTimeWindow: d.supportsTimeWindow,
-      isDefault: parseBoolean(name("DEFAULT"), get(`${upper}_DEFAULT`), d.isDefault, problems),
-      priceUnits: parseInteger(name("PRICE_UNITS"), get(`${upper}_PRICE_UNITS`), d.priceUnits, 0, 1_000_000_000, problems),
-      weight: parseWeight(name("WEIGHT"), get(`${upper}_WEIGHT`), problems),
-      timeoutMs: parseInteger(name("TIMEOUT_MS"), get(`${upper}_TIMEOUT_MS`), d.timeoutMs, 50, 120_000, problems),
+      isDefault: parseBoolean(name("DEFAULT"), raw("DEFAULT"), d.isDefault, problems),
+      priceUnits: int("PRICE_UNITS", d.priceUnits, 0, 1_000_000_000),
+      weight: parseWeight(name("WEIGHT"), raw("WEIGHT", { default: String(DEFAULT_WEIGHT) }), problems),
+      timeoutMs: int("TIMEOUT_MS", d.timeoutMs, 50, 120_000),
       rate: {
-        ...parseRate(name("RATE"), get(`${upper}_RATE`), key !== undefined && d.keyedRate ? d.keyedRate : d.rate, problems),
-        concurrency: parseInteger(name("CONCURRENCY"), get(`${upper}_CONCURRENCY`), d.rate.concurrency, 1, 1000, problems),
+        ...parseRate(name("RATE"), raw("RATE"), key !== undefined && d.keyedRate ? d.keyedRate : d.rate, problems),
+        concurrency: int("CONCURRENCY", d.rate.concurrency, 1, 1000),
       },
       baseUrl,
       key,
@@ -236,12 +257,14 @@ function parseBoolean(name: string, raw: string | undefined, fallback: boolean, 
   return fallback;
 }
 
+const DEFAULT_WEIGHT = 1;
+
 function parseWeight(name: string, raw: string | undefined, problems: string[]): number {
-  if (raw === undefined) return 1;
+  if (raw === undefined) return DEFAULT_WEIGHT;
   const value = Number(raw);
   if (!/^\d+(\.\d+)?$/.test(raw) || !(value > 0) || value > 100) {
     problems.push(`${name}: must be a number greater than 0 and at most 100, got "${raw}"`);
-    return 1;
+    return DEFAULT_WEIGHT;
   }
   return value;
 }

@@ -4,11 +4,11 @@ import { unitsToCredits } from "../units.js";
 /**
  * What an account can hear about. The balance events are recorded by the
  * database itself, in the transaction of the settle, grant or settings change
- * that causes them; `webhook.test` only when a member asks for one.
- * Per-key events (`key.budget_reached`, `key.expiring`) join this list when
- * keys have budgets and expiry.
+ * that causes them, and so is `key.budget_reached` (by the settle or limits
+ * change of the key); `key.expiring` by a periodic check of every replica
+ * (key-expiry.ts); `webhook.test` only when a member asks for one.
  */
-export const EVENT_TYPES = ["balance.low", "balance.depleted", "balance.recovered", "webhook.test"] as const;
+export const EVENT_TYPES = ["balance.low", "balance.depleted", "balance.recovered", "key.budget_reached", "key.expiring", "webhook.test"] as const;
 export type EventType = (typeof EVENT_TYPES)[number];
 
 /** A row of `account_events`; `data` holds money in units, as the database wrote it. */

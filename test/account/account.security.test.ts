@@ -2,7 +2,7 @@ import { Code } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { hashToken } from "../../src/accounts/secret-tokens.js";
-import { admit, resolve } from "../../src/metering/ledger.js";
+import { admit, finish } from "../../src/metering/ledger.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountTestApp } from "./support.js";
@@ -156,7 +156,7 @@ describe("one account's ids in another's session", () => {
     const call = async (apiKey: string) => {
       const admission = await admit(database.db, { keyHash: hashApiKey(apiKey), endpoint: "decide", reserveUnits: 1_000, freeAllowed: false, leaseMs: 60_000 });
       if (admission.outcome !== "admitted") throw new Error(admission.outcome);
-      await resolve(database.db, { requestId: admission.requestId, success: true, actualUnits: 10 });
+      await finish(database.db, { requestId: admission.requestId, success: true, actualUnits: 10 });
       return admission.requestId;
     };
     const aliceCalls = [await call(alice.apiKey), await call(alice.apiKey)];

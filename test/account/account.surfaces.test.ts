@@ -4,7 +4,7 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import { DecisionService } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
-import { admit, admitMany, resolve } from "../../src/metering/ledger.js";
+import { admit, admitMany, finish } from "../../src/metering/ledger.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountTestApp } from "./support.js";
@@ -42,7 +42,7 @@ async function finishedCalls(apiKey: string, times: Date[], endpoint: "decide" |
   for (const now of times) {
     const admission = await admit(database.db, { keyHash: hashApiKey(apiKey), endpoint, reserveUnits: 1_000, freeAllowed: false, leaseMs: 60_000, now });
     if (admission.outcome !== "admitted") throw new Error(admission.outcome);
-    await resolve(database.db, { requestId: admission.requestId, success: true, actualUnits: 250, now: new Date(now.getTime() + 10) });
+    await finish(database.db, { requestId: admission.requestId, success: true, actualUnits: 250, now: new Date(now.getTime() + 10) });
     ids.push(admission.requestId);
   }
   return ids;
@@ -227,7 +227,7 @@ describe("usage", () => {
     const t0 = Date.UTC(2031, 0, 1);
     const released = await start(new Date(t0));
     if (released.outcome !== "admitted") throw new Error(released.outcome);
-    await resolve(database.db, { requestId: released.requestId, success: false, now: new Date(t0 + 1_000) });
+    await finish(database.db, { requestId: released.requestId, success: false, now: new Date(t0 + 1_000) });
     const abandoned = await start(new Date(t0 + 10_000));
     // Its lease has passed when the next call is admitted: that admission expires it.
     const running = await start(new Date(t0 + 200_000));

@@ -132,7 +132,7 @@ describe("rolling a key", () => {
     expect([refused.status, (refused.body.data as { reason: string }).reason]).toEqual([401, "KEY_EXPIRED"]);
     expect((await decide(now.secret)).status).toBe(200);
     const activity = await client.listActivity({});
-    expect(activity.events.filter((e) => e.kind === "key_created" && e.detail.includes("rolled from"))).toHaveLength(2);
+    expect(activity.events.filter((e) => e.kind === "key_rolled" && e.detail.includes("rolled from"))).toHaveLength(2);
   });
 
   it.each([-1, 604_801])("a grace of %s seconds is a 400 naming old_key_expires_in_seconds", async (seconds) => {
@@ -140,6 +140,54 @@ describe("rolling a key", () => {
     const key = await client.createKey({ name: "x" });
     const refused = await refusal(client.rollKey({ keyId: key.key!.id, oldKeyExpiresInSeconds: seconds }));
     expect([refused.reason, refused.field]).toEqual(["INVALID_ARGUMENT", "old_key_expires_in_seconds"]);
+  });
+});
+
+describe("key changes in the activity list", () => {
+  /** The key as the activity list names it: the first characters the page shows, the last 4, the name. */
+  const labelOf = async (keyId: string) => {
+    const key = await database.db("api_keys").where({ id: keyId }).first("display_prefix", "last4", "name");
+    return `${key.display_prefix}…${key.last4} (${key.name})`;
+  };
+
+  it("each change of a key's limits and each roll names who did it and what changed; a save that changes nothing is not listed", async () => {
+    const first = await signedIn();
+    const second = uniqueEmail("keys");
+    const { token } = await inviteMember(database.db, first.accountId, second, service.clock.now(), "admin");
+    const other = accountClient(service.url);
+    await other.client.acceptInvite({ inviteToken: token, password: "correct horse battery" });
+
+    const created = await first.client.createKey({ name: "ci", limits: { scopes: ["decisions"] } });
+    const label = await labelOf(created.key!.id);
+    const expiresAt = new Date(Date.UTC(2030, 0, 1));
+    await other.client.updateKey({
+      keyId: created.key!.id,
+      limits: { scopes: ["decisions"], budgetCredits: 0.5, budgetPeriod: "week", requestsPerMinute: 30, expiresAt: timestampFromDate(expiresAt) },
+    });
+    await first.client.updateKey({ keyId: created.key!.id, limits: { scopes: ["decisions", "search"], budgetCredits: 0.5, budgetPeriod: "week", requestsPerMinute: 30, expiresAt: timestampFromDate(expiresAt) } });
+    // The same limits again: nothing changed, nothing listed.
+    await first.client.updateKey({ keyId: created.key!.id, limits: { budgetCredits: 0.5, budgetPeriod: "week", requestsPerMinute: 30, expiresAt: timestampFromDate(expiresAt) } });
+    const rolled = await other.client.rollKey({ keyId: created.key!.id, oldKeyExpiresInSeconds: 60 });
+    const stopsAt = new Date(service.clock.now().getTime() + 60_000).toISOString();
+
+    const events = (await first.client.listActivity({})).events.filter((e) => e.kind.startsWith("key_")).reverse();
+    expect(events.map((e) => [e.kind, e.actor, e.detail])).toEqual([
+      ["key_created", first.email, label],
+      [
+        "key_limits_changed",
+        second,
+        `${label}: expiry never → ${expiresAt.toISOString()}; budget none → 0.5 credits a week; rate limit the account's → 30 a minute`,
+      ],
+      ["key_limits_changed", first.email, `${label}: scopes decisions → decisions, search`],
+      ["key_rolled", second, `${await labelOf(rolled.key!.id)}, rolled from ${label} (which stops at ${stopsAt})`],
+    ]);
+    // Removing every limit lists each one lifted.
+    await first.client.updateKey({ keyId: rolled.key!.id, limits: {} });
+    const [lifted] = (await first.client.listActivity({})).events;
+    expect([lifted!.kind, lifted!.detail]).toEqual([
+      "key_limits_changed",
+      `${await labelOf(rolled.key!.id)}: expiry ${expiresAt.toISOString()} → never; budget 0.5 credits a week → none; rate limit 30 a minute → the account's`,
+    ]);
   });
 });
 

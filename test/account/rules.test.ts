@@ -1,11 +1,11 @@
 import { describe, expect, it } from "vitest";
-import { clearSessionCookie, readSessionToken, sessionCookieFor, setSessionCookie } from "../../src/account/cookie.js";
-import { isCrossSite, listeningOrigins } from "../../src/account/origin.js";
-import { kMember, memberOf } from "../../src/account/door.js";
+import { clearSessionCookie, readSessionToken, sessionCookieFor, setSessionCookie } from "../../src/account-area/cookie.js";
+import { isCrossSite, listeningOrigins } from "../../src/account-area/origin.js";
+import { kMember, memberOf } from "../../src/account-area/door.js";
 import { createHandlerContext } from "@connectrpc/connect";
 import { AccountService } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
-import { csvField } from "../../src/account/usage-csv.js";
-import { callCursor, decodePageToken, encodePageToken, pageSize, usageFilter } from "../../src/account/usage-query.js";
+import { csvField } from "../../src/account-area/usage-csv.js";
+import { callCursor, decodePageToken, encodePageToken, pageSize, usageFilter } from "../../src/account-area/usage-query.js";
 import { emailProblem, normalizeEmail } from "../../src/accounts/members.js";
 import { createDummyHash, hashPassword, passwordProblem, SCRYPT_PARAMS, verifyPassword } from "../../src/accounts/passwords.js";
 import { generateToken, hashToken, isWellFormedToken } from "../../src/accounts/secret-tokens.js";

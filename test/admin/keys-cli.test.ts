@@ -51,6 +51,14 @@ describe("keys with limits from the CLI", () => {
     expect(rolled).toMatchObject({ requests_per_minute: 5, old_key: { key_id: key.key_id } });
     expect((await admitWith(key.api_key, "search")).outcome).toBe("key_expired");
     expect((await admitWith(rolled.api_key, "search")).outcome).toBe("admitted");
+    // The operator's change and roll are in the account's activity, as the operator's.
+    const activity = await database.db("account_activity").where({ account_id: accountId }).orderBy("id").select("kind", "actor", "detail");
+    expect(activity.map((a) => [a.kind, a.actor])).toEqual([
+      ["key_created", "operator"],
+      ["key_limits_changed", "operator"],
+      ["key_rolled", "operator"],
+    ]);
+    expect(activity[1]!.detail).toContain(`scopes search → decisions, search; budget 0.5 credits a week → none; rate limit 20 a minute → 5 a minute`);
   });
 
   it.each([

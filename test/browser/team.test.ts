@@ -2,16 +2,20 @@ import { generate } from "otplib";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { bundleAccountPage } from "../../src/web/bundle-account-page.mjs";
-import { startTestApp, type TestApp } from "../support/app.js";
+import { postJson, startTestApp, type TestApp } from "../support/app.js";
 import { launchChromium, seriousAxeFindings } from "../support/browser.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
+import { startFakeSearch, type FakeSearch } from "../support/fake-search/providers.js";
 import { runAdmin } from "../support/process.js";
 
 /**
  * An owner runs their team from the page, in Debian's chromium: invites a
  * member (the link shown once), the member accepts, sets up two-factor
  * sign-in (the test computes the codes from the key the page shows, as an
- * authenticator app would), signs in with a code, and the owner removes them.
+ * authenticator app would), signs in with a code, and makes a key with a
+ * budget and the decisions scope only, which the API holds to both; the owner
+ * removes them, and the key stops with them.
  */
 const OWNER = "grace@example.com";
 const MEMBER = "alan@example.com";
@@ -19,6 +23,8 @@ const PASSWORD = "correct horse battery staple";
 
 let database: TestDatabase;
 let service: TestApp;
+let fakeLlm: FakeLlm;
+let fakeSearch: FakeSearch;
 let browser: Browser;
 const contexts: BrowserContext[] = [];
 const policyViolations: string[] = [];
@@ -26,13 +32,17 @@ const policyViolations: string[] = [];
 beforeAll(async () => {
   bundleAccountPage();
   database = await createTestDatabase();
-  service = await startTestApp(database);
+  fakeLlm = await startFakeLlm();
+  fakeSearch = await startFakeSearch({ ids: ["hackernews"] });
+  service = await startTestApp(database, { ...fakeSearch.env, TYPESAFE_LLM_BASE_URL: `${fakeLlm.url}/v1` });
   browser = await launchChromium();
 });
 afterAll(async () => {
   for (const context of contexts) await context.close();
   await browser?.close();
   await service?.stop();
+  await fakeLlm?.close();
+  await fakeSearch?.close();
   await database?.close();
 });
 
@@ -74,11 +84,15 @@ function totp(secret: string, stepsAhead = 0): Promise<string> {
   return generate({ secret, epoch: Math.floor(Date.now() / 1000) + 30 * stepsAhead });
 }
 
+const decision = { model: "typesafe/service-1.13", state: "a ticket", questions: { urgent: { type: "noul", instructions: "Is it urgent?" } } };
+const refusal = (answer: { status: number; body: { data: Record<string, unknown> } }) => [answer.status, answer.body.data["reason"]];
+
 describe("an owner runs their team from the page", () => {
   let owner: Page;
   let member: Page;
   let inviteLink = "";
   let secret = "";
+  let apiKey = "";
 
   it("the operator's CLI makes the account and invites its first member, who becomes its owner", async () => {
     const env = { DATABASE_URL: database.url };
@@ -157,6 +171,37 @@ describe("an owner runs their team from the page", () => {
     expect(await member.locator("#who-email").innerText()).toBe(MEMBER);
   });
 
+  it("the member creates a key from the page with a daily budget and the decisions scope only; the secret is shown once", async () => {
+    await member.getByRole("link", { name: "API keys" }).click();
+    await viewReady(member, "keys");
+    await member.getByLabel("Name (optional)").fill("alan-ci");
+    await member.locator("#create-limits-details summary").click();
+    await member.locator("#create-limits").getByLabel("Search", { exact: true }).uncheck();
+    await member.locator("#create-limits").getByLabel("Budget (credits)").fill("0.032");
+    await member.locator("#create-period").selectOption("day");
+    await member.getByRole("button", { name: "Create key" }).click();
+    await member.locator("#new-key:not([hidden])").waitFor();
+    apiKey = await member.locator("#new-key-secret").innerText();
+    expect(apiKey).toMatch(/^ts_live_[0-9A-Za-z]{49}$/);
+    const row = member.locator("#keys-table tbody tr", { hasText: "alan-ci" });
+    await row.getByText("decisions only · 0.032 credits a day").waitFor();
+    expect(await seriousAxeFindings(member)).toEqual([]);
+    await member.getByRole("button", { name: "I have stored it, hide it" }).click();
+    expect(await member.content()).not.toContain(apiKey.slice(8));
+  });
+
+  it("the API holds the key to its limits: one decision fits the budget, the next is 402 KEY_BUDGET_EXCEEDED, a search is 403 KEY_SCOPE_DENIED", async () => {
+    const first = await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey });
+    expect(first.status).toBe(200);
+    // The first call was charged: what is left no longer covers a one-question decision's hold (0.032).
+    expect(refusal(await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey }))).toEqual([402, "KEY_BUDGET_EXCEEDED"]);
+    expect(refusal(await postJson(`${service.url}/api/v1/search`, { q: "postgres vacuum", s: ["hackernews"] }, { apiKey }))).toEqual([403, "KEY_SCOPE_DENIED"]);
+    expect(fakeSearch.requests()).toEqual([]);
+    await member.reload();
+    await viewReady(member, "keys");
+    expect(await member.locator("#keys-table tbody tr", { hasText: "alan-ci" }).innerText()).toMatch(/0\.0\d+ spent/);
+  });
+
   it("the owner removes the member after a confirmation; the member's next call finds the session gone", async () => {
     await owner.getByRole("link", { name: "Overview" }).click();
     await owner.getByRole("link", { name: "Team" }).click();
@@ -168,10 +213,18 @@ describe("an owner runs their team from the page", () => {
     await owner.getByRole("button", { name: "Remove member" }).click();
     await owner.locator("#members-table tbody tr", { hasText: MEMBER }).waitFor({ state: "detached" });
 
-    await member.getByRole("link", { name: "API keys" }).click();
+    await member.getByRole("link", { name: "Overview" }).click();
     await member.locator("#view-sign-in:not([hidden])").waitFor();
     const activity = await database.db("account_activity").orderBy("id").select("kind", "actor");
-    expect(activity.slice(-1)).toEqual([{ kind: "member_removed", actor: OWNER }]);
+    expect(activity.slice(-2)).toEqual([
+      { kind: "member_removed", actor: OWNER },
+      { kind: "key_revoked", actor: OWNER },
+    ]);
+  });
+
+  it("the removal revoked the member's key: it answers 401", async () => {
+    expect(apiKey).toMatch(/^ts_live_/);
+    expect(refusal(await postJson(`${service.url}/api/v1/decisions`, decision, { apiKey }))).toEqual([401, "UNAUTHENTICATED"]);
   });
 
   it("ran under the page's own Content-Security-Policy without a refusal", () => {

@@ -153,7 +153,9 @@ async function post(url: string, apiKey: string, body: string, idempotencyKey: s
  * agrees with the crossed state; depleted and its end alternate likewise;
  * every event was delivered, each delivery reached the receiver verified, no
  * webhook-id arrived that no event has, and each endpoint first heard its
- * events in the order they were recorded. Returns the number of events.
+ * events in the order they were recorded; each budgeted key short of a
+ * call's reservation was told so once, and no other key. Returns the number
+ * of events.
  */
 async function checkEvents(
   db: ReturnType<typeof createKnex>,
@@ -189,6 +191,13 @@ async function checkEvents(
     if ([...crossed].sort().join() !== [...onRow].sort().join() || depleted !== row.alert_depleted) {
       violations.push(`${account.id}: events say crossed [${[...crossed]}] depleted ${depleted}, the row says [${[...onRow]}] ${row.alert_depleted}`);
     }
+  }
+  // Budgets here are totals, never raised: a key short of a call's reservation was told once, and a key that is not, never.
+  const keys = await db("api_keys").whereIn("account_id", accounts.map((a) => a.id)).whereNotNull("budget_units").select("id", "budget_units", "budget_spent");
+  for (const key of keys) {
+    const told = events.filter((e) => e.type === "key.budget_reached" && e.data.key_id === key.id).length;
+    const short = Number(key.budget_units) - Number(key.budget_spent) < DECISION_RESERVE_UNITS_PER_QUESTION;
+    if (told !== (short ? 1 : 0)) violations.push(`key ${key.id}: ${told} key.budget_reached events, its budget is ${short ? "" : "not "}short of a call`);
   }
   const undelivered = await db("webhook_deliveries").whereIn("event_id", events.map((e) => e.id)).whereNot({ state: "delivered" }).pluck("id");
   for (const id of undelivered) violations.push(`delivery ${id} was not delivered`);

@@ -2,6 +2,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { SETTING_MEANINGS } from "../../src/config.js";
+import { AccountService } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
 import { renderErrorTable } from "./error-table.js";
 import { pagesWithRegions, regenerate, settingsRead } from "./generated.js";
 
@@ -50,9 +51,10 @@ describe("README.md", () => {
 });
 
 describe("the tables made from the code (npm run docs:generate)", () => {
-  it("the settings, metrics and errors tables are there", () => {
-    expect(pagesWithRegions()).toEqual(expect.arrayContaining(["README.md", "docs/operating.md", "docs/decisions.md"]));
+  it("the settings, metrics, errors and search sources tables are there", () => {
+    expect(pagesWithRegions()).toEqual(expect.arrayContaining(["README.md", "docs/operating.md", "docs/decisions.md", "docs/search.md"]));
     expect(read("docs/operating.md")).toMatch(/<!-- generated: settings [^\n]*-->[\s\S]*<!-- generated: metrics -->/);
+    expect(read("docs/search.md")).toMatch(/<!-- generated: sources -->[\s\S]*<!-- generated: settings only=TYPESAFE_SEARCH_ -->/);
   });
 
   it.each(pagesWithRegions())("%s: every generated region is fresh (else run npm run docs:generate)", async (page) => {
@@ -63,6 +65,14 @@ describe("the tables made from the code (npm run docs:generate)", () => {
     const read = settingsRead().map((s) => s.name);
     expect(read.filter((name) => !(name in SETTING_MEANINGS))).toEqual([]);
     expect(Object.keys(SETTING_MEANINGS).filter((name) => !read.includes(name))).toEqual([]);
+  });
+});
+
+describe("docs/account-area.md", () => {
+  it("its table of the API names every RPC of the AccountService", () => {
+    const section = read("docs/account-area.md").split("## The API behind it")[1]!.split("\n## ")[0]!;
+    const table = section.split("\n").filter((line) => line.startsWith("| `")).join("\n");
+    expect(AccountService.methods.map((m) => m.name).filter((name) => !table.includes(`\`${name}\``))).toEqual([]);
   });
 });
 

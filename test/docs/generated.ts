@@ -5,13 +5,15 @@ import knex from "knex";
 import { loadConfig, SETTING_MEANINGS, type SettingRead } from "../../src/config.js";
 import type { Meter } from "../../src/metering/meter.js";
 import { createMetrics } from "../../src/metrics.js";
+import { parseSourceCatalog, type RateLimit } from "../../src/search/source-config.js";
 import { renderErrorTable } from "./error-table.js";
 
 /**
  * The regions of README.md and docs/ that are made from the code, between
  * `<!-- generated: KIND [only=PREFIX,…] [except=PREFIX,…] -->` and
  * `<!-- end generated -->`. KIND is errors (src/errors.ts), settings
- * (src/config.ts) or metrics (src/metrics.ts). `npm run docs:generate`
+ * (src/config.ts), metrics (src/metrics.ts) or sources (the search sources'
+ * defaults, src/search/source-config.ts). `npm run docs:generate`
  * rewrites them in place; test/docs/docs.test.ts fails while one is stale.
  * Everything outside the markers is written by hand, so a merge that adds a
  * setting only needs the command run again.
@@ -36,7 +38,7 @@ function rangeOf(setting: SettingRead): string {
 function renderSettings(filter: Filter): string {
   const rows = settingsRead()
     .filter((s) => filter(s.name))
-    .map((s) => `| \`${s.name}\` | ${s.default === undefined ? "none" : `\`${s.default}\``} | ${rangeOf(s)} | ${SETTING_MEANINGS[s.name] ?? "**no meaning in SETTING_MEANINGS**"} |`);
+    .map((s) => `| \`${s.name}\` | ${s.defaultText ?? (s.default === undefined ? "none" : `\`${s.default}\``)} | ${rangeOf(s)} | ${SETTING_MEANINGS[s.name] ?? "**no meaning in SETTING_MEANINGS**"} |`);
   return ["| variable | default | range | meaning |", "|---|---|---|---|", ...rows].join("\n");
 }
 
@@ -65,6 +67,32 @@ async function renderMetrics(filter: Filter): Promise<string> {
   return ["| metric | type | labels | meaning |", "|---|---|---|---|", ...rows, "| `process_*`, `nodejs_*` | | | prom-client's default process metrics |"].join("\n");
 }
 
+const SPANS: [ms: number, unit: string][] = [[86_400_000, "day"], [3_600_000, "h"], [60_000, "min"], [1000, "s"]];
+
+/** A budget as people say it: `20/s`, `300/day`, `1 per 3 s`. */
+function budgetOf({ count, intervalMs }: RateLimit): string {
+  const [ms, unit] = SPANS.find(([ms]) => intervalMs % ms === 0) ?? [1, "ms"];
+  const n = intervalMs / ms;
+  return n === 1 ? `${count}/${unit}` : `${count} per ${n} ${unit}`;
+}
+
+/**
+ * The search sources with their defaults, as the catalog parses them with no
+ * variable set; a key is optional where setting one changes the budget.
+ */
+function renderSources(): string {
+  const bare = parseSourceCatalog({}).entries;
+  const keyed = parseSourceCatalog(Object.fromEntries(bare.map((e) => [`TYPESAFE_SEARCH_${e.id.toUpperCase()}_KEY`, "k"]))).entries;
+  const rows = bare.map((e, i) => {
+    const withKey = keyed[i]!;
+    const optional = withKey.rate.count !== e.rate.count || withKey.rate.intervalMs !== e.rate.intervalMs;
+    const key = !e.configured ? "required" : optional ? "optional" : "–";
+    const budget = budgetOf(e.rate) + (optional ? ` (${budgetOf(withKey.rate)} with a key)` : "");
+    return `| ${e.id} | ${e.kind} | ${key} | ${e.supportsTimeWindow ? "yes" : "no (`skipped`)"} | ${e.isDefault ? "yes" : "no"} | ${e.priceUnits / 1_000_000} | ${budget} | ${e.rate.concurrency} | ${e.timeoutMs / 1000} s |`;
+  });
+  return ["| id | kind | key | `24h`/`7d`/`30d` | default | price (credits) | budget per process | in flight | timeout |", "|---|---|---|---|---|---|---|---|---|", ...rows].join("\n");
+}
+
 type Filter = (name: string) => boolean;
 
 function filterOf(options: string): Filter {
@@ -77,6 +105,7 @@ async function render(kind: string, options: string): Promise<string> {
   if (kind === "errors") return renderErrorTable();
   if (kind === "settings") return renderSettings(filterOf(options));
   if (kind === "metrics") return renderMetrics(filterOf(options));
+  if (kind === "sources") return renderSources();
   throw new Error(`unknown generated region "${kind}"`);
 }
 

@@ -2,7 +2,7 @@ import crypto from "node:crypto";
 import type { Knex } from "knex";
 import { beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
-import { admitMany, resolveMany, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
+import { admitMany, finishMany, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
 import { createTestAccount } from "../support/app.js";
 import { sessionsCanRace, useRacingDatabase } from "../support/database.js";
 import { assertInvariants } from "../support/invariants.js";
@@ -71,8 +71,8 @@ describe.runIf(sessionsCanRace)("batches that name the same accounts in opposite
     try {
       await relocker.raw("SELECT 1 FROM accounts WHERE id IN (?, ?) FOR UPDATE", [low!.accountId, high!.accountId]);
       // admitted[0] names low's request first, admitted[1] high's.
-      const lowFirst = resolveMany(db, admitted[0]!.map(settle), 20_000);
-      const highFirst = resolveMany(db, admitted[1]!.map(settle), 20_000);
+      const lowFirst = finishMany(db, admitted[0]!.map(settle), 20_000);
+      const highFirst = finishMany(db, admitted[1]!.map(settle), 20_000);
       await waitFor(async () => (await sessionsWaitingForALock()) >= 2, "both settles to wait for the accounts");
       await relocker.commit();
       const answers = (await Promise.all([lowFirst, highFirst])).flat();

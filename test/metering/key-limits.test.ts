@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hashApiKey } from "../../src/accounts/api-keys.js";
 import { NO_KEY_LIMITS, rollKey, setKeyLimits, type KeyLimits } from "../../src/accounts/key-limits.js";
 import { createApiKey } from "../../src/accounts/store.js";
-import { admit, resolve, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
+import { admit, finish, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
 import { decisionReserveUnits } from "../../src/metering/meter.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -54,7 +54,7 @@ describe("budget", () => {
     const refused = first.find((a) => a.outcome === "key_budget_exceeded");
     expect(refused).toMatchObject({ requiredUnits: RESERVE, budget: { budgetUnits: Math.floor(RESERVE * 2.5), period: "day", spentUnits: 0, heldUnits: 2 * RESERVE } });
     // Settled concurrently at the full hold: spent 2 × RESERVE, half a hold left.
-    await Promise.all(admitted.map((a) => resolve(database.db, { requestId: admittedId(a), success: true, actualUnits: RESERVE, now: at(1) })));
+    await Promise.all(admitted.map((a) => finish(database.db, { requestId: admittedId(a), success: true, actualUnits: RESERVE, now: at(1) })));
     expect(await k.key()).toMatchObject({ budget_spent: 2 * RESERVE });
     const second = await Promise.all(Array.from({ length: 5 }, () => k.call({ now: at(2) })));
     expect(second.map((a) => a.outcome)).toEqual(Array(5).fill("key_budget_exceeded"));
@@ -71,7 +71,7 @@ describe("budget", () => {
     for (let round = 0; round < 10; round++) {
       // Admissions read the key's spend while the previous round's settles write it.
       const settles = open.map((requestId, i) =>
-        resolve(database.db, { requestId, success: i % 3 !== 2, actualUnits: Math.floor(Math.random() * RESERVE * 1.5) }),
+        finish(database.db, { requestId, success: i % 3 !== 2, actualUnits: Math.floor(Math.random() * RESERVE * 1.5) }),
       );
       const [burst] = await Promise.all([Promise.all(Array.from({ length: 5 }, () => k.call({ now: undefined }))), Promise.all(settles)]);
       for (const refusal of burst.filter((a) => a.outcome === "key_budget_exceeded")) {
@@ -80,7 +80,7 @@ describe("budget", () => {
       }
       open = burst.filter((a) => a.outcome === "admitted").map(admittedId);
     }
-    await Promise.all(open.map((requestId) => resolve(database.db, { requestId, success: true, actualUnits: RESERVE })));
+    await Promise.all(open.map((requestId) => finish(database.db, { requestId, success: true, actualUnits: RESERVE })));
     const key = await k.key();
     expect(key.budget_spent).toBeLessThanOrEqual(budget);
     const settled = await database.db("requests").where({ key_id: k.keyId, status: "settled" }).sum({ charged: "charged" }).first();
@@ -93,7 +93,7 @@ describe("budget", () => {
     const before = admittedId(await k.call());
     expect((await k.call()).outcome).toBe("key_budget_exceeded");
     // Settled one minute later, past midnight: it counts to the new day, which it fills.
-    await resolve(database.db, { requestId: before, success: true, actualUnits: RESERVE, now: at(60_000) });
+    await finish(database.db, { requestId: before, success: true, actualUnits: RESERVE, now: at(60_000) });
     expect(await k.key()).toMatchObject({ budget_spent: RESERVE, budget_period_start: new Date("2031-03-06T00:00:00Z") });
     expect((await k.call({ now: at(61_000) })).outcome).toBe("key_budget_exceeded");
     expect((await k.call({ now: at(86_400_000 + 60_000) })).outcome).toBe("admitted");
@@ -106,7 +106,7 @@ describe("budget", () => {
       ["month", new Date("2031-04-01T00:00:00Z")],
     ] as const) {
       const k = await keyWith({ budget: { units: RESERVE, period } });
-      await resolve(database.db, { requestId: admittedId(await k.call()), success: true, now: at(1) });
+      await finish(database.db, { requestId: admittedId(await k.call()), success: true, now: at(1) });
       expect((await k.call({ now: new Date(next.getTime() - 1) })).outcome).toBe("key_budget_exceeded");
       expect((await k.call({ now: next })).outcome).toBe("admitted");
       await k.check();
@@ -119,7 +119,7 @@ describe("budget", () => {
     expect(free).toMatchObject({ outcome: "admitted", funding: "free" });
     const paid = admittedId(await k.call());
     expect((await k.call()).outcome).toBe("key_budget_exceeded");
-    await resolve(database.db, { requestId: paid, success: false, now: at(1) });
+    await finish(database.db, { requestId: paid, success: false, now: at(1) });
     const again = admittedId(await k.call({ now: at(2), leaseMs: 1_000 }));
     expect((await k.call({ now: at(3) })).outcome).toBe("key_budget_exceeded");
     // The hold's lease passes: the sweep (which knows nothing of keys) gives it back.
@@ -132,15 +132,15 @@ describe("budget", () => {
   it("a settle whose reply was lost and is sent again charges the key once", async () => {
     const k = await keyWith({ budget: { units: 3 * RESERVE, period: "total" } });
     const id = admittedId(await k.call());
-    await resolve(database.db, { requestId: id, success: true, actualUnits: RESERVE, now: at(1) });
-    expect((await resolve(database.db, { requestId: id, success: true, actualUnits: RESERVE, now: at(2) })).outcome).toBe("not_active");
+    await finish(database.db, { requestId: id, success: true, actualUnits: RESERVE, now: at(1) });
+    expect((await finish(database.db, { requestId: id, success: true, actualUnits: RESERVE, now: at(2) })).outcome).toBe("not_active");
     expect(await k.key()).toMatchObject({ budget_spent: RESERVE });
     await k.check();
   });
 
   it("a budget set later counts the period's earlier charges", async () => {
     const k = await keyWith({});
-    await resolve(database.db, { requestId: admittedId(await k.call({ now: new Date() })), success: true, actualUnits: 5_000 });
+    await finish(database.db, { requestId: admittedId(await k.call({ now: new Date() })), success: true, actualUnits: 5_000 });
     await database.db.transaction((tx) => setKeyLimits(tx, k.accountId, k.keyId, { ...NO_KEY_LIMITS, budget: { units: 6_000, period: "month" } }));
     expect(await k.key()).toMatchObject({ budget_spent: 5_000 });
     expect((await k.call({ now: new Date(), reserveUnits: 1_001 })).outcome).toBe("key_budget_exceeded");
@@ -181,7 +181,7 @@ describe("expiry, scopes and rate", () => {
     expect(burst.filter((a) => a.outcome === "admitted")).toHaveLength(3);
     const refused = burst.find((a) => a.outcome === "key_rate_limited") as Extract<Admission, { outcome: "key_rate_limited" }>;
     expect(refused).toMatchObject({ rateLimit: 3, rateRemaining: 0, retryAfterMs: 60_000 });
-    for (const a of burst.filter((b) => b.outcome === "admitted")) await resolve(database.db, { requestId: admittedId(a), success: true, now: at(1) });
+    for (const a of burst.filter((b) => b.outcome === "admitted")) await finish(database.db, { requestId: admittedId(a), success: true, now: at(1) });
     const other = await createApiKey(database.db, k.accountId);
     expect((await admit(database.db, { keyHash: hashApiKey(other.apiKey), endpoint: "decide", reserveUnits: 1, freeAllowed: false, leaseMs: 90_000, now: at(2) })).outcome).toBe("admitted");
     expect((await k.call({ now: at(59_999), reserveUnits: 1 })).outcome).toBe("key_rate_limited");
@@ -197,7 +197,7 @@ describe("expiry, scopes and rate", () => {
 describe("roll", () => {
   it("the new key has the same limits and carries the period's spend; the old one stops at the chosen time", async () => {
     const k = await keyWith({ budget: { units: 2 * RESERVE, period: "total" }, scopes: ["decisions"], rateLimit: 10 });
-    await resolve(database.db, { requestId: admittedId(await k.call({ now: new Date() })), success: true, actualUnits: RESERVE });
+    await finish(database.db, { requestId: admittedId(await k.call({ now: new Date() })), success: true, actualUnits: RESERVE });
     const now = new Date();
     const rolled = await database.db.transaction((tx) => rollKey(tx, k.accountId, k.keyId, { graceSeconds: 3600, now, createdBy: "owner@example.com" }));
     expect(rolled!.oldKey.expires_at).toEqual(new Date(now.getTime() + 3_600_000));

@@ -12,8 +12,8 @@ import {
   grant,
   isPGlite,
   prepareStatementsOn,
-  resolve,
-  resolveMany,
+  finish,
+  finishMany,
   sweep,
   type Admission,
   type AdmitInput,
@@ -98,7 +98,7 @@ describe("funding order (A2)", () => {
       const admission = await a.call({ now: at(i * 1000) });
       if (admission.outcome !== "admitted") return outcomes.push(admission.outcome);
       outcomes.push(admission.funding);
-      const resolution = await resolve(database.db, { requestId: admission.requestId, success, actualUnits: 10_000, now: at(i * 1000 + 10) });
+      const resolution = await finish(database.db, { requestId: admission.requestId, success, actualUnits: 10_000, now: at(i * 1000 + 10) });
       expect(resolution.outcome).toBe(success ? "settled" : "released");
     };
     await attempt(false, 0);
@@ -122,7 +122,7 @@ describe("funding order (A2)", () => {
   it("an actual cost above the reservation is charged at the reservation (A8)", async () => {
     const a = await account({ units: 100_000 });
     const hold = admitted(await a.call({ freeAllowed: false }));
-    const settled = await resolve(database.db, { requestId: hold.requestId, success: true, actualUnits: 50_000, now: at(5) });
+    const settled = await finish(database.db, { requestId: hold.requestId, success: true, actualUnits: 50_000, now: at(5) });
     expect(settled).toMatchObject({ outcome: "settled", chargedUnits: 32_000, capped: true, balanceUnits: 68_000 });
     await a.check();
   });
@@ -130,9 +130,9 @@ describe("funding order (A2)", () => {
   it("resolves at most once: a second settle or release changes nothing", async () => {
     const a = await account({ units: 100_000 });
     const hold = admitted(await a.call({ freeAllowed: false }));
-    await resolve(database.db, { requestId: hold.requestId, success: true, actualUnits: 1_000, now: at(5) });
-    const again = await resolve(database.db, { requestId: hold.requestId, success: true, actualUnits: 9_000, now: at(6) });
-    const release = await resolve(database.db, { requestId: hold.requestId, success: false, now: at(7) });
+    await finish(database.db, { requestId: hold.requestId, success: true, actualUnits: 1_000, now: at(5) });
+    const again = await finish(database.db, { requestId: hold.requestId, success: true, actualUnits: 9_000, now: at(6) });
+    const release = await finish(database.db, { requestId: hold.requestId, success: false, now: at(7) });
     expect([again.outcome, release.outcome]).toEqual(["not_active", "not_active"]);
     expect(await a.row()).toMatchObject({ balance: 99_000, reserved: 0, in_flight: 0 });
     await a.check();
@@ -142,19 +142,19 @@ describe("funding order (A2)", () => {
     const a = await account({ units: 100_000, freeRequests: 2 });
     const first = admitted(await a.call({ freeAllowed: false }));
     const free = admitted(await a.call({ now: at(1) }));
-    const settled = await resolve(database.db, { requestId: first.requestId, success: true, actualUnits: 1_000, now: at(5) });
+    const settled = await finish(database.db, { requestId: first.requestId, success: true, actualUnits: 1_000, now: at(5) });
     const left = { balanceUnits: 99_000, availableUnits: 99_000, freeRemaining: 2, freeAvailable: 1 };
     expect(settled).toMatchObject({ outcome: "settled", ...left });
 
     // Later entries of the account: a paid call settles, the free call settles, a grant, a call holding credits.
     const later = admitted(await a.call({ freeAllowed: false, now: at(6) }));
-    await resolve(database.db, { requestId: later.requestId, success: true, actualUnits: 4_000, now: at(7) });
-    await resolve(database.db, { requestId: free.requestId, success: true, now: at(8) });
+    await finish(database.db, { requestId: later.requestId, success: true, actualUnits: 4_000, now: at(7) });
+    await finish(database.db, { requestId: free.requestId, success: true, now: at(8) });
     await grant(database.db, { accountId: a.accountId, units: 10_000, freeRequests: 0, now: at(8) });
     const holding = admitted(await a.call({ freeAllowed: false, now: at(9) }));
 
     for (const success of [true, false]) {
-      expect(await resolve(database.db, { requestId: first.requestId, success, actualUnits: 1_000, now: at(10) })).toMatchObject({
+      expect(await finish(database.db, { requestId: first.requestId, success, actualUnits: 1_000, now: at(10) })).toMatchObject({
         outcome: "not_active",
         status: "settled",
         chargedUnits: 1_000,
@@ -164,12 +164,12 @@ describe("funding order (A2)", () => {
     expect(await a.row()).toMatchObject({ balance: 105_000, reserved: 32_000, free_remaining: 1, free_reserved: 0 });
 
     // A release asked again reports the account as the release left it.
-    const released = await resolve(database.db, { requestId: holding.requestId, success: false, now: at(11) });
+    const released = await finish(database.db, { requestId: holding.requestId, success: false, now: at(11) });
     const afterRelease = { balanceUnits: 105_000, availableUnits: 105_000, freeRemaining: 1, freeAvailable: 1 };
     expect(released).toMatchObject({ outcome: "released", ...afterRelease });
     const paid = admitted(await a.call({ freeAllowed: false, now: at(12) }));
-    await resolve(database.db, { requestId: paid.requestId, success: true, actualUnits: 500, now: at(13) });
-    expect(await resolve(database.db, { requestId: holding.requestId, success: false, now: at(14) })).toMatchObject({
+    await finish(database.db, { requestId: paid.requestId, success: true, actualUnits: 500, now: at(13) });
+    expect(await finish(database.db, { requestId: holding.requestId, success: false, now: at(14) })).toMatchObject({
       outcome: "not_active",
       status: "released",
       ...afterRelease,
@@ -183,7 +183,7 @@ describe("rolling-minute rate limit (A3)", () => {
     const a = await account({ units: 100 * 32_000 });
     for (let i = 0; i < 60; i++) {
       const hold = admitted(await a.call({ freeAllowed: false, now: at(i * 100) }));
-      await resolve(database.db, { requestId: hold.requestId, success: true, actualUnits: 1, now: at(i * 100 + 1) });
+      await finish(database.db, { requestId: hold.requestId, success: true, actualUnits: 1, now: at(i * 100 + 1) });
     }
     // The oldest admission (T0) leaves the window at T0 + 60 s.
     const refused = await a.call({ freeAllowed: false, now: at(59_900) });
@@ -192,7 +192,7 @@ describe("rolling-minute rate limit (A3)", () => {
     // The window is the 60 s before now, open at its start: T0 is out of it at T0 + 60 s.
     const after = admitted(await a.call({ freeAllowed: false, now: at(60_000) }));
     expect(after.rateRemaining).toBe(0);
-    await resolve(database.db, { requestId: after.requestId, success: false, now: at(60_002) });
+    await finish(database.db, { requestId: after.requestId, success: false, now: at(60_002) });
     // The next slot frees when the second admission (T0 + 100 ms) leaves.
     expect(await a.call({ freeAllowed: false, now: at(60_050) })).toMatchObject({ outcome: "rate_limited", retryAfterMs: 50 });
     expect((await a.row()).balance).toBe(100 * 32_000 - 60);
@@ -209,7 +209,7 @@ describe("concurrency limit (A4)", () => {
     expect(sixth).toMatchObject({ outcome: "concurrency_limited", inFlight: 5, maxInFlight: 5, rateRemaining: 55 });
     expect((await a.row()).recent).toHaveLength(5);
 
-    await resolve(database.db, { requestId: holds[0]!.requestId, success: true, actualUnits: 100, now: at(20) });
+    await finish(database.db, { requestId: holds[0]!.requestId, success: true, actualUnits: 100, now: at(20) });
     admitted(await a.call({ freeAllowed: false, now: at(30) }));
     expect(await a.row()).toMatchObject({ in_flight: 5, recent: expect.any(Array) });
     expect((await a.row()).recent).toHaveLength(6);
@@ -228,7 +228,7 @@ describe("leases (A5)", () => {
 
     expect(await sweep(database.db, { now: at(LEASE_MS - 1) })).toBe(0);
     expect(await sweep(database.db, { now: at(LEASE_MS + 1) })).toBe(2);
-    const late = await resolve(database.db, { requestId: paid.requestId, success: true, actualUnits: 5_000, now: at(LEASE_MS + 2) });
+    const late = await finish(database.db, { requestId: paid.requestId, success: true, actualUnits: 5_000, now: at(LEASE_MS + 2) });
     expect(late).toMatchObject({ outcome: "not_active", status: "expired", chargedUnits: 0 });
     expect(await a.row()).toMatchObject({ balance: 100_000, reserved: 0, free_remaining: 1, free_reserved: 0, in_flight: 0 });
     await a.check();
@@ -253,9 +253,9 @@ describe("leases (A5)", () => {
     const next = admitted(await a.call({ freeAllowed: false, now: at(start + LEASE_MS) }));
     expect(next).toMatchObject({ inFlight: 1, availableUnits: 0 });
 
-    const late = await resolve(database.db, { requestId: next.requestId, success: true, actualUnits: 1, now: at(start + 2 * LEASE_MS) });
+    const late = await finish(database.db, { requestId: next.requestId, success: true, actualUnits: 1, now: at(start + 2 * LEASE_MS) });
     expect(late).toMatchObject({ outcome: "not_active", status: "expired", chargedUnits: 0 });
-    expect((await resolve(database.db, { requestId: hold.requestId, success: true, now: at(start + 2 * LEASE_MS) })).outcome).toBe("not_active");
+    expect((await finish(database.db, { requestId: hold.requestId, success: true, now: at(start + 2 * LEASE_MS) })).outcome).toBe("not_active");
     expect(await a.row()).toMatchObject({ balance: reserve, reserved: 0, in_flight: 0 });
     await a.check();
   });
@@ -273,7 +273,7 @@ describe("idempotency keys (A6)", () => {
     expect(mismatch).toMatchObject({ outcome: "idempotency_mismatch", requestId: first.requestId });
     expect(mismatch).not.toHaveProperty("response");
 
-    await resolve(database.db, { requestId: first.requestId, success: true, actualUnits: 7_000, response: { answer: 42 }, now: at(3) });
+    await finish(database.db, { requestId: first.requestId, success: true, actualUnits: 7_000, response: { answer: 42 }, now: at(3) });
     const replay = await a.call({ ...key, now: at(4) });
     expect(replay).toMatchObject({ outcome: "replay", requestId: first.requestId, chargedUnits: 7_000, response: { answer: 42 } });
     expect((await a.call({ ...key, requestHash: hash("body-2"), now: at(5) })).outcome).toBe("idempotency_mismatch");
@@ -287,10 +287,10 @@ describe("idempotency keys (A6)", () => {
     const a = await account({ units: 100_000 });
     const key = { idempotencyKey: "retry-me", requestHash: hash("body"), freeAllowed: false };
     const failed = admitted(await a.call({ ...key, now: at(0) }));
-    await resolve(database.db, { requestId: failed.requestId, success: false, now: at(1) });
+    await finish(database.db, { requestId: failed.requestId, success: false, now: at(1) });
     const retried = admitted(await a.call({ ...key, now: at(2) }));
     expect(retried.requestId).not.toBe(failed.requestId);
-    await resolve(database.db, { requestId: retried.requestId, success: true, actualUnits: 1_000, response: {}, now: at(3) });
+    await finish(database.db, { requestId: retried.requestId, success: true, actualUnits: 1_000, response: {}, now: at(3) });
 
     const dayLater = 24 * 3600 * 1000 + 10;
     expect((await a.call({ ...key, now: at(dayLater - 20) })).outcome).toBe("replay");
@@ -324,19 +324,19 @@ describe("keys (A7)", () => {
 describe("answers of the ledger functions that callers branch on", () => {
   it("resolving a request id nobody admitted is not_found, and changes nothing", async () => {
     const requestId = crypto.randomUUID();
-    expect(await resolve(database.db, { requestId, success: true, actualUnits: 1, now: at(1) })).toEqual({ outcome: "not_found", requestId });
-    expect(await resolve(database.db, { requestId, success: false, now: at(2) })).toEqual({ outcome: "not_found", requestId });
+    expect(await finish(database.db, { requestId, success: true, actualUnits: 1, now: at(1) })).toEqual({ outcome: "not_found", requestId });
+    expect(await finish(database.db, { requestId, success: false, now: at(2) })).toEqual({ outcome: "not_found", requestId });
   });
 
   it("capped only for a paid settle above the reservation: never a release, never a free call", async () => {
     const a = await account({ units: 100_000, freeRequests: 1 });
     const free = admitted(await a.call({ now: at(0) }));
     expect(free.funding).toBe("free");
-    expect(await resolve(database.db, { requestId: free.requestId, success: true, actualUnits: 50_000, now: at(1) })).toMatchObject({ outcome: "settled", capped: false, chargedUnits: 0 });
+    expect(await finish(database.db, { requestId: free.requestId, success: true, actualUnits: 50_000, now: at(1) })).toMatchObject({ outcome: "settled", capped: false, chargedUnits: 0 });
     const released = admitted(await a.call({ freeAllowed: false, now: at(2) }));
-    expect(await resolve(database.db, { requestId: released.requestId, success: false, now: at(3) })).toMatchObject({ outcome: "released", capped: false });
+    expect(await finish(database.db, { requestId: released.requestId, success: false, now: at(3) })).toMatchObject({ outcome: "released", capped: false });
     const exact = admitted(await a.call({ freeAllowed: false, now: at(4) }));
-    expect(await resolve(database.db, { requestId: exact.requestId, success: true, actualUnits: 32_000, now: at(5) })).toMatchObject({ capped: false, chargedUnits: 32_000 });
+    expect(await finish(database.db, { requestId: exact.requestId, success: true, actualUnits: 32_000, now: at(5) })).toMatchObject({ capped: false, chargedUnits: 32_000 });
     await a.check();
   });
 
@@ -403,7 +403,7 @@ describe("named statements", () => {
     expect(isPGlite(version)).toBe(pglite);
   });
 
-  it("on PostgreSQL admit and resolve are prepared once per connection; on the embedded store (one shared session) never", async () => {
+  it("on PostgreSQL admit and finish are prepared once per connection; on the embedded store (one shared session) never", async () => {
     const oneConnection = createKnex(database.url, 1);
     try {
       await prepareStatementsOn(oneConnection);
@@ -411,7 +411,7 @@ describe("named statements", () => {
       for (let i = 0; i < 2; i++) {
         const held = await admit(oneConnection, { keyHash: hashApiKey(apiKey), endpoint: "decide", reserveUnits: 1_000, freeAllowed: false, leaseMs: LEASE_MS });
         if (held.outcome !== "admitted") throw new Error(`not admitted: ${held.outcome}`);
-        expect(await resolve(oneConnection, { requestId: held.requestId, success: true, actualUnits: 10 })).toMatchObject({ outcome: "settled" });
+        expect(await finish(oneConnection, { requestId: held.requestId, success: true, actualUnits: 10 })).toMatchObject({ outcome: "settled" });
       }
       const { rows } = await oneConnection.raw<{ rows: Array<{ name: string }> }>("SELECT name FROM pg_prepared_statements ORDER BY name");
       expect(rows.map((r) => r.name)).toEqual(database.isExternal ? ["metering_admit_v2", "metering_resolve_v2"] : []);
@@ -421,7 +421,7 @@ describe("named statements", () => {
   });
 });
 
-describe("batches (admitMany, resolveMany)", () => {
+describe("batches (admitMany, finishMany)", () => {
   const input = (a: { apiKey: string }, extra: Partial<AdmitInput> = {}): AdmitInput => ({
     keyHash: hashApiKey(a.apiKey),
     endpoint: "decide",
@@ -451,7 +451,7 @@ describe("batches (admitMany, resolveMany)", () => {
     const a = await account({ units: 100_000 });
     const [first, second] = (await admitMany(database.db, [input(a), input(a)], undefined)).map(admitted);
     const unknown = crypto.randomUUID();
-    const answers = await resolveMany(
+    const answers = await finishMany(
       database.db,
       [
         { requestId: second!.requestId, success: false, now: at(2) },
@@ -477,8 +477,8 @@ describe("batches (admitMany, resolveMany)", () => {
     try {
       const [alone] = (await admitMany(database.db, [input(a)], undefined)).map(admitted);
       const together = (await admitMany(database.db, [input(a), input(a)], undefined)).map(admitted);
-      await resolveMany(database.db, [{ requestId: alone!.requestId, success: true, actualUnits: 1, now: at(1) }], undefined);
-      await resolveMany(database.db, together.map((hold) => ({ requestId: hold.requestId, success: false, now: at(1) })), undefined);
+      await finishMany(database.db, [{ requestId: alone!.requestId, success: true, actualUnits: 1, now: at(1) }], undefined);
+      await finishMany(database.db, together.map((hold) => ({ requestId: hold.requestId, success: false, now: at(1) })), undefined);
     } finally {
       database.db.off("query", onQuery);
     }

@@ -87,6 +87,28 @@ it("stop waits for the sweep in progress, and no sweep starts after it", async (
   await sweeper.stop();
 });
 
+it("stop aborts the signal of the run in progress, names the work in its log line, and a new start gets a fresh signal", async () => {
+  const signals: AbortSignal[] = [];
+  const running = deferred();
+  const sweepNow = vi.fn((signal: AbortSignal) => {
+    signals.push(signal);
+    return signals.length === 1 ? running.promise : Promise.reject(new Error("busy"));
+  });
+  const sweeper = createSweeper(sweepNow, interval, logger(), "usage roll-up");
+  sweeper.start();
+  await vi.advanceTimersByTimeAsync(interval);
+  expect(signals[0]!.aborted).toBe(false);
+  const stopping = sweeper.stop();
+  expect(signals[0]!.aborted).toBe(true);
+  running.resolve(0);
+  await stopping;
+  sweeper.start();
+  await vi.advanceTimersByTimeAsync(interval);
+  expect(signals[1]!.aborted).toBe(false);
+  expect(lines).toEqual([expect.objectContaining({ level: "warn", msg: "usage roll-up failed" })]);
+  await sweeper.stop();
+});
+
 it("does not keep the process alive", async () => {
   vi.useRealTimers();
   const before = process.getActiveResourcesInfo().filter((kind) => kind === "Timeout").length;

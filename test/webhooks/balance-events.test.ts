@@ -97,6 +97,47 @@ describe("balance events", () => {
     await assertInvariants(database.db, accountId);
   });
 
+  it("a release, a grant and a settle of nothing record nothing while holds keep the available balance under a threshold; the next spend records the low once", async () => {
+    const { accountId, apiKey } = await createTestAccount(database.db, { units: 200_000 });
+    await setAlertSettings(database.db, accountId, [150_000], FLOOR);
+    let admitted!: () => void;
+    let finish!: () => void;
+    const isAdmitted = new Promise<void>((resolve) => (admitted = resolve));
+    const finished = new Promise<void>((resolve) => (finish = resolve));
+    const holding = meter.run(meteredCall(apiKey, { reserveUnits: 100_000, freeAllowed: false }), async () => {
+      admitted();
+      await finished;
+      return { value: null, chargeUnits: 0 };
+    });
+    await isAdmitted; // available 100,000: under 150,000 by a hold, the balance untouched
+
+    await expect(
+      meter.run(meteredCall(apiKey, { reserveUnits: FLOOR, freeAllowed: false }), async () => {
+        throw new Error("upstream failed");
+      }),
+    ).rejects.toThrow("upstream failed");
+    await grant(database.db, accountId, 1, 0);
+    finish();
+    await holding; // settled, charging nothing
+    expect(await events(accountId)).toEqual([]);
+
+    await spend(apiKey, 60_000); // 140,001
+    await spend(apiKey, 1_000);
+    expect(await events(accountId)).toEqual([{ type: "balance.low", threshold_units: 150_000, balance_units: 140_001, available_units: 140_001 }]);
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("one statement that moves the balance and sets the alerts records each crossing once", async () => {
+    const { accountId } = await createTestAccount(database.db, { units: 200_000 });
+    // No code path does this; both of the row's alert triggers then run their function in turn.
+    await database.db("accounts").where({ id: accountId }).update({
+      balance: database.db.raw("balance - 60000"),
+      alert_thresholds: database.db.raw("'{150000}'::bigint[]"),
+      alert_floor: FLOOR,
+    });
+    expect(await events(accountId)).toEqual([{ type: "balance.low", threshold_units: 150_000, balance_units: 140_000, available_units: 140_000 }]);
+  });
+
   it("a transaction that rolls back leaves no event", async () => {
     const { accountId } = await createTestAccount(database.db, { units: 50_000 });
     await expect(

@@ -2,8 +2,11 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { grant } from "../../src/admin/account-funding.js";
 import { DECISION_RESERVE_UNITS_PER_QUESTION } from "../../src/metering/meter.js";
 import { sendTestEvent } from "../../src/webhooks/deliveries.js";
+import { NO_KEY_LIMITS, setKeyLimits } from "../../src/accounts/key-limits.js";
+import { createApiKey } from "../../src/accounts/store.js";
 import { addEndpoint } from "../../src/webhooks/endpoints.js";
 import { setAlertSettings } from "../../src/webhooks/events.js";
+import { recordExpiringKeys } from "../../src/webhooks/key-expiry.js";
 import { createTestAccount, postJson } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
@@ -15,7 +18,8 @@ import { startWebhookReceiver, type WebhookReceiver } from "../support/webhook-r
 /**
  * Two service processes on one database deliver the events of real calls
  * made through both: the receiver verifies every signature and sees exactly
- * low, depleted, recovered, in order, once each. Then kill -9 of the service
+ * low, depleted, recovered, in order, once each; both check for expiring
+ * keys, and each key is warned once. Then kill -9 of the service
  * while a delivery is in flight: the replicas started after it send the same
  * event again, with the same webhook-id, and nothing is recorded twice.
  * Leases are short here (1 s attempt timeout + 1 s margin).
@@ -38,6 +42,7 @@ const replicaEnv = () => ({
   TYPESAFE_WEBHOOK_POLL_MS: "50",
   TYPESAFE_WEBHOOK_TIMEOUT_MS: "1000",
   TYPESAFE_WEBHOOK_RETRY_DELAYS_MS: "100,100,100,100,100",
+  TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS: "20",
 });
 const startReplicas = () => Promise.all([startServiceProcess(replicaEnv()), startServiceProcess(replicaEnv())]);
 const running = (r: ServiceProcess) => r.child.exitCode === null && r.child.signalCode === null;
@@ -89,6 +94,26 @@ describe("webhooks with two replicas", () => {
     const events = await database.db("account_events").where({ account_id: accountId }).orderBy("id");
     expect(events.map((e) => e.type)).toEqual(["balance.low", "balance.depleted", "balance.recovered"]);
     await assertInvariants(database.db, accountId);
+  }, 60_000);
+
+  it("both replicas check for expiring keys every 20 ms: each key is warned once, one event and one delivery", async () => {
+    const { accountId } = await accountWithEndpoint(0);
+    const keyIds: string[] = [];
+    for (let i = 0; i < 10; i++) {
+      const { keyId } = await createApiKey(database.db, accountId, { name: `k${i}` });
+      const expiresAt = new Date(Date.now() + 3 * 86_400_000 + i * 1000);
+      await database.db.transaction((tx) => setKeyLimits(tx, accountId, keyId, { ...NO_KEY_LIMITS, expiresAt }));
+      keyIds.push(keyId);
+    }
+    await waitFor(() => receivedFor(accountId).length >= 10, "ten key.expiring deliveries", 30_000);
+    // Any check still running finds nothing left: every key is marked in the transaction of its event.
+    expect(await recordExpiringKeys(database.db, new Date())).toBe(0);
+    const events = await database.db("account_events").where({ account_id: accountId }).orderBy("id");
+    expect(events.map((e) => e.type)).toEqual(Array(10).fill("key.expiring"));
+    expect(events.map((e) => e.data.key_id).sort()).toEqual([...keyIds].sort());
+    const got = receivedFor(accountId);
+    expect(got.every((r) => r.type === "key.expiring" && r.verifiedWith.length === 1)).toBe(true);
+    expect(new Set(got.map((r) => r.webhookId)).size).toBe(got.length);
   }, 60_000);
 
   it("kill -9 of the service during a delivery: the next replicas send it again with the same webhook-id; nothing recorded twice", async () => {

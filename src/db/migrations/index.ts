@@ -15,6 +15,11 @@ import { createMeteringFunctionsV2 } from "./20261127100100_create_metering_func
 import { addMemberRolesAndTwoFactor } from "./20261127110000_add_member_roles_and_two_factor.js";
 import { createWebhooks } from "./20261127120000_create_webhooks.js";
 import { recordBalanceAlerts } from "./20261127120100_record_balance_alerts.js";
+import { narrowBalanceAlertTriggers } from "./20261127140500_narrow_balance_alert_triggers.js";
+import { recordKeyEvents } from "./20261127141000_record_key_events.js";
+import { indexExpiringKeys } from "./20261127141100_index_expiring_keys.js";
+import { createUsageRollup } from "./20261127142000_create_usage_rollup.js";
+import { indexRequestsByCreation } from "./20261127142100_index_requests_by_creation.js";
 
 /**
  * The migrations applied and recorded by knex, in order; frozen. Listed statically so that they load the same way
@@ -57,4 +62,9 @@ export const schemaMigrations: readonly SchemaMigration[] = [
   createWebhooks,
   recordBalanceAlerts,
   markKeptKeys,
+  narrowBalanceAlertTriggers,
+  recordKeyEvents,
+  indexExpiringKeys,
+  createUsageRollup,
+  indexRequestsByCreation,
 ];

@@ -12,6 +12,8 @@ const KIND_TEXT: Record<string, string> = {
   invite_accepted: "accepted an invite",
   key_created: "created a key",
   key_revoked: "revoked a key",
+  key_limits_changed: "changed a key's limits",
+  key_rolled: "rolled a key",
   credits_granted: "granted credits",
   member_invited: "invited a member",
   member_removed: "removed a member",

@@ -1468,10 +1468,10 @@ export type ActivityEvent = Message<"typesafe.account.v1.ActivityEvent"> & {
 
   /**
    * One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted",
-   * "key_created", "key_revoked", "credits_granted", "member_invited",
-   * "member_removed", "member_role_changed", "two_factor_enabled",
-   * "two_factor_disabled", "two_factor_required_changed".
-   * "member_removed", "alerts_set", "webhook_endpoint_added",
+   * "key_created", "key_revoked", "key_limits_changed", "key_rolled",
+   * "credits_granted", "member_invited", "member_removed",
+   * "member_role_changed", "two_factor_enabled", "two_factor_disabled",
+   * "two_factor_required_changed", "alerts_set", "webhook_endpoint_added",
    * "webhook_endpoint_removed", "webhook_secret_rotated",
    * "webhook_endpoint_disabled", "webhook_endpoint_enabled".
    *
@@ -1938,7 +1938,8 @@ export type WebhookDelivery = Message<"typesafe.account.v1.WebhookDelivery"> & {
   webhookId: string;
 
   /**
-   * "balance.low", "balance.depleted", "balance.recovered" or "webhook.test".
+   * "balance.low", "balance.depleted", "balance.recovered",
+   * "key.budget_reached", "key.expiring" or "webhook.test".
    *
    * @generated from field: string event_type = 4;
    */

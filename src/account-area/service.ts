@@ -23,7 +23,18 @@ import { endMemberSessions, endSession, startSession, type SessionMember, type S
 import { isRole, memberChangeRefusal, OWNER_ROLE_RULE, ROLES, type Role } from "../accounts/roles.js";
 import { clearSignInAttempts, countSignInAttempt } from "../accounts/sign-in-throttle.js";
 import { countLiveKeysLocked, createApiKey, findAccountKey, isUuid, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../accounts/store.js";
-import { keyLimitsOf, MAX_ROLL_GRACE_SECONDS, NO_KEY_LIMITS, parseKeyLimits, periodEnd, rollKey, setKeyLimits, type KeyLimits } from "../accounts/key-limits.js";
+import {
+  changeKeyLimits,
+  keyLabel,
+  keyLimitsOf,
+  MAX_ROLL_GRACE_SECONDS,
+  NO_KEY_LIMITS,
+  parseKeyLimits,
+  periodEnd,
+  rollKey,
+  setKeyLimits,
+  type KeyLimits,
+} from "../accounts/key-limits.js";
 import { changeMemberRole, findTeamMember, LAST_OWNER_RULE, removeTeamMember, inviteTeamMember } from "../accounts/team.js";
 import {
   confirmTotpEnrollment,
@@ -372,7 +383,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       const member = allowed(ctx, "manage_keys");
       const at = now();
       const limits = await checkedLimits(member.accountId, req.limits, at, "limits");
-      const updated = await db.transaction((tx) => setKeyLimits(tx, member.accountId, req.keyId, limits));
+      const updated = await db.transaction((tx) => changeKeyLimits(tx, member.accountId, req.keyId, limits, { actor: member.email, at }));
       // A revoked key, another account's, an unknown id and a malformed one all get this answer.
       if (!updated) throw apiError("NOT_FOUND", "key_id: no such key that works", { field: "key_id", rule: "a live key of your account" });
       return { key: await keyOfAccount(member.accountId, req.keyId) };
@@ -391,7 +402,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         const result = await rollKey(tx, member.accountId, req.keyId, { graceSeconds: grace, now: at, createdBy: member.email });
         if (result) {
           const detail = `${keyLabel(result.newKey)}, rolled from ${keyLabel(result.oldKey)} (which stops at ${result.oldKey.expires_at!.toISOString()})`;
-          await recordActivity(tx, { accountId: member.accountId, kind: "key_created", actor: member.email, detail, at });
+          await recordActivity(tx, { accountId: member.accountId, kind: "key_rolled", actor: member.email, detail, at });
         }
         return result;
       });
@@ -718,20 +729,6 @@ function throttled(ctx: HandlerContext, retryAfterMs: number) {
   return apiError("SIGN_IN_THROTTLED", `too many failed sign-ins for this email: try again in ${seconds} s`, {
     metadata: { retry_after_seconds: seconds, retry_after_ms: String(retryAfterMs) },
   });
-
-function inviteInvalid(): Error {
-  return apiError("INVITE_INVALID", "invite_token: this invite is unknown, used or expired; ask for a new one", { field: "invite_token", rule: "a live invite" });
-}
-
-/** Who the password work is counted against: the peer's address. */
-function clientOf(ctx: HandlerContext): string {
-  return ctx.values.get(kRemoteAddress);
-}
-
-/** Puts a refusal's delay in Retry-After, as every 429 of the service does. */
-function retryAfter(ctx: HandlerContext): (seconds: number) => void {
-  return (seconds) => ctx.responseHeader.set("retry-after", String(seconds));
-}
 }
 
 function inviteInvalid(): Error {
@@ -787,11 +784,6 @@ function budgetUsageMessage(key: AccountKeyRow) {
     periodStart: key.period_start ? timestampFromDate(key.period_start) : undefined,
     periodEnd: end ? timestampFromDate(end) : undefined,
   };
-}
-
-/** How a key is named in the activity log: its prefix, last 4 and name. */
-function keyLabel(key: { display_prefix: string; last4: string; name: string }): string {
-  return `${key.display_prefix}…${key.last4}${key.name ? ` (${key.name})` : ""}`;
 }
 
 /** A request's time, checked: a Timestamp out of range (binary callers can send any seconds) is a 400. */

@@ -1,19 +1,19 @@
 import { describe, expect, it } from "vitest";
-import type { Resolution, ResolveInput } from "../../src/metering/ledger.js";
-import { asOwnOutcome, resolveWithRetry } from "../../src/metering/resolve-with-retry.js";
+import type { FinishResult, FinishInput } from "../../src/metering/ledger.js";
+import { asOwnOutcome, finishWithRetry } from "../../src/metering/finish-with-retry.js";
 
 /**
  * A settle or release retried after a lost reply: which answers count as the
  * call's own outcome, and which errors are retried.
  */
 const account = { accountId: "acc", balanceUnits: 62_766, availableUnits: 62_766, freeRemaining: 0, freeAvailable: 0 };
-const notActive = (status: "settled" | "released" | "expired", init: Partial<Resolution> = {}): Resolution =>
-  ({ outcome: "not_active", requestId: "r1", status, funding: "paid", reservedUnits: 32_000, chargedUnits: 1_234, ...account, ...init }) as Resolution;
-const settle = (actualUnits?: number): ResolveInput => ({ requestId: "r1", success: true, actualUnits });
-const release: ResolveInput = { requestId: "r1", success: false };
+const notActive = (status: "settled" | "released" | "expired", init: Partial<FinishResult> = {}): FinishResult =>
+  ({ outcome: "not_active", requestId: "r1", status, funding: "paid", reservedUnits: 32_000, chargedUnits: 1_234, ...account, ...init }) as FinishResult;
+const settle = (actualUnits?: number): FinishInput => ({ requestId: "r1", success: true, actualUnits });
+const release: FinishInput = { requestId: "r1", success: false };
 
 describe("asOwnOutcome", () => {
-  it.each<{ name: string; resolution: Resolution; input: ResolveInput; expected: Partial<Resolution> & { outcome: string } }>([
+  it.each<{ name: string; resolution: FinishResult; input: FinishInput; expected: Partial<FinishResult> & { outcome: string } }>([
     {
       name: "a settle finding its request settled: settled",
       resolution: notActive("settled"),
@@ -85,9 +85,9 @@ describe("asOwnOutcome", () => {
 const connectionReset = () => Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET", errno: -104, syscall: "read" });
 
 /** A statement that answers each attempt from `answers` in turn: an error to throw or a resolution to return. */
-function statementAnswering(answers: (Error | Resolution)[]) {
-  const attempts: ResolveInput[] = [];
-  const statement = async (input: ResolveInput) => {
+function statementAnswering(answers: (Error | FinishResult)[]) {
+  const attempts: FinishInput[] = [];
+  const statement = async (input: FinishInput) => {
     attempts.push(input);
     const answer = answers.shift();
     if (answer === undefined) throw new Error("no answer left");
@@ -97,27 +97,27 @@ function statementAnswering(answers: (Error | Resolution)[]) {
   return { statement, attempts };
 }
 
-describe("resolveWithRetry", () => {
+describe("finishWithRetry", () => {
   it("a first attempt that finds the request settled did not settle it: answered as found", async () => {
     const { statement } = statementAnswering([notActive("settled")]);
-    expect(await resolveWithRetry(statement, settle(1_234), [0])).toMatchObject({ outcome: "not_active", status: "settled" });
+    expect(await finishWithRetry(statement, settle(1_234), [0])).toMatchObject({ outcome: "not_active", status: "settled" });
   });
 
   it("a retry after a lost connection that finds it settled found its own earlier attempt", async () => {
     const { statement, attempts } = statementAnswering([connectionReset(), connectionReset(), notActive("settled")]);
-    expect(await resolveWithRetry(statement, settle(1_234), [0, 0])).toMatchObject({ outcome: "settled", ...account });
+    expect(await finishWithRetry(statement, settle(1_234), [0, 0])).toMatchObject({ outcome: "settled", ...account });
     expect(attempts).toHaveLength(3);
   });
 
   it("gives up after the last delay with the database's error", async () => {
     const { statement, attempts } = statementAnswering([connectionReset(), connectionReset(), connectionReset()]);
-    await expect(resolveWithRetry(statement, settle(1_234), [0, 0])).rejects.toThrow("ECONNRESET");
+    await expect(finishWithRetry(statement, settle(1_234), [0, 0])).rejects.toThrow("ECONNRESET");
     expect(attempts).toHaveLength(3);
   });
 
   it("never retries an error of the statement itself", async () => {
     const { statement, attempts } = statementAnswering([new Error("metering_resolve: actual must be >= 0, got -1"), notActive("settled")]);
-    await expect(resolveWithRetry(statement, settle(-1), [0, 0])).rejects.toThrow("actual must be");
+    await expect(finishWithRetry(statement, settle(-1), [0, 0])).rejects.toThrow("actual must be");
     expect(attempts).toHaveLength(1);
   });
 });
