@@ -82,6 +82,7 @@ describe("TOTP", () => {
 describe("recovery codes", () => {
   it("enrollment gives the codes, each usable once; enrolling again voids the earlier set", async () => {
     const { row, secret, codes } = await enrolled();
+    const other = await enrolled();
     const id = (await row()).id;
     expect(codes).toHaveLength(RECOVERY_CODES);
     expect(await countRecoveryCodes(database.db, id)).toBe(RECOVERY_CODES);
@@ -94,12 +95,18 @@ describe("recovery codes", () => {
     expect(fresh).toHaveLength(RECOVERY_CODES);
     expect(await useRecoveryCode(database.db, id, codes[1]!, later)).toBe(false);
     expect(await countRecoveryCodes(database.db, id)).toBe(RECOVERY_CODES);
+    // Another member's enrollment and codes are untouched.
+    expect(await countRecoveryCodes(database.db, (await other.row()).id)).toBe(RECOVERY_CODES);
+    expect(await other.row()).toMatchObject({ totp_secret: other.secret, totp_pending_secret: null });
   });
 
   it("turning TOTP off forgets the secret and voids every code", async () => {
     const { row, codes } = await enrolled();
+    const other = await enrolled();
     const id = (await row()).id;
     await database.db.transaction((tx) => disableTotp(tx, id, now));
+    expect(await other.row()).toMatchObject({ totp_secret: other.secret });
+    expect(await countRecoveryCodes(database.db, (await other.row()).id)).toBe(RECOVERY_CODES);
     expect(await row()).toMatchObject({ totp_secret: null, totp_pending_secret: null, totp_enabled_at: null, totp_last_step: null });
     expect(await countRecoveryCodes(database.db, id)).toBe(0);
     expect(await useRecoveryCode(database.db, id, codes[2]!, now)).toBe(false);
