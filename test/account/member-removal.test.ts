@@ -31,10 +31,13 @@ async function team() {
   const unnamed = await createApiKey(database.db, accountId, { createdBy: email });
   const revokedBefore = await createApiKey(database.db, accountId, { createdBy: email });
   await database.db("api_keys").where({ id: revokedBefore.keyId }).update({ revoked_at: new Date(now.getTime() - 1000) });
+  // Five keys in all, made in a random id order: the answer lists them sorted whatever order the update returns.
+  const more = [];
+  for (let i = 0; i < 3; i++) more.push(await createApiKey(database.db, accountId, { name: `k${i}`, createdBy: email }));
   const stayerKey = await createApiKey(database.db, accountId, { createdBy: stayer });
   const live = async (apiKey: string) => (await findLiveKeyByHash(database.db, hashApiKey(apiKey))) !== undefined;
   const activity = () => database.db("account_activity").where({ account_id: accountId }).orderBy("id").select("kind", "actor", "detail");
-  return { accountId, memberId, token, email, named, unnamed, revokedBefore, stayerKey, operatorKey, live, activity };
+  return { accountId, memberId, token, email, stayer, named, unnamed, more, revokedBefore, stayerKey, operatorKey, live, activity };
 }
 
 const listed = (key: { keyId: string; row: { name: string; display_prefix: string; last4: string } }) => ({
@@ -50,7 +53,7 @@ describe("removing a member", () => {
     const t = await team();
     const removal = await database.db.transaction((tx) => removeMember(tx, { memberId: t.memberId, accountId: t.accountId, actor: "owner@example.com", keepKeys: false, now }));
     expect(removal?.member.removed_at).toEqual(now);
-    expect(removal?.keysRevoked).toEqual(byId([listed(t.named), listed(t.unnamed)]));
+    expect(removal?.keysRevoked).toEqual(byId([t.named, t.unnamed, ...t.more].map(listed)));
     expect(removal?.keysKept).toEqual([]);
     expect(await t.live(t.named.apiKey)).toBe(false);
     expect(await t.live(t.unnamed.apiKey)).toBe(false);
@@ -60,18 +63,22 @@ describe("removing a member", () => {
     const details = new Map([
       [t.named.keyId, `${t.named.row.display_prefix}…${t.named.row.last4} (ci)`],
       [t.unnamed.keyId, `${t.unnamed.row.display_prefix}…${t.unnamed.row.last4}`],
+      ...t.more.map((k, i) => [k.keyId, `${k.row.display_prefix}…${k.row.last4} (k${i})`] as [string, string]),
     ]);
     expect(await t.activity()).toEqual([
       { kind: "member_removed", actor: "owner@example.com", detail: t.email },
       ...removal!.keysRevoked.map((key) => ({ kind: "key_revoked", actor: "owner@example.com", detail: details.get(key.id) })),
     ]);
     expect(await database.db("member_invites").where({ member_id: t.memberId }).whereNull("used_at")).toEqual([]);
+    // The other member's pending invite still works.
+    const stayer = await database.db("members").where({ email: t.stayer }).first("id");
+    expect(await database.db("member_invites").where({ member_id: stayer.id }).whereNull("used_at")).toHaveLength(1);
   });
 
   it("with keepKeys, the keys work on, marked kept by the remover, and no revocation is logged", async () => {
     const t = await team();
     const removal = await database.db.transaction((tx) => removeMember(tx, { memberId: t.memberId, accountId: t.accountId, actor: "owner@example.com", keepKeys: true, now }));
-    expect(removal?.keysKept).toEqual(byId([listed(t.named), listed(t.unnamed)]));
+    expect(removal?.keysKept).toEqual(byId([t.named, t.unnamed, ...t.more].map(listed)));
     expect(removal?.keysRevoked).toEqual([]);
     expect(await t.live(t.named.apiKey)).toBe(true);
     expect(await database.db("api_keys").where({ id: t.named.keyId }).first("kept_by", "kept_at")).toEqual({ kept_by: "owner@example.com", kept_at: now });
@@ -92,6 +99,6 @@ describe("removing a member", () => {
     expect(await t.live(t.named.apiKey)).toBe(true);
     expect(await t.activity()).toEqual([]);
     const removal = await remove({ memberId: t.memberId });
-    expect(removal?.keysRevoked).toHaveLength(2);
+    expect(removal?.keysRevoked).toHaveLength(5);
   });
 });
