@@ -32,7 +32,7 @@ describe("parseKeyLimits", () => {
     ["an unknown scope alone", { scopes: ["admin"] }, { field: "limits.scopes", rule: 'each one of "decisions", "search"; empty means both' }],
     ["a budget of 0", { budgetCredits: 0, budgetPeriod: "day" }, undefined],
     ["a budget of one unit", { budgetCredits: 0.000001, budgetPeriod: "day" }, undefined],
-    ["a budget whose product with a million is not exact in floating point", { budgetCredits: 0.07, budgetPeriod: "day" }, undefined],
+    ["a budget whose product with a million is not exact in floating point", { budgetCredits: 1.001, budgetPeriod: "day" }, undefined],
     ["a budget finer than a unit", { budgetCredits: 0.0000015, budgetPeriod: "day" }, { field: "limits.budget_credits", rule: "a number of credits from 0, with at most 6 decimals" }],
     ["a large budget with 6 decimals", { budgetCredits: 123_456.000001, budgetPeriod: "total" }, undefined],
     ["a large budget with 7 decimals", { budgetCredits: 1_000.0000005, budgetPeriod: "total" }, { field: "limits.budget_credits", rule: "a number of credits from 0, with at most 6 decimals" }],
