@@ -19,8 +19,8 @@ export interface PasswordWork {
    * seconds, for a Retry-After header.
    */
   run<T>(client: string, work: () => Promise<T>, onRefused?: (retryAfterSeconds: number) => void): Promise<T>;
-  /** Work running and waiting now. */
-  readonly load: { running: number; waiting: number };
+  /** Work running and waiting now, and how many clients it belongs to (a client's entry goes when its work does). */
+  readonly load: { running: number; waiting: number; clients: number };
 }
 
 /** What one hash is assumed to take before any was measured (scrypt at N = 2^17 on a small core). */
@@ -32,8 +32,10 @@ const FIRST_GUESS_MS = 300;
  * slows every sign-in and grows the process's memory by the hash's size per
  * request. Work beyond `concurrent` waits in a short FIFO queue; beyond
  * that, and beyond a client's share, it is refused before any is done.
+ * `now` is a monotonic clock in milliseconds, which times each hash for the
+ * retry delay.
  */
-export function createPasswordWork(limits: PasswordWorkLimits): PasswordWork {
+export function createPasswordWork(limits: PasswordWorkLimits, now: () => number = () => performance.now()): PasswordWork {
   let running = 0;
   const waiting: Array<() => void> = [];
   const perClient = new Map<string, number>();
@@ -49,7 +51,7 @@ export function createPasswordWork(limits: PasswordWorkLimits): PasswordWork {
 
   return {
     get load() {
-      return { running, waiting: waiting.length };
+      return { running, waiting: waiting.length, clients: perClient.size };
     },
     async run(client, work, onRefused) {
       const mine = perClient.get(client) ?? 0;
@@ -59,11 +61,11 @@ export function createPasswordWork(limits: PasswordWorkLimits): PasswordWork {
       try {
         if (running >= limits.concurrent) await new Promise<void>((resolve) => waiting.push(resolve));
         else running += 1;
-        const started = performance.now();
+        const started = now();
         try {
           return await work();
         } finally {
-          averageMs = 0.8 * averageMs + 0.2 * (performance.now() - started);
+          averageMs = 0.8 * averageMs + 0.2 * (now() - started);
           // The turn passes straight to the next in line, so `running` never dips and lets a newcomer jump the queue.
           const next = waiting.shift();
           if (next) next();
