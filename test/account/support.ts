@@ -126,13 +126,13 @@ export async function inviteMember(db: Knex, accountId: string, email: string, n
 /** The reason and status of a refused call, for assertions. */
 export async function refusal(
   call: Promise<unknown>,
-): Promise<{ code: number; reason: string; message: string; field: string; rule: string; metadata: Headers }> {
+): Promise<{ code: number; reason: string; message: string; field: string; rule: string; metadata: Headers; detailMetadata: Record<string, string> }> {
   try {
     await call;
   } catch (err) {
     if (!(err instanceof ConnectError)) throw err;
     const detail = err.findDetails(ErrorDetailSchema)[0];
-    return { code: err.code, reason: detail?.reason ?? "", message: err.rawMessage, field: detail?.field ?? "", rule: detail?.rule ?? "", metadata: err.metadata };
+    return { code: err.code, reason: detail?.reason ?? "", message: err.rawMessage, field: detail?.field ?? "", rule: detail?.rule ?? "", metadata: err.metadata, detailMetadata: { ...detail?.metadata } };
   }
   throw new Error("the call succeeded");
 }

@@ -146,6 +146,33 @@ it("every AccountService method is in the matrix or named outside it: a new one 
   expect(Object.keys(AccountService.method).sort()).toEqual([...Object.keys(ACTIONS), ...OUTSIDE_THE_MATRIX].sort());
 });
 
+/** The action each method refused to some role asks for, as its refusal's metadata names it. */
+const ASKS_FOR: Record<string, string> = {
+  createKey: "manage_keys",
+  revokeKey: "manage_keys",
+  updateKey: "manage_keys",
+  rollKey: "manage_keys",
+  inviteMember: "manage_members",
+  removeMember: "manage_members",
+  setMemberRole: "manage_members",
+  setTwoFactorRequired: "require_two_factor",
+  setAlerts: "manage_alerts",
+  addWebhookEndpoint: "manage_alerts",
+  removeWebhookEndpoint: "manage_alerts",
+  rotateWebhookSecret: "manage_alerts",
+  enableWebhookEndpoint: "manage_alerts",
+  sendTestWebhook: "manage_alerts",
+  replayWebhookDelivery: "manage_alerts",
+};
+
+/** The rule each action's refusal names (docs/account-area.md). */
+const RULE_OF: Record<string, string> = {
+  manage_keys: "owners, admins and members manage keys; viewers only read",
+  manage_members: "owners and admins invite, remove and change the roles of members",
+  manage_alerts: "owners and admins set balance alerts and webhook endpoints",
+  require_two_factor: "only owners require two-factor sign-in for the account",
+};
+
 const MATRIX = Object.keys(ACTIONS).flatMap((action) => ROLES.map((role) => [action, role, ALLOWED[action]!.includes(role)] as const));
 
 describe("each role × each action", () => {
@@ -158,8 +185,10 @@ describe("each role × each action", () => {
     }
     const refused = await refusal(call);
     expect([refused.code, refused.reason]).toEqual([Code.PermissionDenied, "ROLE_FORBIDDEN"]);
-    expect(refused.rule).toMatch(/^(owners|only owners)/);
-    expect(refused.message).toContain(`your role: ${role}`);
+    const asked = ASKS_FOR[action]!;
+    expect(refused.rule).toBe(RULE_OF[asked]);
+    expect(refused.message).toBe(`${RULE_OF[asked]} (your role: ${role})`);
+    expect(refused.detailMetadata).toEqual({ role, action: asked });
   });
 });
 
@@ -344,11 +373,12 @@ describe("the same rule on gRPC and the JSON paths", () => {
       return { status: answer.status, body: (await answer.json()) as { code: number; data: Record<string, unknown> } };
     };
     const invited = await post("/account/v1/members/invite", member.cookie, { email: uniqueEmail("x"), role: "member" });
-    expect([invited.status, invited.body.code, invited.body.data["reason"], invited.body.data["rule"]]).toEqual([
+    expect([invited.status, invited.body.code, invited.body.data["reason"], invited.body.data["rule"], invited.body.data["metadata"]]).toEqual([
       403,
       40303,
       "ROLE_FORBIDDEN",
       "owners and admins invite, remove and change the roles of members",
+      { role: "member", action: "manage_members" },
     ]);
     const last = await post("/account/v1/members/remove", owner.cookie, { member_id: owner.memberId });
     expect([last.status, last.body.code, last.body.data["reason"]]).toEqual([403, 40304, "LAST_OWNER"]);

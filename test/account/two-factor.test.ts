@@ -240,9 +240,10 @@ describe("an account that requires two-factor sign-in", () => {
     const member = accountClient(service.url).client;
     await member.acceptInvite({ inviteToken: invited.token, password: PASSWORD });
     expect((await member.getAccount({})).account?.twoFactorRequired).toBe(true);
+    const rule = "the account requires two-factor sign-in: enroll a second factor first";
     for (const call of [() => member.listKeys({}), () => member.createKey({}), () => member.listUsage({}), () => member.listMembers({})]) {
       const refused = await refusal(call());
-      expect([refused.code, refused.reason]).toEqual([Code.PermissionDenied, "TWO_FACTOR_REQUIRED"]);
+      expect([refused.code, refused.reason, refused.rule, refused.message]).toEqual([Code.PermissionDenied, "TWO_FACTOR_REQUIRED", rule, rule]);
     }
     const csv = await fetch(`${service.url}/account/v1/usage.csv`, { headers: { cookie: "" } });
     expect(csv.status).toBe(401);
