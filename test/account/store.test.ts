@@ -152,6 +152,10 @@ describe("listing keys", () => {
 
   it("in the account area: newest first, in pages, each after the last one's cursor", async () => {
     const { mine, second, third } = await accountWithKeys();
+    // Keys made within one millisecond list by id: a millisecond apart each, their order is their creation's.
+    for (const [i, id] of [mine.keyId, second.keyId, third.keyId].entries()) {
+      await database.db("api_keys").where({ id }).update({ created_at: new Date(T0.getTime() + i) });
+    }
     const first = await listAccountKeys(database.db, mine.accountId, { size: 2 });
     expect(first.keys.map((k) => k.id)).toEqual([third.keyId, second.keyId]);
     expect(first.more).toBe(true);

@@ -53,7 +53,7 @@ async function viewReady(view: string): Promise<void> {
 describe("alerts and webhooks in a real browser", () => {
   it("sets a threshold and an endpoint, spends below it, and sees the banner and the delivery", async () => {
     account = await createTestAccount(database.db, { units: 1_000_000, name: "Acme" });
-    const { token } = await inviteMember(database.db, account.accountId, "grace@example.com", new Date(), "owner");
+    const { token } = await inviteMember(database.db, account.accountId, "ada.alerts@example.com", new Date(), "owner");
     await page.goto(`${service.url}/account/?invite=${token}`);
     await page.getByLabel("New password", { exact: true }).fill(PASSWORD);
     await page.getByLabel("New password, again").fill(PASSWORD);
