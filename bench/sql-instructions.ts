@@ -43,6 +43,7 @@ import { meteringStatements } from "../src/metering/ledger.js";
 import { DECISION_RESERVE_UNITS_PER_QUESTION, decisionReserveUnits } from "../src/metering/meter.js";
 import { setAlertSettings } from "../src/webhooks/events.js";
 import { postgresBinaries, runAsClusterOwner, startPrivateCluster } from "../test/support/private-cluster.js";
+import { callgrindInstructions, meteredPairScript } from "./callgrind.js";
 import { BARE_STATEMENT } from "./support.js";
 
 const BEFORE = process.env.BENCH_SQL_BEFORE;
@@ -66,7 +67,7 @@ interface Schema {
 }
 
 /** The statements each kind of script prepares. */
-const NEEDS: Record<Exclude<Kind, "bare">, StatementName[]> = { metered: ["admit", "resolve"], batched: ["admitMany", "resolveMany"] };
+const NEEDS: Record<Exclude<Kind, "bare">, StatementName[]> = { metered: ["admit", "finish"], batched: ["admitMany", "finishMany"] };
 
 /** The service's texts as `schema` can run them: with the function it has (a `_v2` name or the one before it), or none. */
 function statementsOf(functions: Set<string>): Partial<Record<StatementName, string>> {
@@ -81,11 +82,12 @@ function statementsOf(functions: Set<string>): Partial<Record<StatementName, str
 }
 
 /**
- * The statements of `pairs` pairs, one per line (single-user mode runs each
- * line as its own transaction), after the PREPAREs: the service names its
- * hot-path statements, so PostgreSQL parses each once per connection.
+ * The statements of `pairs` pairs, one per line, after the PREPAREs (see
+ * meteredPairScript): bare updates, the service's pairs one at a time, or
+ * its pairs in batches.
  */
 function pairScript(schema: Schema, pairs: number, kind: Kind): string {
+  if (kind === "metered") return meteredPairScript({ admit: schema.statements.admit!, finish: schema.statements.finish! }, schema.keyHashes, pairs);
   const lines: string[] = [];
   const prepare = (name: string, text: string) => lines.push(`PREPARE ${name} AS ${text}`);
   if (kind === "bare") {
@@ -96,16 +98,6 @@ function pairScript(schema: Schema, pairs: number, kind: Kind): string {
   for (const name of NEEDS[kind]) prepare(name, schema.statements[name]!);
   const keyHash = (account: number) => `'\\x${schema.keyHashes[account]}'`;
   const reserve = String(decisionReserveUnits(1));
-  if (kind === "metered") {
-    for (let i = 0; i < pairs; i++) {
-      const id = `'${crypto.randomUUID()}'`;
-      lines.push(
-        `EXECUTE admit(${keyHash(i % ACCOUNTS)}, 'decide', ${reserve}, false, 60000, NULL, NULL, NULL, ${id})`,
-        `EXECUTE resolve(${id}, true, 1000, NULL, NULL)`,
-      );
-    }
-    return lines.join("\n") + "\n";
-  }
   const array = (values: string[]) => `ARRAY[${values.join(", ")}]`;
   // An ARRAY of quoted literals is text[] to EXECUTE: each argument takes the type the statement casts its parameter to.
   const execute = (name: StatementName, args: string[]) => {
@@ -118,7 +110,7 @@ function pairScript(schema: Schema, pairs: number, kind: Kind): string {
     const each = (value: string) => array(accounts.map(() => value));
     lines.push(
       execute("admitMany", [array(accounts.map(keyHash)), each("'decide'"), each(reserve), each("false"), each("60000"), each("NULL"), each("NULL"), each("NULL"), array(ids)]),
-      execute("resolveMany", [array(ids), each("true"), each("1000"), each("NULL"), each("NULL")]),
+      execute("finishMany", [array(ids), each("true"), each("1000"), each("NULL"), each("NULL")]),
     );
   }
   return lines.join("\n") + "\n";
@@ -190,20 +182,7 @@ async function main() {
     }
     runAsClusterOwner(path.join(bin, "pg_ctl"), ["-D", cluster.dir, "-m", "fast", "-w", "stop"]);
 
-    const instructions = (schema: Schema, pairs: number, kind: Kind): number => {
-      // valgrind reports on stderr: "==pid== Collected : <instructions>".
-      const report = runAsClusterOwner(
-        "valgrind",
-        ["--tool=callgrind", "--callgrind-out-file=/dev/null", path.join(bin, "postgres"), "--single", "-D", cluster.dir, "-c", "fsync=off", schema.database],
-        pairScript(schema, pairs, kind),
-      );
-      // Single-user mode reports a failed statement and goes on: a count of errors would measure nothing.
-      const failed = /ERROR: .*/.exec(report);
-      if (failed) throw new Error(`a ${kind} statement failed: ${failed[0]}`);
-      const collected = /Collected : (\d+)/.exec(report);
-      if (!collected) throw new Error(`callgrind printed no count:\n${report}`);
-      return Number(collected[1]);
-    };
+    const instructions = (schema: Schema, pairs: number, kind: Kind): number => callgrindInstructions(bin, cluster.dir, schema.database, pairScript(schema, pairs, kind));
     const perPair = (schema: Schema, kind: Kind) => (instructions(schema, MANY, kind) - instructions(schema, FEW, kind)) / (MANY - FEW);
 
     console.log(`sql instructions bench: PostgreSQL ${path.basename(path.dirname(bin))}, single-user backend, ${MANY - FEW} pairs over ${ACCOUNTS} accounts`);

@@ -1,28 +1,29 @@
 /**
  * What the row triggers of the money path cost, in instructions a PostgreSQL
- * backend executes per admit + settle pair (metering_admit_unless_abandoned_v2,
- * then metering_resolve_v2), counted by valgrind's callgrind as
- * `bench:sql` counts: a throwaway cluster, every migration applied, then each
- * script run in single-user mode with 100 and with 300 pairs, so start-up
- * cancels out of the difference.
+ * backend executes per admit + settle pair (the service's own statements,
+ * prepared), counted by valgrind's callgrind as `bench:sql` counts: a
+ * throwaway cluster, every migration applied, then each script run in
+ * single-user mode with 100 and with 300 pairs, so start-up cancels out of
+ * the difference.
  *
  *   npm run bench:triggers
  *
  * The same schema three times: with every trigger, without the key budget
  * trigger (api_keys_budget_events), and without the two balance alerts
- * triggers (accounts_balance_alerts_on_*); each with keys without a budget, and keys with
- * a budget that stays far from reached (the settle then charges the key).
+ * triggers (accounts_balance_alerts_on_*); each with keys without a budget,
+ * and keys with a budget that stays far from reached (the settle then
+ * charges the key).
  * Prints thousands of instructions per pair, and the ratio to the schema
  * with every trigger.
  */
-import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { hashApiKey } from "../src/accounts/api-keys.js";
 import { createKnex } from "../src/db/database.js";
 import { migrate } from "../src/db/migrator.js";
-import { decisionReserveUnits } from "../src/metering/meter.js";
+import { meteringStatements } from "../src/metering/ledger.js";
 import { postgresBinaries, runAsClusterOwner, startPrivateCluster } from "../test/support/private-cluster.js";
+import { callgrindInstructions, meteredPairScript } from "./callgrind.js";
 import { createBenchAccounts } from "./support.js";
 
 const ACCOUNTS = 20;
@@ -34,18 +35,8 @@ const VARIANTS = [
 ] as const;
 type KeyKind = "without a budget" | "with a budget";
 
-/** `pairs` admit + settle pairs over the keys in turn, one statement a line (each its own transaction). */
-function pairScript(keyHashes: string[], pairs: number): string {
-  const lines: string[] = [];
-  for (let i = 0; i < pairs; i++) {
-    const id = crypto.randomUUID();
-    lines.push(
-      `SELECT a.* FROM metering_admit_unless_abandoned_v2('\\x${keyHashes[i % keyHashes.length]}'::bytea, 'decide', ${decisionReserveUnits(1)}, false, 60000, NULL, NULL, NULL, '${id}'::uuid) AS a`,
-      `SELECT * FROM metering_resolve_v2('${id}'::uuid, true, 1000)`,
-    );
-  }
-  return lines.join("\n") + "\n";
-}
+/** The service's own statement texts, prepared as it prepares them. */
+const TEXTS = { admit: meteringStatements.admit.text, finish: meteringStatements.finish.text };
 
 async function main() {
   const bin = postgresBinaries();
@@ -70,18 +61,8 @@ async function main() {
     }
     runAsClusterOwner(path.join(bin, "pg_ctl"), ["-D", cluster.dir, "-m", "fast", "-w", "stop"]);
 
-    const instructions = (database: string, keyHashes: string[], pairs: number): number => {
-      const report = runAsClusterOwner(
-        "valgrind",
-        ["--tool=callgrind", "--callgrind-out-file=/dev/null", path.join(bin, "postgres"), "--single", "-D", cluster.dir, "-c", "fsync=off", database],
-        pairScript(keyHashes, pairs),
-      );
-      const failed = /ERROR: .*/.exec(report);
-      if (failed) throw new Error(`a statement failed: ${failed[0]}`);
-      const collected = /Collected : (\d+)/.exec(report);
-      if (!collected) throw new Error(`callgrind printed no count:\n${report}`);
-      return Number(collected[1]);
-    };
+    const instructions = (database: string, keyHashes: string[], pairs: number): number =>
+      callgrindInstructions(bin, cluster.dir, database, meteredPairScript(TEXTS, keyHashes, pairs));
 
     console.log(`trigger instructions bench: PostgreSQL ${path.basename(path.dirname(bin))}, single-user backend, ${MANY - FEW} pairs over ${ACCOUNTS} accounts`);
     console.log(`${"keys".padEnd(18)} | ${"schema".padEnd(36)} | k instructions/pair | ratio to every trigger`);

@@ -95,23 +95,23 @@ const ABANDON: PooledStatement = { text: "SELECT * FROM metering_abandon($1::uui
 /** Runs every few seconds, so it is not worth a prepared statement on each connection: unnamed. */
 const SWEEP: PooledStatement = { text: "SELECT metering_sweep($1::timestamptz, $2::integer) AS expired" };
 
-/** One settle or release; several go in one RESOLVE_MANY, as admissions do. */
-const RESOLVE: PooledStatement = {
+/** One settle or release; several go in one FINISH_MANY, as admissions do. */
+const FINISH: PooledStatement = {
   name: "metering_resolve_v2",
   text: "SELECT * FROM metering_resolve_v2($1::uuid, $2::boolean, $3::bigint, $4::jsonb, $5::timestamptz)",
 };
 
-const RESOLVE_MANY: PooledStatement = {
+const FINISH_MANY: PooledStatement = {
   name: "metering_resolve_many_v2",
   text: "SELECT * FROM metering_resolve_many_v2($1::uuid[], $2::boolean[], $3::bigint[], $4::jsonb[], $5::timestamptz[])",
 };
 
 /**
- * The hot path's statement texts, for `npm run bench:sql`, which counts what
+ * The hot path's statement texts, for `npm run bench:sql` and `bench:triggers`, which count what
  * PostgreSQL runs for them: the bench sends these very texts, so it cannot
  * drift from what the service sends.
  */
-export const meteringStatements = { admit: ADMIT, admitMany: ADMIT_MANY, resolve: RESOLVE, resolveMany: RESOLVE_MANY } as const;
+export const meteringStatements = { admit: ADMIT, admitMany: ADMIT_MANY, finish: FINISH, finishMany: FINISH_MANY } as const;
 
 /** What the account looks like after the call, for billing fields and rate-limit headers. */
 export interface AccountSnapshot {
@@ -367,8 +367,8 @@ export async function finishMany(db: Knex, inputs: readonly FinishInput[], timeo
   ];
   const rows =
     inputs.length === 1
-      ? await runMoneyStatement<DbFinishRow>(db, RESOLVE, columns.map((column) => column[0]), timeoutMs)
-      : await runMoneyStatement<DbFinishRow>(db, RESOLVE_MANY, columns, timeoutMs);
+      ? await runMoneyStatement<DbFinishRow>(db, FINISH, columns.map((column) => column[0]), timeoutMs)
+      : await runMoneyStatement<DbFinishRow>(db, FINISH_MANY, columns, timeoutMs);
   return oneRowEach(rows, inputs).map((row, i) => finishResultOf(row, inputs[i]!.requestId));
 }
 

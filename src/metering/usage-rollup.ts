@@ -44,6 +44,11 @@ export function floorDay(at: Date): Date {
   return new Date(Math.floor(at.getTime() / DAY_MS) * DAY_MS);
 }
 
+/** Hours that ended at or before this instant may be rolled. */
+function closedBefore(timing: RollupTiming): Date {
+  return floorHour(new Date(timing.now().getTime() - timing.delayMs));
+}
+
 /** Every hour before this one is counted in usage_hourly; undefined before the first roll. */
 export async function readRolledUntil(db: Knex | Knex.Transaction): Promise<Date | undefined> {
   const row = await db("usage_rollup_state").first("rolled_until");
@@ -58,8 +63,7 @@ export async function readRolledUntil(db: Knex | Knex.Transaction): Promise<Date
 export async function rollOneHour(db: Knex, timing: RollupTiming): Promise<RollStep> {
   return db.transaction(async (trx) => {
     const state = await trx.raw(`SELECT rolled_until FROM usage_rollup_state FOR UPDATE`);
-    // Hours that ended at or before this instant may be rolled.
-    const limit = floorHour(new Date(timing.now().getTime() - timing.delayMs));
+    const limit = closedBefore(timing);
     let hour: Date | undefined = state.rows[0]?.rolled_until ?? undefined;
     if (!hour) {
       // The first roll starts at the oldest call; a call not yet visible is dated after the limit.
@@ -119,6 +123,9 @@ export async function summarizeNewPages(db: Knex): Promise<void> {
  * next one back, or `signal` aborts. Returns the number of hours rolled.
  */
 export async function rollClosedHours(db: Knex, timing: RollupTiming, signal?: AbortSignal): Promise<number> {
+  // Most ticks find no hour closed since the last: they leave the index alone.
+  const rolledUntil = await readRolledUntil(db);
+  if (rolledUntil && rolledUntil.getTime() >= closedBefore(timing).getTime()) return 0;
   await summarizeNewPages(db);
   let rolled = 0;
   while (!signal?.aborted && (await rollOneHour(db, timing)) === "rolled") rolled++;

@@ -173,21 +173,12 @@ describe("the release-safe runner", () => {
   it("gives a lock back when it cannot have it in time, and tries again until a long reader is done", async () => {
     const { db, url } = await freshDatabase();
     await migrate(db, { ...base, migrations: [addWidgets] });
-    const reader = createKnex(url, 1);
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => (release = resolve));
-    const holding = reader.transaction(async (trx) => {
-      await trx.raw("SELECT count(*) FROM widgets");
-      await released;
-    });
-    // The reader's ACCESS SHARE lock is taken once its statement has run.
-    await waitForLock(db, "widgets");
+    const reader = await readerOfWidgets(db, url);
     const { logger, lines } = recordingLogger((line) => {
-      if (line.msg.startsWith("migration did not get its locks")) release();
+      if (line.msg.startsWith("migration did not get its locks")) reader.release();
     });
     await migrate(db, { ...base, logger, migrations: [addWidgets, addWidgetColour] });
-    await holding;
-    await reader.destroy();
+    await reader.done();
     const retries = lines.filter((line) => line.msg.startsWith("migration did not get its locks"));
     expect(retries.length).toBeGreaterThanOrEqual(1);
     expect(retries[0]).toMatchObject({ level: "warn", migration: addWidgetColour.name, attempt: 1, code: "55P03" });
@@ -197,21 +188,13 @@ describe("the release-safe runner", () => {
   it("stops after a bounded number of attempts, naming the migration", async () => {
     const { db, url } = await freshDatabase();
     await migrate(db, { ...base, migrations: [addWidgets] });
-    const reader = createKnex(url, 1);
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => (release = resolve));
-    const holding = reader.transaction(async (trx) => {
-      await trx.raw("SELECT count(*) FROM widgets");
-      await released;
-    });
-    await waitForLock(db, "widgets");
+    const reader = await readerOfWidgets(db, url);
     const { logger, lines } = recordingLogger();
     await expect(migrate(db, { ...base, logger, attempts: 3, migrations: [addWidgets, addWidgetColour] })).rejects.toThrow(
       /migration 29990101000100_add_widget_colour failed after 3 attempts: .*lock timeout/,
     );
-    release();
-    await holding;
-    await reader.destroy();
+    reader.release();
+    await reader.done();
     expect(lines.filter((line) => line.msg.startsWith("migration did not get its locks")).map((line) => line.attempt)).toEqual([1, 2]);
     expect((await appliedSchemaMigrations(db)).map((row) => row.name)).toEqual([addWidgets.name]);
   });
@@ -293,6 +276,28 @@ describe("an older release on a newer schema", () => {
 });
 
 /** Waits until some session holds a lock on the table (a condition, not a sleep). */
+/**
+ * A reader in a transaction holding ACCESS SHARE on widgets (taken once its
+ * statement has run) until released; done() waits for it to end and closes it.
+ */
+async function readerOfWidgets(db: Knex, url: string): Promise<{ release: () => void; done: () => Promise<void> }> {
+  const reader = createKnex(url, 1);
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  const holding = reader.transaction(async (trx) => {
+    await trx.raw("SELECT count(*) FROM widgets");
+    await released;
+  });
+  await waitForLock(db, "widgets");
+  return {
+    release,
+    done: async () => {
+      await holding;
+      await reader.destroy();
+    },
+  };
+}
+
 async function waitForLock(db: Knex, table: string): Promise<void> {
   for (;;) {
     const { rows } = await db.raw<{ rows: Array<{ held: boolean }> }>(
