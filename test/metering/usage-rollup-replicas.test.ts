@@ -69,7 +69,8 @@ describe.runIf(sessionsCanRace)("the roll-up on replicas", () => {
     // Another session holds usage_hourly, so the next roll stops at its insert, the watermark already moved in its transaction.
     const holder = await db.transaction();
     await holder.raw("LOCK TABLE usage_hourly IN SHARE MODE");
-    const rolling = rollOneHour(db, timing);
+    // The expectation is attached now: the roll fails while the kill's own reply is awaited, and a rejection nobody handles yet is an error of the run.
+    const rollingFails = expect(rollOneHour(db, timing)).rejects.toThrow();
     let pid = 0;
     await waitFor(async () => {
       const waiting = await db.raw(`SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO usage_hourly%'`);
@@ -77,7 +78,7 @@ describe.runIf(sessionsCanRace)("the roll-up on replicas", () => {
       return pid !== 0;
     }, "the roll to wait at its insert");
     await db.raw("SELECT pg_terminate_backend(?)", [pid]);
-    await expect(rolling).rejects.toThrow();
+    await rollingFails;
     await holder.commit();
     expect(await readRolledUntil(db)).toEqual(new Date(T0 + HOUR));
     expect((await db("usage_hourly").where({ hour: new Date(T0 + HOUR) })).length).toBe(0);
