@@ -169,6 +169,8 @@ export interface SearchConfig {
   env: Record<string, string>;
   /** Ids of the sources that are enabled and have what they need (for the start-up summary). */
   configuredSources?: string[];
+  /** The lowest safe search a caller may ask for; an omitted `safe` takes it. */
+  minSafe?: "off" | "moderate" | "strict";
 }
 
 export type { SettingRead } from "./setting-read.js";
@@ -234,6 +236,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   const searchEnv = Object.fromEntries(
     Object.entries(env).filter((e): e is [string, string] => e[0].startsWith("TYPESAFE_SEARCH_") && e[1] !== undefined),
   );
+  const minSafe = str("TYPESAFE_SEARCH_MIN_SAFE", "off") as NonNullable<SearchConfig["minSafe"]>;
+  if (!["off", "moderate", "strict"].includes(minSafe)) problems.push(`TYPESAFE_SEARCH_MIN_SAFE: must be one of off, moderate, strict, got "${minSafe}"`);
   // The search settings are checked here too, so every problem is listed before anything opens.
   let configuredSources: string[] = [];
   try {
@@ -307,6 +311,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       requestTimeoutMs: int("TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS", 10_000, 100),
       env: searchEnv,
       configuredSources,
+      minSafe,
     },
     webhooks: {
       allowLoopback: allowLoopback === "on",
@@ -412,6 +417,7 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_SEARCH_CONTACT: "e-mail or URL in the User-Agent (Wikimedia and GDELT ask for one)",
   TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS: "deadline of one search",
   TYPESAFE_SEARCH_CACHE_ENTRIES: "cache size per process (0 = off)",
+  TYPESAFE_SEARCH_MIN_SAFE: "lowest `safe` a search may ask (`off`, `moderate`, `strict`); an omitted `safe` takes it",
   "TYPESAFE_SEARCH_<ID>_KEY": "the provider's key (Brave, Exa; optional for Stack Exchange, GitHub)",
   "TYPESAFE_SEARCH_<ID>_URL": "base URL (mirror, proxy, tests)",
   "TYPESAFE_SEARCH_<ID>_PRICE_UNITS": "price per call in units (1 credit = 1,000,000)",

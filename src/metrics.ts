@@ -18,6 +18,8 @@ export interface Metrics {
   recordDecision(tokens: { input: number; cachedInput: number; output: number }, methods: string[]): void;
   /** One search source's part in a search: its reported status, latency and whether the cache answered. */
   recordSearchSource(source: string, status: string, seconds: number, cached: boolean): void;
+  /** Results of one source that typesafe's own filter check dropped, by filter (`d`, `xd`, `l`, `c`). */
+  recordSearchFilterDrops(source: string, dropped: Partial<Record<string, number>>): void;
   /** Where each scrape reads how many client connections are open. */
   observeOpenConnections(count: () => number): void;
   /** One client connection (or HTTP/2 stream) closed because it outlived one of the server's timeouts. */
@@ -112,6 +114,12 @@ export function createMetrics(deps: {
     help: "Latency of each search source's part, cache hits included.",
     labelNames: ["source"] as const,
     buckets: [0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+    registers: [registry],
+  });
+  const searchFilterDrops = new Counter({
+    name: "typesafe_search_filter_dropped_total",
+    help: "Search results dropped by typesafe's own check of a filter (d, xd, l, c), by source: after a native filter, leaks caught.",
+    labelNames: ["source", "filter"] as const,
     registers: [registry],
   });
   const searchCacheHits = new Counter({
@@ -252,6 +260,9 @@ export function createMetrics(deps: {
       searchSources.inc({ source, status });
       searchSeconds.observe({ source }, seconds);
       if (cached) searchCacheHits.inc({ source });
+    },
+    recordSearchFilterDrops(source, dropped) {
+      for (const [filter, count] of Object.entries(dropped)) if (count) searchFilterDrops.inc({ source, filter }, count);
     },
     observeOpenConnections(count) {
       openConnections = count;

@@ -736,7 +736,7 @@ export interface components {
         };
         "typesafe.search.v1.SourceReport": {
             id: string;
-            /** @description ok, empty, skipped, not_configured, suspended, rate_limited, timeout, error. */
+            /** @description ok, empty, skipped, filtered_out, not_configured, suspended, rate_limited, timeout, error. filtered_out: the filters leave nothing this source can return, so it was not called. */
             status: string;
             /** @description Fixed text written by the service (never upstream text); empty when there is nothing to add. */
             reason: string;
@@ -754,6 +754,25 @@ export interface components {
             cached: boolean;
             /** @description What this source cost the caller: its price when its upstream call answered, else 0. */
             cost_credits: number;
+            /** @description How this source applied each filter the request asked; absent when it asked none. */
+            filters?: components["schemas"]["typesafe.search.v1.SourceFilters"];
+        };
+        /** @description One entry per filter of the request (`d`, `xd`, `l`, `c`, `safe`); a filter not asked has no entry. */
+        "typesafe.search.v1.SourceFilters": {
+            d?: components["schemas"]["typesafe.search.v1.FilterOutcome"];
+            xd?: components["schemas"]["typesafe.search.v1.FilterOutcome"];
+            l?: components["schemas"]["typesafe.search.v1.FilterOutcome"];
+            c?: components["schemas"]["typesafe.search.v1.FilterOutcome"];
+            safe?: components["schemas"]["typesafe.search.v1.FilterOutcome"];
+        };
+        "typesafe.search.v1.FilterOutcome": {
+            /** @description "native": sent to the provider in its own parameter; "post_filtered": the provider has none, typesafe checked each result; "unsupported": neither is possible, the results are kept unchecked (this entry is the flag). */
+            applied: string;
+            /**
+             * Format: int32
+             * @description Results typesafe dropped for this filter: with "native", results the provider should not have returned (a leak caught).
+             */
+            dropped: number;
         };
         "typesafe.search.v1.SearchUsage": {
             /**
@@ -804,6 +823,16 @@ export interface components {
              * @enum {string|null}
              */
             w?: "" | "any" | "24h" | "7d" | "30d" | null;
+            /** @description Domains to keep: only results whose host is one of these or under one of them ("example.com" also keeps "docs.example.com"; "*.example.com" keeps its subdomains only). At most 20 host names; no scheme, path or port. */
+            d?: string[] | null;
+            /** @description Domains to drop, the same form as `d`: no result from these or their subdomains is returned. At most 20, none also in `d`. */
+            xd?: string[] | null;
+            /** @description Language of the results: an ISO 639-1 code in lower case ("de"). */
+            l?: string | null;
+            /** @description Country the results come from: an ISO 3166-1 alpha-2 code in upper case ("DE"). */
+            c?: string | null;
+            /** @description Safe search: "off", "moderate" or "strict"; omitted leaves each source's own default (the operator may set a minimum). */
+            safe?: string | null;
         };
         "typesafe.search.v1.ListSourcesResponse": {
             sources: components["schemas"]["typesafe.search.v1.SourceInfo"][];

@@ -14,9 +14,12 @@ export const TTL_MS: Record<SearchWindow, number> = { "24h": 5 * MINUTE, "7d": 1
 /** Empty answers are kept briefly: "nothing yet" is the answer most likely to change. */
 export const EMPTY_TTL_MS = 5 * MINUTE;
 
-/** Same source, adapter version, normalized query and window ⇒ same upstream answer. */
-export function cacheKey(source: string, version: number, query: string, window: SearchWindow): string {
-  return JSON.stringify([source, version, window, query]);
+/**
+ * Same source, adapter version, normalized query, window and filters ⇒ same
+ * upstream answer. Without filters the key is what it always was.
+ */
+export function cacheKey(source: string, version: number, query: string, window: SearchWindow, filters = ""): string {
+  return filters === "" ? JSON.stringify([source, version, window, query]) : JSON.stringify([source, version, window, query, filters]);
 }
 
 /** NFC, trimmed, whitespace collapsed; case kept, because some upstreams are case-sensitive. */

@@ -14,6 +14,7 @@ import type { Logger } from "../logger.js";
 import { unitsToCredits } from "../units.js";
 import { cacheKey, createSingleFlight, createTtlCache, EMPTY_TTL_MS, normalizeQuery, TTL_MS } from "./cache.js";
 import { fuse, normalizeItems, postFilter, type NormalizedItem, type RankedList } from "./merge.js";
+import { applyFilters, completePlan, filterReport, filtersAsked, filtersKey, PAGE_SIZE, readFilters, type FilterPlan, type SearchFilters } from "./filters.js";
 import { createRateGate } from "./rate-gate.js";
 import { linkedSignal, type LinkedSignal } from "../abort-signals.js";
 import { parseSourceCatalog, type SourceEntry } from "./source-config.js";
@@ -36,6 +37,10 @@ export interface SearchPlan {
   /** Requested sources that are not configured: reported as not_configured, cost 0. */
   notConfigured: string[];
   window: "any" | "24h" | "7d" | "30d";
+  /** The request's filters (none: empty lists, nothing else set). */
+  filters: SearchFilters;
+  /** How each resolved source applies the filters, by source id. */
+  filterPlans: Map<string, FilterPlan>;
   /**
    * Sum of the prices (integer units) of every resolved source that can run
    * under the window. A source skipped because it cannot filter by time can
@@ -68,7 +73,7 @@ export interface SearchEngine {
   close(): void;
 }
 
-export type SourceStatus = "ok" | "empty" | "skipped" | "not_configured" | "suspended" | "rate_limited" | "timeout" | "error";
+export type SourceStatus = "ok" | "empty" | "skipped" | "filtered_out" | "not_configured" | "suspended" | "rate_limited" | "timeout" | "error";
 
 /** Room left between the fan-out deadline and the RPC deadline for merging and settling. */
 export const DEADLINE_MARGIN_MS = 250;
@@ -120,7 +125,7 @@ export function createSearchEngine(deps: {
   config: SearchConfig;
   logger: Logger;
   now?: () => number;
-  metrics?: Pick<Metrics, "recordSearchSource">;
+  metrics?: Pick<Metrics, "recordSearchSource" | "recordSearchFilterDrops">;
 }): SearchEngine {
   const now = deps.now ?? Date.now;
   const logger = deps.logger.child({ component: "search" });
@@ -149,7 +154,7 @@ export function createSearchEngine(deps: {
   };
 
   /** One upstream attempt: token, call, classification, cache fill. Shared by concurrent identical requests. */
-  async function attempt(entry: SourceEntry, query: string, window: SearchWindow, tMs: number, key: string, deadlineAt: number, signal: AbortSignal): Promise<Attempt> {
+  async function attempt(entry: SourceEntry, query: string, window: SearchWindow, filters: SearchFilters, plan: FilterPlan, tMs: number, key: string, deadlineAt: number, signal: AbortSignal): Promise<Attempt> {
     const budget = () => deadlineAt - performance.now();
     let admission;
     try {
@@ -165,7 +170,7 @@ export function createSearchEngine(deps: {
     const timeoutMs = Math.max(1, Math.floor(Math.min(entry.timeoutMs, budget())));
     const link = linkedSignal([signal], timeoutMs);
     try {
-      return await call(entry, query, window, tMs, key, timeoutMs, link);
+      return await call(entry, query, window, filters, plan, tMs, key, timeoutMs, link);
     } finally {
       link.dispose();
       admission.release();
@@ -174,10 +179,10 @@ export function createSearchEngine(deps: {
 
   /** The upstream call itself and the classification of its outcome. */
   async function call(
-    entry: SourceEntry, query: string, window: SearchWindow, tMs: number, key: string, timeoutMs: number, link: LinkedSignal,
+    entry: SourceEntry, query: string, window: SearchWindow, filters: SearchFilters, plan: FilterPlan, tMs: number, key: string, timeoutMs: number, link: LinkedSignal,
   ): Promise<Attempt> {
     try {
-      const answer = await adapters.get(entry.id)!.search({ query, window, nowMs: tMs, signal: link.signal });
+      const answer = await adapters.get(entry.id)!.search({ query, window, nowMs: tMs, signal: link.signal, filters, plan });
       gate.recordSuccess(entry.id);
       if (answer.pauseMs !== undefined) gate.suspend(entry.id, answer.pauseMs);
       const items = normalizeItems(answer.items);
@@ -214,10 +219,14 @@ export function createSearchEngine(deps: {
   }
 
   async function runSource(
-    entry: SourceEntry, query: string, window: SearchWindow, tMs: number, deadlineAt: number, deadline: AbortSignal, caller: AbortSignal,
+    entry: SourceEntry, query: string, window: SearchWindow, filters: SearchFilters, plan: FilterPlan, tMs: number, deadlineAt: number, deadline: AbortSignal, caller: AbortSignal,
   ): Promise<SourceRun> {
     const started = performance.now();
-    const finish = (status: SourceStatus, fields: { reason?: string; items?: NormalizedItem[]; cached?: boolean; charged?: boolean; called?: boolean } = {}): SourceRun => {
+    const filtered = filtersAsked(filters).length > 0;
+    const finish = (
+      status: SourceStatus,
+      fields: { reason?: string; items?: NormalizedItem[]; cached?: boolean; charged?: boolean; called?: boolean; dropped?: Partial<Record<string, number>> } = {},
+    ): SourceRun => {
       const items = fields.items ?? [];
       const chargedUnits = fields.charged ? entry.priceUnits : 0;
       const seconds = (performance.now() - started) / 1000;
@@ -231,6 +240,7 @@ export function createSearchEngine(deps: {
           latencyMs: Math.round(seconds * 1000),
           cached: fields.cached ?? false,
           costCredits: unitsToCredits(chargedUnits),
+          ...(filtered ? { filters: filterReport(filters, plan, fields.dropped ?? {}) } : {}),
         },
         items,
         chargedUnits,
@@ -238,16 +248,20 @@ export function createSearchEngine(deps: {
       };
     };
     const answered = (items: NormalizedItem[], note: string | undefined, cached: boolean, charged: boolean) => {
-      const kept = postFilter(items, windowCutoffMs(window, tMs)).map((item, i) => ({ ...item, rank: i + 1 }));
-      return finish(kept.length > 0 ? "ok" : "empty", { items: kept, reason: note ?? "", cached, charged, called: charged });
+      const inWindow = postFilter(items, windowCutoffMs(window, tMs));
+      const { kept, dropped } = applyFilters(inWindow, filters, plan);
+      if (filtered) deps.metrics?.recordSearchFilterDrops(entry.id, dropped);
+      const page = (filtered ? kept.slice(0, PAGE_SIZE) : kept).map((item, i) => ({ ...item, rank: i + 1 }));
+      return finish(page.length > 0 ? "ok" : "empty", { items: page, reason: note ?? "", cached, charged, called: charged, dropped });
     };
 
     if (!canRun(entry, window)) return finish("skipped", { reason: "source cannot filter by time window" });
+    if (plan.cannotServe) return finish("filtered_out", { reason: plan.cannotServe.reason });
     const adapter = adapters.get(entry.id)!;
     const prepared = adapter.prepare?.(query) ?? { query };
     if ("skip" in prepared) return finish("skipped", { reason: prepared.skip });
     query = prepared.query;
-    const key = cacheKey(entry.id, adapter.version, query, window);
+    const key = cacheKey(entry.id, adapter.version, query, window, filtersKey(filters));
     const hit = cache.get(key);
     if (hit) return answered(hit.items, hit.note, true, false);
     const held = heldReason(entry.id);
@@ -258,7 +272,7 @@ export function createSearchEngine(deps: {
     const waiting = linkedSignal([caller, deadline]);
     try {
       const { value, leader } = await flights.run(key, waiting.signal, (shared) =>
-        attempt(entry, query, window, tMs, key, deadlineAt, shared),
+        attempt(entry, query, window, filters, plan, tMs, key, deadlineAt, shared),
       );
       if (value.status === "ok") return answered(value.items, value.note, !leader, leader);
       return finish(value.status, { reason: value.reason, called: leader && value.called });
@@ -319,7 +333,18 @@ export function createSearchEngine(deps: {
           });
         }
       }
-      const runnable = chosen.filter((e) => canRun(e, w));
+      const filters = readFilters(request, deps.config.minSafe);
+      const asked = filtersAsked(filters).length > 0;
+      const query = normalizeQuery(request.q);
+      const filterPlans = new Map(chosen.map((e) => [e.id, completePlan(filters, asked ? adapters.get(e.id)!.planFilters?.(filters, query) : undefined)]));
+      const windowed = chosen.filter((e) => canRun(e, w));
+      const runnable = windowed.filter((e) => !filterPlans.get(e.id)!.cannotServe);
+      if (windowed.length > 0 && runnable.length === 0) {
+        const first = filterPlans.get(windowed[0]!.id)!.cannotServe!;
+        throw apiError("INVALID_ARGUMENT", `the filters leave nothing to search: ${windowed.map((e) => `${e.id} (${filterPlans.get(e.id)!.cannotServe!.reason})`).join("; ")}`, {
+          field: first.field, rule: "leaves_a_source", metadata: { sources: windowed.map((e) => e.id).join(",") },
+        });
+      }
       if (runnable.length === 0) {
         const capable = configured.filter((e) => e.supportsTimeWindow).map((e) => e.id);
         throw apiError("INVALID_ARGUMENT", `w=${w} cannot be honoured by ${chosen.map((e) => e.id).join(", ")}: they cannot filter by time; sources that can: ${capable.join(", ")}`, {
@@ -330,6 +355,8 @@ export function createSearchEngine(deps: {
         sources: chosen.map((e) => e.id),
         notConfigured,
         window: w,
+        filters,
+        filterPlans,
         reserveUnits: runnable.reduce((sum, e) => sum + e.priceUnits, 0),
       };
     },
@@ -348,7 +375,7 @@ export function createSearchEngine(deps: {
           .filter((e) => planned.has(e.id))
           .map((e): Promise<SourceRun> | SourceRun =>
             plan.sources.includes(e.id) && e.configured
-              ? runSource(e, query, plan.window, tMs, deadlineAt, deadline.signal, signal)
+              ? runSource(e, query, plan.window, plan.filters, plan.filterPlans.get(e.id)!, tMs, deadlineAt, deadline.signal, signal)
               : notConfiguredRun(e.id),
           ),
       ).finally(deadline.dispose);

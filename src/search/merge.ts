@@ -32,6 +32,9 @@ export interface NormalizedItem {
   rank: number;
   /** Grouping keys, strongest first: doi:, arxiv:, then url:. */
   keys: string[];
+  /** Language (ISO 639-1) and country (ISO 3166-1 alpha-2) the source states for this result, for the filters' check. */
+  language?: string;
+  country?: string;
 }
 
 /** One source's contribution to a fusion. */
@@ -217,6 +220,8 @@ export function normalizeItems(items: RawItem[]): NormalizedItem[] {
       publishedAt: cleanDate(item.publishedAt),
       rank: out.length + 1,
       keys,
+      ...(item.language !== undefined ? { language: item.language } : {}),
+      ...(item.country !== undefined ? { country: item.country } : {}),
     });
   }
   return out;

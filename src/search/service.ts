@@ -25,7 +25,7 @@ export interface SearchServiceDeps {
   logger: Logger;
   /** Request time T for windows, cache TTLs and rate budgets; tests inject a clock. */
   now?: () => number;
-  metrics?: Pick<Metrics, "recordSearchSource">;
+  metrics?: Pick<Metrics, "recordSearchSource" | "recordSearchFilterDrops">;
 }
 
 /**
@@ -45,7 +45,7 @@ export function createSearchService(deps: SearchServiceDeps): ServiceImpl<typeof
   return {
     async search(request, ctx: HandlerContext) {
       const apiKey = requireApiKey(ctx);
-      throwIfInvalid(validateSearchRequest(request));
+      throwIfInvalid(validateSearchRequest(request, deps.config.minSafe));
       let plan: SearchPlan;
       try {
         plan = engine.resolve(request);

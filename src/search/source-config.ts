@@ -124,7 +124,7 @@ const NEEDS_CONTACT = new Set<SourceId>(["wikipedia", "gdelt"]);
 
 const PER_SOURCE_SETTINGS = ["KEY", "URL", "PRICE_UNITS", "DEFAULT", "WEIGHT", "TIMEOUT_MS", "RATE", "CONCURRENCY"];
 /** Variables of the TYPESAFE_SEARCH_ namespace read elsewhere (config.ts). */
-const GLOBAL_SETTINGS = ["SOURCES", "CONTACT", "CACHE_ENTRIES", "REQUEST_TIMEOUT_MS"];
+const GLOBAL_SETTINGS = ["SOURCES", "CONTACT", "CACHE_ENTRIES", "REQUEST_TIMEOUT_MS", "MIN_SAFE"];
 
 /**
  * Parses the catalog; throws ConfigError listing every bad value. `onRead`

@@ -1,5 +1,6 @@
 import type { SearchRequest } from "../gen/typesafe/search/v1/search_service_pb.js";
 import { UNICODE_RULE, hasLoneSurrogate, type Violation } from "../validation.js";
+import { validateFilters, type SafeLevel } from "./filters.js";
 
 /** Every source id of the contract; the search engine knows which are configured. */
 export const SOURCE_IDS = ["brave", "exa", "wikipedia", "hackernews", "stackoverflow", "github", "arxiv", "gdelt"] as const;
@@ -12,7 +13,7 @@ export const MAX_QUERY_CHARS = 300;
  * The request rules of the search contract, checked before any money moves.
  * The query length counts code points, so an emoji is one character.
  */
-export function validateSearchRequest(request: SearchRequest): Violation[] {
+export function validateSearchRequest(request: SearchRequest, minSafe: SafeLevel = "off"): Violation[] {
   const violations: Violation[] = [];
   const length = [...request.q].length;
   if (hasLoneSurrogate(request.q)) {
@@ -36,6 +37,7 @@ export function validateSearchRequest(request: SearchRequest): Violation[] {
   if (duplicate !== undefined) {
     violations.push({ field: "s", rule: `lists "${duplicate}" twice` });
   }
+  violations.push(...validateFilters(request, minSafe));
   return violations;
 }
 

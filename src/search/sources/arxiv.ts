@@ -4,6 +4,12 @@ import { retryAfterMs } from "./retry-after.js";
 import { SourceFailure } from "./source-failure.js";
 import type { SearchSource, SourceSettings } from "./types.js";
 import { windowCutoffMs } from "./window.js";
+import { siteDomainPlan, type FilterPlan, type SearchFilters } from "../filters.js";
+
+/** Every result is an abstract page on arxiv.org; arXiv states no language or country per paper. */
+export function arxivPlan(filters: SearchFilters): FilterPlan {
+  return siteDomainPlan("arxiv.org", filters);
+}
 
 /**
  * arXiv API (Atom XML). The query is each term as `all:<term>` joined with
@@ -17,6 +23,7 @@ export function createArxivSource(settings: SourceSettings): SearchSource {
   return {
     id: "arxiv",
     version: 1,
+    planFilters: arxivPlan,
     async search(call) {
       const terms = arxivTerms(call.query);
       if (terms.length === 0) {

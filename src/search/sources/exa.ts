@@ -4,6 +4,7 @@ import { readJson } from "./read-answer.js";
 import { SourceFailure } from "./source-failure.js";
 import type { SearchSource, SourceSettings } from "./types.js";
 import { windowCutoffMs } from "./window.js";
+import type { FilterPlan, SearchFilters } from "../filters.js";
 
 /** Exa says nothing about when a top-up lands: look again after an hour. */
 export const EXA_QUOTA_RECHECK_MS = 3600_000;
@@ -16,6 +17,7 @@ export function createExaSource(settings: SourceSettings): SearchSource {
   return {
     id: "exa",
     version: 2,
+    planFilters: exaPlan,
     async search(call) {
       const body: Record<string, unknown> = {
         query: call.query,
@@ -25,6 +27,7 @@ export function createExaSource(settings: SourceSettings): SearchSource {
       };
       const cutoff = windowCutoffMs(call.window, call.nowMs);
       if (cutoff !== undefined) body["startPublishedDate"] = new Date(cutoff).toISOString();
+      if (call.filters) Object.assign(body, exaNative(call.filters));
       const res = await callUpstream(settings, endpoint(settings.baseUrl, "/search"), call, {
         method: "POST",
         headers: { Accept: "application/json", "Content-Type": "application/json", "x-api-key": settings.key ?? "" },
@@ -55,6 +58,36 @@ export function createExaSource(settings: SourceSettings): SearchSource {
           };
         }),
       };
+    },
+  };
+}
+
+/**
+ * The filters as Exa takes them (exa.ai/docs/reference/search): domains in
+ * `includeDomains` / `excludeDomains` (a "*." entry to keep goes as its
+ * domain, wider, and typesafe's check narrows it; one to drop is left to the
+ * check, since Exa's would drop the domain itself too); safe search as
+ * `moderation: true`, which filters unsafe content, for moderate and strict.
+ * Exa has no language or country filter (userLocation only biases ranking)
+ * and states neither per result. It charges by result count, so no larger page.
+ */
+export function exaNative(filters: SearchFilters): Record<string, unknown> {
+  const body: Record<string, unknown> = {};
+  if (filters.include.length > 0) body["includeDomains"] = [...new Set(filters.include.map((r) => r.host))];
+  const exclude = filters.exclude.filter((r) => !r.subdomainsOnly).map((r) => r.host);
+  if (exclude.length > 0) body["excludeDomains"] = exclude;
+  if (filters.safe === "moderate" || filters.safe === "strict") body["moderation"] = true;
+  return body;
+}
+
+export function exaPlan(filters: SearchFilters): FilterPlan {
+  return {
+    applied: {
+      d: "native",
+      xd: filters.exclude.every((r) => !r.subdomainsOnly) ? "native" : "post_filtered",
+      l: "unsupported",
+      c: "unsupported",
+      safe: "native",
     },
   };
 }

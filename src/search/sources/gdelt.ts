@@ -4,6 +4,8 @@ import { readText } from "./read-answer.js";
 import { SourceFailure } from "./source-failure.js";
 import type { SearchSource, SourceSettings } from "./types.js";
 import type { SearchWindow } from "../validate.js";
+import { PAGE_SIZE, type FilterPlan, type SearchFilters } from "../filters.js";
+import { countryCodeOfName, countryName, languageCodeOfName, languageName, squashName } from "../codes.js";
 
 export const GDELT_TIMESPAN: Record<SearchWindow, string | undefined> = { any: undefined, "24h": "24h", "7d": "7d", "30d": "30d" };
 /**
@@ -31,12 +33,14 @@ export function createGdeltSource(settings: SourceSettings): SearchSource {
       const kept = gdeltQuery(query);
       return kept === "" ? { skip: `every keyword is shorter than ${GDELT_MIN_KEYWORD} characters, which GDELT rejects` } : { query: kept };
     },
+    planFilters: gdeltPlan,
     async search(call) {
       const url = endpoint(settings.baseUrl, "/api/v2/doc/doc");
-      url.searchParams.set("query", gdeltQuery(call.query));
+      const operators = call.filters ? gdeltOperators(call.filters) : [];
+      url.searchParams.set("query", [gdeltQuery(call.query), ...operators].join(" "));
       url.searchParams.set("mode", "ArtList");
       url.searchParams.set("format", "json");
-      url.searchParams.set("maxrecords", "10");
+      url.searchParams.set("maxrecords", String(call.plan?.fetchCount ?? PAGE_SIZE));
       url.searchParams.set("sort", "HybridRel");
       const timespan = GDELT_TIMESPAN[call.window];
       if (timespan) url.searchParams.set("timespan", timespan);
@@ -65,6 +69,9 @@ export function createGdeltSource(settings: SourceSettings): SearchSource {
             snippet: [a["domain"], a["language"], a["sourcecountry"]].map(asString).filter((f) => f !== "").join(" · "),
             generatedSnippet: true,
             publishedAt: gdeltDate(asString(a["seendate"])),
+            // GDELT states each article's language and source country by English name ("Spanish", "United Kingdom").
+            language: languageCodeOfName(asString(a["language"])),
+            country: countryCodeOfName(asString(a["sourcecountry"])),
           };
         }),
       };
@@ -107,4 +114,42 @@ export function parseGdeltJson(text: string): unknown {
       throw new SourceFailure("error", "upstream sent unreadable JSON", { cause: err });
     }
   }
+}
+
+/** GDELT's largest ArtList page (maxrecords up to 250); every call is free. */
+export const GDELT_FILTERED_PAGE = 30;
+
+/**
+ * The filters as GDELT DOC 2.0 operators, appended to the query: `domain:`
+ * for each domain to keep (ORed in parentheses when several), `-domain:` for
+ * each to drop, `sourcelang:` and `sourcecountry:` with the English name
+ * without spaces ("sourcecountry:unitedkingdom"), as the DOC 2.0 API's
+ * announcement documents. `domain:` is a substring match (gdelt-doc-api
+ * filters.py: "cnn.com" also matches "notactuallycnn.com"), so typesafe's
+ * check drops what leaks, and a larger page keeps the page full. GDELT has
+ * no safe search.
+ */
+export function gdeltOperators(filters: SearchFilters): string[] {
+  const operators: string[] = [];
+  const keep = [...new Set(filters.include.map((r) => `domain:${r.host}`))];
+  if (keep.length === 1) operators.push(keep[0]!);
+  else if (keep.length > 1) operators.push(`(${keep.join(" OR ")})`);
+  for (const rule of filters.exclude) if (!rule.subdomainsOnly) operators.push(`-domain:${rule.host}`);
+  if (filters.language !== undefined) operators.push(`sourcelang:${squashName(languageName(filters.language))}`);
+  if (filters.country !== undefined) operators.push(`sourcecountry:${squashName(countryName(filters.country))}`);
+  return operators;
+}
+
+export function gdeltPlan(filters: SearchFilters): FilterPlan {
+  const domains = filters.include.length > 0 || filters.exclude.length > 0;
+  return {
+    applied: {
+      d: "native",
+      xd: filters.exclude.every((r) => !r.subdomainsOnly) ? "native" : "post_filtered",
+      l: "native",
+      c: "native",
+      safe: "unsupported",
+    },
+    ...(domains ? { fetchCount: GDELT_FILTERED_PAGE } : {}),
+  };
 }

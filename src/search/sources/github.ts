@@ -5,6 +5,12 @@ import { clampPauseMs, retryAfterMs } from "./retry-after.js";
 import { SourceFailure } from "./source-failure.js";
 import type { SearchSource, SourceSettings } from "./types.js";
 import { windowCutoffMs } from "./window.js";
+import { siteDomainPlan, type FilterPlan, type SearchFilters } from "../filters.js";
+
+/** Every result is a repository on github.com; GitHub states no language of prose, country or rating. */
+export function githubPlan(filters: SearchFilters): FilterPlan {
+  return siteDomainPlan("github.com", filters);
+}
 
 /**
  * GitHub repository search. Under a window the query gets a
@@ -21,6 +27,7 @@ export function createGitHubSource(settings: SourceSettings): SearchSource {
   return {
     id: "github",
     version: 2,
+    planFilters: githubPlan,
     async search(call) {
       const url = endpoint(settings.baseUrl, "/search/repositories");
       const cutoff = windowCutoffMs(call.window, call.nowMs);

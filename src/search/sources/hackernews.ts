@@ -3,6 +3,20 @@ import { asNumber, asRecord, asString, isoFromUnixSeconds, requireArray, require
 import { readJson } from "./read-answer.js";
 import type { SearchSource, SourceSettings } from "./types.js";
 import { windowCutoffMs } from "./window.js";
+import { PAGE_SIZE, type FilterPlan, type SearchFilters } from "../filters.js";
+
+/**
+ * Algolia's HN search has no domain, language, country or safe-search
+ * parameter (hn.algolia.com/api): typesafe checks domains on each story's
+ * link and asks for a larger page to fill its own after the check; Algolia
+ * allows up to 1000 hits per page (hitsPerPage), free like any other.
+ */
+export const HN_FILTERED_PAGE = 50;
+
+export function hackernewsPlan(filters: SearchFilters): FilterPlan {
+  const domains = filters.include.length > 0 || filters.exclude.length > 0;
+  return { applied: {}, ...(domains ? { fetchCount: HN_FILTERED_PAGE } : {}) };
+}
 
 /**
  * Hacker News through Algolia's relevance endpoint (/search, never
@@ -16,11 +30,12 @@ export function createHackerNewsSource(settings: SourceSettings): SearchSource {
   return {
     id: "hackernews",
     version: 2,
+    planFilters: hackernewsPlan,
     async search(call) {
       const url = endpoint(settings.baseUrl, "/api/v1/search");
       url.searchParams.set("query", call.query);
       url.searchParams.set("tags", "story");
-      url.searchParams.set("hitsPerPage", "10");
+      url.searchParams.set("hitsPerPage", String(call.plan?.fetchCount ?? PAGE_SIZE));
       const cutoff = windowCutoffMs(call.window, call.nowMs);
       if (cutoff !== undefined) url.searchParams.set("numericFilters", `created_at_i>${Math.floor(cutoff / 1000)}`);
       const res = await callUpstream(settings, url, call, { headers: { Accept: "application/json" } });

@@ -5,6 +5,7 @@ import { clampPauseMs } from "./retry-after.js";
 import { SourceFailure } from "./source-failure.js";
 import type { SearchSource, SourceSettings } from "./types.js";
 import { windowCutoffMs } from "./window.js";
+import { hostAllowed, type FilterPlan, type SearchFilters } from "../filters.js";
 
 const DEFAULT_THROTTLE_MS = 180_000;
 
@@ -19,10 +20,11 @@ export function createStackOverflowSource(settings: SourceSettings): SearchSourc
   return {
     id: "stackoverflow",
     version: 2,
+    planFilters: stackExchangePlan,
     async search(call) {
       const url = endpoint(settings.baseUrl, "/2.3/search/advanced");
       url.searchParams.set("q", call.query);
-      url.searchParams.set("site", "stackoverflow");
+      url.searchParams.set("site", call.filters ? (stackExchangeSite(call.filters) ?? "stackoverflow") : "stackoverflow");
       url.searchParams.set("sort", "relevance");
       url.searchParams.set("order", "desc");
       url.searchParams.set("pagesize", "10");
@@ -87,4 +89,47 @@ function classifyError(status: number, errorId: number | undefined, message: str
 function msUntilNextUtcMidnight(nowMs: number): number {
   const d = new Date(nowMs);
   return Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), d.getUTCDate() + 1) - nowMs;
+}
+
+/**
+ * Stack Exchange sites by language: Stack Overflow is English; its sister
+ * sites in Spanish, Russian, Portuguese and Japanese live on their own hosts
+ * (stackexchange.com/sites).
+ */
+export const STACK_OVERFLOW_BY_LANGUAGE: Record<string, string> = {
+  en: "stackoverflow.com", es: "es.stackoverflow.com", ru: "ru.stackoverflow.com", pt: "pt.stackoverflow.com", ja: "ja.stackoverflow.com",
+};
+
+/** Hosts of Stack Exchange network sites besides *.stackexchange.com (stackexchange.com/sites). */
+const NETWORK_HOSTS = new Set(["stackoverflow.com", "superuser.com", "serverfault.com", "askubuntu.com", "mathoverflow.net", "stackapps.com",
+  ...Object.values(STACK_OVERFLOW_BY_LANGUAGE)]);
+
+function isNetworkSite(host: string): boolean {
+  return NETWORK_HOSTS.has(host) || /^[a-z0-9-]+\.stackexchange\.com$/.test(host);
+}
+
+/**
+ * The one site to search: the API searches a single site per call, named by
+ * `site` as its domain or short name (api.stackexchange.com/docs: "the full
+ * domain name (ie. "stackoverflow.com"), or a short form"). With domains to
+ * keep, the first kept network site; with a language, that language's Stack
+ * Overflow; otherwise Stack Overflow. Undefined when the filters leave none.
+ */
+export function stackExchangeSite(filters: SearchFilters): string | undefined {
+  const byLanguage = filters.language === undefined ? undefined : STACK_OVERFLOW_BY_LANGUAGE[filters.language];
+  if (filters.language !== undefined && byLanguage === undefined) return undefined;
+  const candidates = filters.include.length > 0 ? filters.include.filter((r) => !r.subdomainsOnly && isNetworkSite(r.host)).map((r) => r.host) : ["stackoverflow.com"];
+  const site = (byLanguage ? [byLanguage] : candidates).find((host) => hostAllowed(host, filters));
+  if (site === undefined) return undefined;
+  return site === "stackoverflow.com" ? "stackoverflow" : site;
+}
+
+export function stackExchangePlan(filters: SearchFilters): FilterPlan {
+  const applied = { d: "native", xd: "native", l: "native", c: "unsupported", safe: "unsupported" } as const;
+  if (stackExchangeSite(filters) !== undefined) return { applied };
+  const field = filters.language !== undefined && STACK_OVERFLOW_BY_LANGUAGE[filters.language] === undefined ? "l" : filters.include.length > 0 ? "d" : "xd";
+  const reason = field === "l"
+    ? `Stack Overflow has no site in language ${filters.language}`
+    : "the domains leave no Stack Exchange site to search";
+  return { applied, cannotServe: { field, reason } };
 }

@@ -1,4 +1,5 @@
 import type { Logger } from "../../logger.js";
+import type { FilterPlan, SearchFilters } from "../filters.js";
 import type { SearchWindow, SourceId } from "../validate.js";
 
 /**
@@ -16,6 +17,13 @@ export interface SearchSource {
   prepare?(query: string): { query: string } | { skip: string };
   /** Bumped when the mapping changes, so cached answers of the old mapping are not served. */
   readonly version: number;
+  /**
+   * Pure: how this provider takes each asked filter (its own parameter, or
+   * not at all), whether it can serve them at all, and how many results to
+   * ask for when typesafe's check may drop some. Without it, domains are
+   * checked by typesafe and the other filters are unsupported.
+   */
+  planFilters?(filters: SearchFilters, query: string): FilterPlan;
   /** One upstream call. Resolves with the provider's items in its own order; throws SourceFailure. */
   search(call: SourceCall): Promise<SourceAnswer>;
 }
@@ -29,6 +37,9 @@ export interface SourceCall {
   nowMs: number;
   /** Fires on the source's timeout, the overall deadline or the caller's cancellation. */
   signal: AbortSignal;
+  /** The request's filters, and how this source applies them (its planFilters answer, completed by the engine); absent: none. */
+  filters?: SearchFilters;
+  plan?: FilterPlan;
 }
 
 /** One item as the provider gave it; normalize() in merge.ts cleans and validates it. */
@@ -48,6 +59,10 @@ export interface RawItem {
   /** Paper identifiers, used as dedupe keys ahead of the URL. */
   doi?: string | undefined;
   arxivId?: string | undefined;
+  /** The result's language as an ISO 639-1 code, when the provider states one. */
+  language?: string | undefined;
+  /** The result's country as an ISO 3166-1 alpha-2 code, when the provider states one. */
+  country?: string | undefined;
 }
 
 /** What an adapter returns from one successful upstream call. */

@@ -3,6 +3,7 @@ import { asRecord, asString, requireArray, requireRecord } from "./json-fields.j
 import { readJson } from "./read-answer.js";
 import { SourceFailure } from "./source-failure.js";
 import type { SearchSource, SourceSettings } from "./types.js";
+import { siteDomainPlan, type FilterPlan, type SearchFilters } from "../filters.js";
 
 /** Articles are linked on the public site even when the API is reached through a mirror or proxy. */
 export const WIKIPEDIA_ARTICLE_BASE = "https://en.wikipedia.org/wiki/";
@@ -16,8 +17,10 @@ export function createWikipediaSource(settings: SourceSettings): SearchSource {
   return {
     id: "wikipedia",
     version: 2,
+    planFilters: (filters) => wikipediaPlan(settings.baseUrl, filters),
     async search(call) {
-      const url = endpoint(settings.baseUrl, "/w/api.php");
+      const lang = call.filters?.language ?? "en";
+      const url = endpoint(wikipediaApiBase(settings.baseUrl, lang) ?? settings.baseUrl, "/w/api.php");
       url.searchParams.set("action", "query");
       url.searchParams.set("list", "search");
       url.searchParams.set("srsearch", call.query);
@@ -48,7 +51,7 @@ export function createWikipediaSource(settings: SourceSettings): SearchSource {
             const title = asString(h["title"]);
             return {
               title,
-              url: title === "" || !isWellFormed(title) ? "" : WIKIPEDIA_ARTICLE_BASE + articlePath(title),
+              url: title === "" || !isWellFormed(title) ? "" : articleBase(lang) + articlePath(title),
               snippet: asString(h["snippet"]),
               publishedAt: null,
             };
@@ -72,4 +75,37 @@ export function articlePath(title: string): string {
   return encodeURIComponent(title.replace(/ /g, "_"))
     .replace(/'/g, "%27")
     .replace(/%(3B|40|24|21|2A|28|29|2C|2F|7E|3A)/gi, (escape) => decodeURIComponent(escape));
+}
+
+function articleBase(lang: string): string {
+  return lang === "en" ? WIKIPEDIA_ARTICLE_BASE : `https://${lang}.wikipedia.org/wiki/`;
+}
+
+/**
+ * The API of the Wikipedia in one language: each language is its own wiki
+ * at its own subdomain (meta.wikimedia.org "List of Wikipedias"), so the
+ * language filter is the choice of host. A base URL naming a
+ * `<xx>.wikipedia.org` host gets its first label replaced; a mirror or proxy
+ * may write `{lang}` where the code goes (http://mirror/{lang}); any other
+ * base serves English only (undefined for other languages).
+ */
+export function wikipediaApiBase(baseUrl: string, lang: string): string | undefined {
+  if (/\{lang\}|%7Blang%7D/i.test(baseUrl)) return baseUrl.replace(/\{lang\}|%7Blang%7D/gi, lang);
+  const url = new URL(baseUrl);
+  if (/^[a-z]{2,3}\.wikipedia\.org$/.test(url.hostname)) {
+    url.hostname = url.hostname.replace(/^[a-z]+/, lang);
+    return url.href.replace(/\/+$/, "");
+  }
+  return lang === "en" ? baseUrl : undefined;
+}
+
+/** Results live on <l>.wikipedia.org; the language is native when the base can reach that wiki, else nothing could match. */
+export function wikipediaPlan(baseUrl: string, filters: SearchFilters): FilterPlan {
+  const lang = filters.language ?? "en";
+  const site = siteDomainPlan(`${lang}.wikipedia.org`, filters);
+  const applied = { ...site.applied, l: "native" as const };
+  if (wikipediaApiBase(baseUrl, lang) === undefined) {
+    return { applied, cannotServe: { field: "l", reason: `the configured Wikipedia URL serves English only, not ${lang}` } };
+  }
+  return { applied, ...(site.cannotServe ? { cannotServe: site.cannotServe } : {}) };
 }

@@ -11,7 +11,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file typesafe/search/v1/search_service.proto.
  */
 export const file_typesafe_search_v1_search_service: GenFile = /*@__PURE__*/
-  fileDesc("Cid0eXBlc2FmZS9zZWFyY2gvdjEvc2VhcmNoX3NlcnZpY2UucHJvdG8SEnR5cGVzYWZlLnNlYXJjaC52MSIwCg1TZWFyY2hSZXF1ZXN0EgkKAXEYASABKAkSCQoBcxgCIAMoCRIJCgF3GAMgASgJIukBCg5TZWFyY2hSZXNwb25zZRIJCgFxGAcgASgJEisKB3Jlc3VsdHMYASADKAsyGi50eXBlc2FmZS5zZWFyY2gudjEuUmVzdWx0EjEKB3NvdXJjZXMYAiADKAsyIC50eXBlc2FmZS5zZWFyY2gudjEuU291cmNlUmVwb3J0EgkKAXMYAyADKAkSCQoBdxgEIAEoCRIuCgV1c2FnZRgFIAEoCzIfLnR5cGVzYWZlLnNlYXJjaC52MS5TZWFyY2hVc2FnZRImCgRjb3N0GAYgASgLMhgudHlwZXNhZmUuc2VhcmNoLnYxLkNvc3Qi0gEKBlJlc3VsdBINCgV0aXRsZRgBIAEoCRILCgN1cmwYAiABKAkSDwoHc25pcHBldBgDIAEoCRIZCgxwdWJsaXNoZWRfYXQYBCABKAlIAIgBARINCgVzY29yZRgFIAEoARIwCghmb3VuZF9pbhgGIAMoCzIeLnR5cGVzYWZlLnNlYXJjaC52MS5Tb3VyY2VSYW5rEhsKDmRpc2N1c3Npb25fdXJsGAcgASgJSAGIAQFCDwoNX3B1Ymxpc2hlZF9hdEIRCg9fZGlzY3Vzc2lvbl91cmwiKgoKU291cmNlUmFuaxIOCgZzb3VyY2UYASABKAkSDAoEcmFuaxgCIAEoBSKKAQoMU291cmNlUmVwb3J0EgoKAmlkGAEgASgJEg4KBnN0YXR1cxgCIAEoCRIOCgZyZWFzb24YAyABKAkSFAoMcmVzdWx0X2NvdW50GAQgASgFEhIKCmxhdGVuY3lfbXMYBSABKAUSDgoGY2FjaGVkGAYgASgIEhQKDGNvc3RfY3JlZGl0cxgHIAEoASJ/CgtTZWFyY2hVc2FnZRIZChFzb3VyY2VzX3JlcXVlc3RlZBgBIAEoBRIYChBzb3VyY2VzX2Fuc3dlcmVkGAIgASgFEhYKDnVwc3RyZWFtX2NhbGxzGAMgASgFEg8KB3Jlc3VsdHMYBCABKAUSEgoKbGF0ZW5jeV9tcxgFIAEoBSKYAQoEQ29zdBIPCgdmdW5kaW5nGAEgASgJEhgKEHJlc2VydmVkX2NyZWRpdHMYAiABKAESFwoPY2hhcmdlZF9jcmVkaXRzGAMgASgBEhcKD2JhbGFuY2VfY3JlZGl0cxgEIAEoARIfChdmcmVlX3JlcXVlc3RzX3JlbWFpbmluZxgFIAEoBRISCgpyZXF1ZXN0X2lkGAYgASgJIhQKEkxpc3RTb3VyY2VzUmVxdWVzdCJGChNMaXN0U291cmNlc1Jlc3BvbnNlEi8KB3NvdXJjZXMYASADKAsyHi50eXBlc2FmZS5zZWFyY2gudjEuU291cmNlSW5mbyKDAQoKU291cmNlSW5mbxIKCgJpZBgBIAEoCRIMCgRraW5kGAIgASgJEhIKCmNvbmZpZ3VyZWQYAyABKAgSHAoUc3VwcG9ydHNfdGltZV93aW5kb3cYBCABKAgSEgoKaXNfZGVmYXVsdBgFIAEoCBIVCg1wcmljZV9jcmVkaXRzGAYgASgBMvQBCg1TZWFyY2hTZXJ2aWNlEmoKBlNlYXJjaBIhLnR5cGVzYWZlLnNlYXJjaC52MS5TZWFyY2hSZXF1ZXN0GiIudHlwZXNhZmUuc2VhcmNoLnYxLlNlYXJjaFJlc3BvbnNlIhmC0+STAhM6ASoiDi9hcGkvdjEvc2VhcmNoEncKC0xpc3RTb3VyY2VzEiYudHlwZXNhZmUuc2VhcmNoLnYxLkxpc3RTb3VyY2VzUmVxdWVzdBonLnR5cGVzYWZlLnNlYXJjaC52MS5MaXN0U291cmNlc1Jlc3BvbnNlIheC0+STAhESDy9hcGkvdjEvc291cmNlc2IGcHJvdG8z", [file_google_api_annotations]);
+  fileDesc("Cid0eXBlc2FmZS9zZWFyY2gvdjEvc2VhcmNoX3NlcnZpY2UucHJvdG8SEnR5cGVzYWZlLnNlYXJjaC52MSJrCg1TZWFyY2hSZXF1ZXN0EgkKAXEYASABKAkSCQoBcxgCIAMoCRIJCgF3GAMgASgJEgkKAWQYBCADKAkSCgoCeGQYBSADKAkSCQoBbBgGIAEoCRIJCgFjGAcgASgJEgwKBHNhZmUYCCABKAki6QEKDlNlYXJjaFJlc3BvbnNlEgkKAXEYByABKAkSKwoHcmVzdWx0cxgBIAMoCzIaLnR5cGVzYWZlLnNlYXJjaC52MS5SZXN1bHQSMQoHc291cmNlcxgCIAMoCzIgLnR5cGVzYWZlLnNlYXJjaC52MS5Tb3VyY2VSZXBvcnQSCQoBcxgDIAMoCRIJCgF3GAQgASgJEi4KBXVzYWdlGAUgASgLMh8udHlwZXNhZmUuc2VhcmNoLnYxLlNlYXJjaFVzYWdlEiYKBGNvc3QYBiABKAsyGC50eXBlc2FmZS5zZWFyY2gudjEuQ29zdCLSAQoGUmVzdWx0Eg0KBXRpdGxlGAEgASgJEgsKA3VybBgCIAEoCRIPCgdzbmlwcGV0GAMgASgJEhkKDHB1Ymxpc2hlZF9hdBgEIAEoCUgAiAEBEg0KBXNjb3JlGAUgASgBEjAKCGZvdW5kX2luGAYgAygLMh4udHlwZXNhZmUuc2VhcmNoLnYxLlNvdXJjZVJhbmsSGwoOZGlzY3Vzc2lvbl91cmwYByABKAlIAYgBAUIPCg1fcHVibGlzaGVkX2F0QhEKD19kaXNjdXNzaW9uX3VybCIqCgpTb3VyY2VSYW5rEg4KBnNvdXJjZRgBIAEoCRIMCgRyYW5rGAIgASgFIs8BCgxTb3VyY2VSZXBvcnQSCgoCaWQYASABKAkSDgoGc3RhdHVzGAIgASgJEg4KBnJlYXNvbhgDIAEoCRIUCgxyZXN1bHRfY291bnQYBCABKAUSEgoKbGF0ZW5jeV9tcxgFIAEoBRIOCgZjYWNoZWQYBiABKAgSFAoMY29zdF9jcmVkaXRzGAcgASgBEjcKB2ZpbHRlcnMYCCABKAsyIS50eXBlc2FmZS5zZWFyY2gudjEuU291cmNlRmlsdGVyc0gAiAEBQgoKCF9maWx0ZXJzIvkBCg1Tb3VyY2VGaWx0ZXJzEiwKAWQYASABKAsyIS50eXBlc2FmZS5zZWFyY2gudjEuRmlsdGVyT3V0Y29tZRItCgJ4ZBgCIAEoCzIhLnR5cGVzYWZlLnNlYXJjaC52MS5GaWx0ZXJPdXRjb21lEiwKAWwYAyABKAsyIS50eXBlc2FmZS5zZWFyY2gudjEuRmlsdGVyT3V0Y29tZRIsCgFjGAQgASgLMiEudHlwZXNhZmUuc2VhcmNoLnYxLkZpbHRlck91dGNvbWUSLwoEc2FmZRgFIAEoCzIhLnR5cGVzYWZlLnNlYXJjaC52MS5GaWx0ZXJPdXRjb21lIjEKDUZpbHRlck91dGNvbWUSDwoHYXBwbGllZBgBIAEoCRIPCgdkcm9wcGVkGAIgASgFIn8KC1NlYXJjaFVzYWdlEhkKEXNvdXJjZXNfcmVxdWVzdGVkGAEgASgFEhgKEHNvdXJjZXNfYW5zd2VyZWQYAiABKAUSFgoOdXBzdHJlYW1fY2FsbHMYAyABKAUSDwoHcmVzdWx0cxgEIAEoBRISCgpsYXRlbmN5X21zGAUgASgFIpgBCgRDb3N0Eg8KB2Z1bmRpbmcYASABKAkSGAoQcmVzZXJ2ZWRfY3JlZGl0cxgCIAEoARIXCg9jaGFyZ2VkX2NyZWRpdHMYAyABKAESFwoPYmFsYW5jZV9jcmVkaXRzGAQgASgBEh8KF2ZyZWVfcmVxdWVzdHNfcmVtYWluaW5nGAUgASgFEhIKCnJlcXVlc3RfaWQYBiABKAkiFAoSTGlzdFNvdXJjZXNSZXF1ZXN0IkYKE0xpc3RTb3VyY2VzUmVzcG9uc2USLwoHc291cmNlcxgBIAMoCzIeLnR5cGVzYWZlLnNlYXJjaC52MS5Tb3VyY2VJbmZvIoMBCgpTb3VyY2VJbmZvEgoKAmlkGAEgASgJEgwKBGtpbmQYAiABKAkSEgoKY29uZmlndXJlZBgDIAEoCBIcChRzdXBwb3J0c190aW1lX3dpbmRvdxgEIAEoCBISCgppc19kZWZhdWx0GAUgASgIEhUKDXByaWNlX2NyZWRpdHMYBiABKAEy9AEKDVNlYXJjaFNlcnZpY2USagoGU2VhcmNoEiEudHlwZXNhZmUuc2VhcmNoLnYxLlNlYXJjaFJlcXVlc3QaIi50eXBlc2FmZS5zZWFyY2gudjEuU2VhcmNoUmVzcG9uc2UiGYLT5JMCEzoBKiIOL2FwaS92MS9zZWFyY2gSdwoLTGlzdFNvdXJjZXMSJi50eXBlc2FmZS5zZWFyY2gudjEuTGlzdFNvdXJjZXNSZXF1ZXN0GicudHlwZXNhZmUuc2VhcmNoLnYxLkxpc3RTb3VyY2VzUmVzcG9uc2UiF4LT5JMCERIPL2FwaS92MS9zb3VyY2VzYgZwcm90bzM", [file_google_api_annotations]);
 
 /**
  * @generated from message typesafe.search.v1.SearchRequest
@@ -37,6 +37,45 @@ export type SearchRequest = Message<"typesafe.search.v1.SearchRequest"> & {
    * @generated from field: string w = 3;
    */
   w: string;
+
+  /**
+   * Domains to keep: only results whose host is one of these or under one of
+   * them ("example.com" also keeps "docs.example.com"; "*.example.com" keeps
+   * its subdomains only). At most 20 host names; no scheme, path or port.
+   *
+   * @generated from field: repeated string d = 4;
+   */
+  d: string[];
+
+  /**
+   * Domains to drop, the same form as `d`: no result from these or their
+   * subdomains is returned. At most 20, none also in `d`.
+   *
+   * @generated from field: repeated string xd = 5;
+   */
+  xd: string[];
+
+  /**
+   * Language of the results: an ISO 639-1 code in lower case ("de").
+   *
+   * @generated from field: string l = 6;
+   */
+  l: string;
+
+  /**
+   * Country the results come from: an ISO 3166-1 alpha-2 code in upper case ("DE").
+   *
+   * @generated from field: string c = 7;
+   */
+  c: string;
+
+  /**
+   * Safe search: "off", "moderate" or "strict"; omitted leaves each source's
+   * own default (the operator may set a minimum).
+   *
+   * @generated from field: string safe = 8;
+   */
+  safe: string;
 };
 
 /**
@@ -189,7 +228,8 @@ export type SourceReport = Message<"typesafe.search.v1.SourceReport"> & {
   id: string;
 
   /**
-   * ok, empty, skipped, not_configured, suspended, rate_limited, timeout, error.
+   * ok, empty, skipped, filtered_out, not_configured, suspended, rate_limited, timeout, error.
+   * filtered_out: the filters leave nothing this source can return, so it was not called.
    *
    * @generated from field: string status = 2;
    */
@@ -229,6 +269,13 @@ export type SourceReport = Message<"typesafe.search.v1.SourceReport"> & {
    * @generated from field: double cost_credits = 7;
    */
   costCredits: number;
+
+  /**
+   * How this source applied each filter the request asked; absent when it asked none.
+   *
+   * @generated from field: optional typesafe.search.v1.SourceFilters filters = 8;
+   */
+  filters?: SourceFilters | undefined;
 };
 
 /**
@@ -237,6 +284,74 @@ export type SourceReport = Message<"typesafe.search.v1.SourceReport"> & {
  */
 export const SourceReportSchema: GenMessage<SourceReport> = /*@__PURE__*/
   messageDesc(file_typesafe_search_v1_search_service, 4);
+
+/**
+ * One entry per filter of the request (`d`, `xd`, `l`, `c`, `safe`); a filter not asked has no entry.
+ *
+ * @generated from message typesafe.search.v1.SourceFilters
+ */
+export type SourceFilters = Message<"typesafe.search.v1.SourceFilters"> & {
+  /**
+   * @generated from field: typesafe.search.v1.FilterOutcome d = 1;
+   */
+  d?: FilterOutcome | undefined;
+
+  /**
+   * @generated from field: typesafe.search.v1.FilterOutcome xd = 2;
+   */
+  xd?: FilterOutcome | undefined;
+
+  /**
+   * @generated from field: typesafe.search.v1.FilterOutcome l = 3;
+   */
+  l?: FilterOutcome | undefined;
+
+  /**
+   * @generated from field: typesafe.search.v1.FilterOutcome c = 4;
+   */
+  c?: FilterOutcome | undefined;
+
+  /**
+   * @generated from field: typesafe.search.v1.FilterOutcome safe = 5;
+   */
+  safe?: FilterOutcome | undefined;
+};
+
+/**
+ * Describes the message typesafe.search.v1.SourceFilters.
+ * Use `create(SourceFiltersSchema)` to create a new message.
+ */
+export const SourceFiltersSchema: GenMessage<SourceFilters> = /*@__PURE__*/
+  messageDesc(file_typesafe_search_v1_search_service, 5);
+
+/**
+ * @generated from message typesafe.search.v1.FilterOutcome
+ */
+export type FilterOutcome = Message<"typesafe.search.v1.FilterOutcome"> & {
+  /**
+   * "native": sent to the provider in its own parameter; "post_filtered": the
+   * provider has none, typesafe checked each result; "unsupported": neither is
+   * possible, the results are kept unchecked (this entry is the flag).
+   *
+   * @generated from field: string applied = 1;
+   */
+  applied: string;
+
+  /**
+   * Results typesafe dropped for this filter: with "native", results the
+   * provider should not have returned (a leak caught).
+   *
+   * @generated from field: int32 dropped = 2;
+   */
+  dropped: number;
+};
+
+/**
+ * Describes the message typesafe.search.v1.FilterOutcome.
+ * Use `create(FilterOutcomeSchema)` to create a new message.
+ */
+export const FilterOutcomeSchema: GenMessage<FilterOutcome> = /*@__PURE__*/
+  messageDesc(file_typesafe_search_v1_search_service, 6);
 
 /**
  * @generated from message typesafe.search.v1.SearchUsage
@@ -283,7 +398,7 @@ export type SearchUsage = Message<"typesafe.search.v1.SearchUsage"> & {
  * Use `create(SearchUsageSchema)` to create a new message.
  */
 export const SearchUsageSchema: GenMessage<SearchUsage> = /*@__PURE__*/
-  messageDesc(file_typesafe_search_v1_search_service, 5);
+  messageDesc(file_typesafe_search_v1_search_service, 7);
 
 /**
  * Cost of one call; same units as decision billing.
@@ -329,7 +444,7 @@ export type Cost = Message<"typesafe.search.v1.Cost"> & {
  * Use `create(CostSchema)` to create a new message.
  */
 export const CostSchema: GenMessage<Cost> = /*@__PURE__*/
-  messageDesc(file_typesafe_search_v1_search_service, 6);
+  messageDesc(file_typesafe_search_v1_search_service, 8);
 
 /**
  * @generated from message typesafe.search.v1.ListSourcesRequest
@@ -342,7 +457,7 @@ export type ListSourcesRequest = Message<"typesafe.search.v1.ListSourcesRequest"
  * Use `create(ListSourcesRequestSchema)` to create a new message.
  */
 export const ListSourcesRequestSchema: GenMessage<ListSourcesRequest> = /*@__PURE__*/
-  messageDesc(file_typesafe_search_v1_search_service, 7);
+  messageDesc(file_typesafe_search_v1_search_service, 9);
 
 /**
  * @generated from message typesafe.search.v1.ListSourcesResponse
@@ -359,7 +474,7 @@ export type ListSourcesResponse = Message<"typesafe.search.v1.ListSourcesRespons
  * Use `create(ListSourcesResponseSchema)` to create a new message.
  */
 export const ListSourcesResponseSchema: GenMessage<ListSourcesResponse> = /*@__PURE__*/
-  messageDesc(file_typesafe_search_v1_search_service, 8);
+  messageDesc(file_typesafe_search_v1_search_service, 10);
 
 /**
  * @generated from message typesafe.search.v1.SourceInfo
@@ -403,7 +518,7 @@ export type SourceInfo = Message<"typesafe.search.v1.SourceInfo"> & {
  * Use `create(SourceInfoSchema)` to create a new message.
  */
 export const SourceInfoSchema: GenMessage<SourceInfo> = /*@__PURE__*/
-  messageDesc(file_typesafe_search_v1_search_service, 9);
+  messageDesc(file_typesafe_search_v1_search_service, 11);
 
 /**
  * SearchService runs one query over several search sources and merges the results.
