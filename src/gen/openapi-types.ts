@@ -812,7 +812,7 @@ export interface components {
             free_requests_remaining: number;
             request_id: string;
         };
-        /** @description Also refused: a window `w` that none of the chosen sources can filter by (GET /api/v1/sources tells which can). */
+        /** @description Also refused: a window `w` that none of the chosen sources can filter by (GET /api/v1/sources tells which can); a `d` or `xd` entry that is a public suffix (`com`, `co.uk`), an IP address or not a host name; the same domain in `d` and `xd`, or a `d` entry inside an `xd` one; an `l` that is not an ISO 639-1 code or a `c` that is not an ISO 3166-1 alpha-2 code; a `safe` below the deployment's minimum; and filters that leave none of the chosen sources anything to search. */
         "typesafe.search.v1.SearchRequest": {
             /** @description The query, 1 to 300 characters. */
             q: string;
@@ -831,8 +831,11 @@ export interface components {
             l?: string | null;
             /** @description Country the results come from: an ISO 3166-1 alpha-2 code in upper case ("DE"). */
             c?: string | null;
-            /** @description Safe search: "off", "moderate" or "strict"; omitted leaves each source's own default (the operator may set a minimum). */
-            safe?: string | null;
+            /**
+             * @description Safe search: "off", "moderate" or "strict"; omitted leaves each source's own default (the operator may set a minimum).
+             * @enum {string|null}
+             */
+            safe?: "" | "off" | "moderate" | "strict" | null;
         };
         "typesafe.search.v1.ListSourcesResponse": {
             sources: components["schemas"]["typesafe.search.v1.SourceInfo"][];

@@ -2,6 +2,7 @@ import { MAX_CHOICE_OPTIONS, MAX_KEY_LENGTH, MAX_QUESTIONS, MAX_SCORE_LABELS, QU
 import { DecideRequestSchema, QuestionSchema } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchRequestSchema } from "../gen/typesafe/search/v1/search_service_pb.js";
 import { MAX_QUERY_CHARS, SOURCE_IDS, WINDOWS } from "../search/validate.js";
+import { MAX_DOMAINS, SAFE_LEVELS } from "../search/filters.js";
 import { MAX_EMAIL_CHARS } from "../accounts/members.js";
 import { MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS } from "../accounts/passwords.js";
 import { MAX_KEY_NAME_CHARS, MAX_SUMMARY_DAYS } from "../account-area/service.js";
@@ -48,6 +49,9 @@ const NOT_BLANK = "\\S";
 /** Printable (no control characters) and not blank, as question keys must be. */
 const PRINTABLE_NOT_BLANK = "^[^\\p{Cc}]*[^\\s\\p{Cc}][^\\p{Cc}]*$";
 
+/** A domain entry's outline: a host name, optionally led by "*.", without scheme, path or port. */
+const DOMAIN_ENTRY = "^(\\*\\.)?[^*/:@\\s]+$";
+
 /** A page size of the account area's lists: 0 means the default. */
 const PAGE_SIZE = { minimum: 0, maximum: MAX_PAGE_SIZE };
 
@@ -85,8 +89,17 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
       s: { minItems: 1, uniqueItems: true, items: { type: "string", enum: [...SOURCE_IDS] } },
       // proto3 JSON reads "" as absent, so the default window.
       w: { enum: ["", ...WINDOWS] },
+      d: { maxItems: MAX_DOMAINS, uniqueItems: true, items: { type: "string", minLength: 1, pattern: DOMAIN_ENTRY } },
+      xd: { maxItems: MAX_DOMAINS, uniqueItems: true, items: { type: "string", minLength: 1, pattern: DOMAIN_ENTRY } },
+      l: { pattern: "^([a-z]{2})?$" },
+      c: { pattern: "^([A-Z]{2})?$" },
+      safe: { enum: ["", ...SAFE_LEVELS] },
     },
-    alsoRefused: "a window `w` that none of the chosen sources can filter by (GET /api/v1/sources tells which can).",
+    alsoRefused:
+      "a window `w` that none of the chosen sources can filter by (GET /api/v1/sources tells which can); " +
+      "a `d` or `xd` entry that is a public suffix (`com`, `co.uk`), an IP address or not a host name; the same domain in `d` and `xd`, or a `d` entry inside an `xd` one; " +
+      "an `l` that is not an ISO 639-1 code or a `c` that is not an ISO 3166-1 alpha-2 code; a `safe` below the deployment's minimum; " +
+      "and filters that leave none of the chosen sources anything to search.",
   },
   [AcceptInviteRequestSchema.typeName]: {
     required: ["invite_token", "password"],

@@ -34,6 +34,41 @@ export interface BraveResult {
   description: string;
   page_age?: string;
   age?: string;
+  /** The result's language as Brave states it ("en", "de", "pt-br"); braveBody defaults it to "en". */
+  language?: string;
+}
+
+/** Host and its subdomains, as a web search's `site:` operator reads a domain. */
+export function underDomain(host: string, domain: string): boolean {
+  return host === domain || host.endsWith(`.${domain}`);
+}
+
+/**
+ * Brave's handling of the filters, applied to a fixed result list: the
+ * `site:` and `-site:` operators in `q` (Brave's "Search operators" page),
+ * `search_lang` (results in that language: each result states its
+ * `language`), `count` (at most 20, "the actual number delivered may be
+ * less"). `country` and `safesearch` only weigh Brave's own ranking and
+ * adult filtering, which a fixed list cannot show: they are recorded, not
+ * applied. A `q` over 400 characters or 50 words is Brave's 422 VALIDATION.
+ */
+export function braveFiltered(results: BraveResult[], req: RecordedRequest): FakeReply | BraveResult[] {
+  const q = req.query.get("q") ?? "";
+  if ([...q].length > 400 || q.split(/\s+/).length > 50) {
+    return { status: 422, body: { type: "ErrorResponse", error: { id: "e1", status: 422, code: "VALIDATION", detail: "Unable to validate request parameter(s)." } } };
+  }
+  const sites = [...q.matchAll(/(^|\s)site:(\S+)/g)].map((m) => m[2]!);
+  const notSites = [...q.matchAll(/(^|\s)-site:(\S+)/g)].map((m) => m[2]!);
+  const lang = req.query.get("search_lang");
+  const count = Math.min(20, Number(req.query.get("count") ?? 20));
+  return results
+    .filter((r) => {
+      const host = new URL(r.url).hostname;
+      if (sites.length > 0 && !sites.some((d) => underDomain(host, d))) return false;
+      if (notSites.some((d) => underDomain(host, d))) return false;
+      return lang === null || (r.language ?? "en") === lang;
+    })
+    .slice(0, count);
 }
 
 /** GET /res/v1/web/search answer (web results only; other verticals omitted). */
@@ -77,8 +112,13 @@ function braveDefault(nowMs: () => number): FakeHandler {
       return BRAVE_TOKEN_INVALID;
     }
     const now = nowMs();
-    return {
-      body: braveBody([
+    const filtered = braveFiltered(braveDefaultResults(now), req);
+    return Array.isArray(filtered) ? { body: braveBody(filtered) } : filtered;
+  };
+}
+
+function braveDefaultResults(now: number): BraveResult[] {
+  return [
         {
           title: "Asynchronous Programming in <strong>Rust</strong> &amp; Tokio",
           url: "https://www.example.com/guide?utm_source=brave&ref=a",
@@ -99,9 +139,7 @@ function braveDefault(nowMs: () => number): FakeHandler {
           page_age: new Date(now - 20 * DAY).toISOString().slice(0, 19),
           age: "3 weeks ago",
         },
-      ]),
-    };
-  };
+  ];
 }
 
 // ---------------------------------------------------------------- exa
@@ -129,13 +167,32 @@ export function exaBody(results: ExaResult[]): object {
   };
 }
 
+/**
+ * Exa's domain filters applied to a fixed list (exa.ai/docs/reference/search:
+ * `includeDomains`, `excludeDomains`, `numResults`). Excluded domains come
+ * back anyway, as users report (exa-labs/exa-js#23, "Domains in
+ * excludeDomains are still included in results"); this fake leaks the way
+ * that can be shown with a fixed list: an excluded domain's subdomains are
+ * not excluded.
+ */
+export function exaFiltered(results: ExaResult[], req: RecordedRequest): ExaResult[] {
+  const body = JSON.parse(req.body || "{}") as { includeDomains?: string[]; excludeDomains?: string[]; numResults?: number };
+  return results
+    .filter((r) => {
+      const host = new URL(r.url).hostname;
+      if (body.includeDomains && !body.includeDomains.some((d) => underDomain(host, d))) return false;
+      return !(body.excludeDomains ?? []).some((d) => host === d || host === `www.${d}`);
+    })
+    .slice(0, body.numResults ?? 10);
+}
+
 function exaDefault(nowMs: () => number): FakeHandler {
   return (req) => {
     if (req.path !== "/search" || req.method !== "POST") return { status: 404, body: { error: "Not found" } };
     if (req.headers["x-api-key"] !== EXA_KEY) return { status: 401, body: { requestId: "x", error: "Invalid API key", tag: "INVALID_API_KEY" } };
     const now = nowMs();
     return {
-      body: exaBody([
+      body: exaBody(exaFiltered([
         {
           title: "Asynchronous Programming in Rust & Tokio",
           url: "http://example.com/guide/?ref=a&utm_medium=feed",
@@ -149,7 +206,7 @@ function exaDefault(nowMs: () => number): FakeHandler {
           publishedDate: "2017-06-12T00:00:00.000Z",
           highlights: ["The dominant sequence transduction models..."],
         },
-      ]),
+      ], req)),
     };
   };
 }
@@ -173,7 +230,8 @@ export function wikipediaBody(hits: { title: string; snippet: string; timestamp?
 
 function wikipediaDefault(): FakeHandler {
   return (req) => {
-    if (req.path !== "/w/api.php") return { status: 404, body: "<!DOCTYPE html><title>Not Found</title>", headers: { "content-type": "text/html" } };
+    // A mirror may put the wiki's language in the path (TYPESAFE_SEARCH_WIKIPEDIA_URL=http://mirror/{lang}).
+    if (!/^(\/[a-z]{2,3})?\/w\/api\.php$/.test(req.path)) return { status: 404, body: "<!DOCTYPE html><title>Not Found</title>", headers: { "content-type": "text/html" } };
     return {
       body: wikipediaBody([
         {
@@ -203,6 +261,11 @@ export interface HnHit {
   story_text?: string | null;
 }
 
+/** Algolia's page: `hitsPerPage` hits (hn.algolia.com/api; Algolia allows 1 to 1000). HN has no domain or language parameter. */
+export function hackernewsPage(req: RecordedRequest, hits: HnHit[]): HnHit[] {
+  return hits.slice(0, Math.min(1000, Number(req.query.get("hitsPerPage") ?? 20)));
+}
+
 /** /api/v1/search answer. */
 export function hackernewsBody(hits: HnHit[]): object {
   return {
@@ -230,7 +293,7 @@ function hackernewsDefault(nowMs: () => number): FakeHandler {
     if (req.path !== "/api/v1/search") return { status: 404, body: { message: "Not Found", status: 404 } };
     const now = nowMs();
     return {
-      body: hackernewsBody([
+      body: hackernewsBody(hackernewsPage(req, [
         { objectID: "38000001", title: "Async Rust is a bad language", url: "https://bitbashing.io/async-rust.html", author: "pg", points: 420, num_comments: 250, created_at_i: unix(now - 5 * HOUR) },
         {
           objectID: "38000002",
@@ -242,7 +305,7 @@ function hackernewsDefault(nowMs: () => number): FakeHandler {
           created_at_i: unix(now - 10 * DAY),
           story_text: "I keep hearing <i>both</i> sides&#x2F;opinions.",
         },
-      ]),
+      ])),
     };
   };
 }
@@ -281,6 +344,12 @@ export function stackoverflowBody(items: SoQuestion[], extra: { backoff?: number
   };
 }
 
+/** Some Stack Exchange sites (stackexchange.com/sites), by short name and by domain, to their domain. */
+const STACK_EXCHANGE_SITES: Record<string, string> = Object.fromEntries(
+  ["stackoverflow.com", "superuser.com", "serverfault.com", "askubuntu.com", "es.stackoverflow.com", "ru.stackoverflow.com", "pt.stackoverflow.com", "ja.stackoverflow.com", "unix.stackexchange.com"]
+    .flatMap((domain) => [[domain, domain], [domain.replace(/\.com$/, ""), domain]]),
+);
+
 /** The throttle error: HTTP 400 with error_id 502. */
 export function stackoverflowThrottle(seconds: number): FakeReply {
   return {
@@ -292,14 +361,18 @@ export function stackoverflowThrottle(seconds: number): FakeReply {
 function stackoverflowDefault(nowMs: () => number): FakeHandler {
   return (req) => {
     if (req.path !== "/2.3/search/advanced") return { status: 404, body: { error_id: 404, error_message: "no method found with this name", error_name: "no_method" } };
-    if (req.query.get("site") !== "stackoverflow") return { status: 400, body: { error_id: 400, error_message: "site is required", error_name: "bad_parameter" } };
+    const site = req.query.get("site");
+    if (site === null) return { status: 400, body: { error_id: 400, error_message: "site is required", error_name: "bad_parameter" } };
+    // The API takes a site's domain or short name (api.stackexchange.com/docs, "site"); an unknown one is a bad_parameter.
+    const domain = STACK_EXCHANGE_SITES[site];
+    if (domain === undefined) return { status: 400, body: { error_id: 400, error_message: `No site found for name \`${site}\``, error_name: "bad_parameter" } };
     const now = nowMs();
     return {
       body: stackoverflowBody([
         {
           question_id: 71001,
           title: "How do I use &quot;async fn&quot; in a trait &amp; why isn&#39;t it allowed?",
-          link: "https://stackoverflow.com/questions/71001/how-do-i-use-async-fn-in-a-trait",
+          link: `https://${domain}/questions/71001/how-do-i-use-async-fn-in-a-trait`,
           creation_date: unix(now - 6 * DAY),
           score: 42,
           tags: ["rust", "async-await"],
@@ -493,16 +566,41 @@ export const GDELT_429: FakeReply = {
   body: "Please limit requests to one every 5 seconds or contact kalev.leetaru5@gmail.com for larger queries.",
 };
 
+/**
+ * GDELT's operators applied to a fixed list (blog.gdeltproject.org "GDELT
+ * DOC 2.0 API debuts": domain:, sourcelang:, sourcecountry:, a leading "-"
+ * negates, OR inside parentheses; maxrecords up to 250). `domain:` is a
+ * substring match (gdelt-doc-api filters.py: "cnn.com" also matches
+ * "notactuallycnn.com"), which leaks as GDELT does.
+ */
+export function gdeltFiltered(articles: GdeltArticle[], req: RecordedRequest): GdeltArticle[] {
+  const query = req.query.get("query") ?? "";
+  const terms = [...query.matchAll(/(-?)(domain|sourcelang|sourcecountry):([^\s()]+)/g)].map((m) => ({ negated: m[1] === "-", op: m[2]!, value: m[3]!.toLowerCase() }));
+  const squash = (text: string | undefined) => (text ?? "").toLowerCase().replace(/[^a-z]/g, "");
+  const field = (a: GdeltArticle, op: string) => (op === "domain" ? a.domain : op === "sourcelang" ? squash(a.language ?? "English") : squash(a.sourcecountry ?? "United States"));
+  const matches = (a: GdeltArticle, op: string, value: string) => (op === "domain" ? field(a, op).includes(value) : field(a, op) === value);
+  return articles
+    .filter((a) => {
+      for (const op of ["domain", "sourcelang", "sourcecountry"]) {
+        const wanted = terms.filter((t) => t.op === op && !t.negated);
+        if (wanted.length > 0 && !wanted.some((t) => matches(a, op, t.value))) return false;
+        if (terms.some((t) => t.op === op && t.negated && matches(a, op, t.value))) return false;
+      }
+      return true;
+    })
+    .slice(0, Math.min(250, Number(req.query.get("maxrecords") ?? 75)));
+}
+
 function gdeltDefault(nowMs: () => number): FakeHandler {
   return (req) => {
     if (req.path !== "/api/v2/doc/doc") return { status: 404, body: "Not Found" };
     const now = nowMs();
     return {
       headers: { "content-type": "application/json; charset=utf-8" },
-      body: gdeltBody([
+      body: gdeltBody(gdeltFiltered([
         { url: "https://news.example.org/2026/11/rust-async-survey", title: "Rust survey: async is the top pain point", seendate: gdeltSeen(now - 4 * HOUR), domain: "news.example.org" },
         { url: "https://www.example.com/guide?ref=a", title: "Asynchronous Programming in Rust", seendate: gdeltSeen(now - 26 * HOUR), domain: "example.com" },
-      ]),
+      ], req)),
     };
   };
 }
