@@ -266,6 +266,13 @@ const UNEXPRESSED_RULES: { why: string; applies: (detail: ErrorDetailJson, reque
   { why: "labels and options compared with whitespace collapsed", applies: (d) => /apart from whitespace$/.test(d.rule ?? "") },
   { why: "the prompt size depends on the tokenizer", applies: (d) => /^prompt at most \d+ tokens$/.test(d.rule ?? "") },
   { why: "which sources can filter by time depends on the deployment", applies: (d) => d.rule === "supported_by_sources" },
+  { why: "which sources the filters leave depends on the deployment", applies: (d) => d.rule === "leaves_a_source" },
+  {
+    why: "domains are judged against the Public Suffix List and each other, codes against the ISO lists, safe search against the deployment's minimum",
+    applies: (d) =>
+      /^(x?d\[\d+\]|l|c|safe)$/.test(d.field ?? "") &&
+      /(is a public suffix|not an IP address|is not a valid domain name|is listed twice|is also in d|lies inside|ISO 639-1 language code|ISO 3166-1 alpha-2 country code|on this deployment$)/.test(d.rule ?? ""),
+  },
   {
     why: "key length counts UTF-16 code units, JSON Schema counts code points",
     applies: (d, r) => /^question keys must be/.test(d.rule ?? "") && questionKeys(r).some((key) => key.length > MAX_KEY_LENGTH && [...key].length <= MAX_KEY_LENGTH),
