@@ -87,7 +87,8 @@ export const DEFAULT_SUSPENSION_MS = 180_000;
  */
 export const OPERATOR_RECHECK_MS = 600_000;
 
-const FACTORIES: Record<SourceId, (settings: SourceSettings) => SearchSource> = {
+/** Each source id's adapter factory (the docs' filter table builds them too). */
+export const FACTORIES: Record<SourceId, (settings: SourceSettings) => SearchSource> = {
   brave: createBraveSource,
   exa: createExaSource,
   wikipedia: createWikipediaSource,

@@ -6,14 +6,20 @@ import { loadConfig, SETTING_MEANINGS, type SettingRead } from "../../src/config
 import type { Meter } from "../../src/metering/meter.js";
 import { createMetrics } from "../../src/metrics.js";
 import { parseSourceCatalog, type RateLimit } from "../../src/search/source-config.js";
+import { create } from "@bufbuild/protobuf";
+import { SearchRequestSchema } from "../../src/gen/typesafe/search/v1/search_service_pb.js";
+import { createLogger } from "../../src/logger.js";
+import { FACTORIES } from "../../src/search/engine.js";
+import { completePlan, FILTER_FIELDS, readFilters } from "../../src/search/filters.js";
 import { renderErrorTable } from "./error-table.js";
 
 /**
  * The regions of README.md and docs/ that are made from the code, between
  * `<!-- generated: KIND [only=PREFIX,…] [except=PREFIX,…] -->` and
  * `<!-- end generated -->`. KIND is errors (src/errors.ts), settings
- * (src/config.ts), metrics (src/metrics.ts) or sources (the search sources'
- * defaults, src/search/source-config.ts). `npm run docs:generate`
+ * (src/config.ts), metrics (src/metrics.ts), sources (the search sources'
+ * defaults, src/search/source-config.ts) or filters (how each source's
+ * adapter plans each filter, src/search/sources/). `npm run docs:generate`
  * rewrites them in place; test/docs/docs.test.ts fails while one is stale.
  * Everything outside the markers is written by hand, so a merge that adds a
  * setting only needs the command run again.
@@ -93,6 +99,29 @@ function renderSources(): string {
   return ["| id | kind | key | `24h`/`7d`/`30d` | default | price (credits) | budget per process | in flight | timeout |", "|---|---|---|---|---|---|---|---|---|", ...rows].join("\n");
 }
 
+/**
+ * Filter × source, from each adapter's own plan for one filter at a time
+ * (a domain to keep, one to drop, `l=de`, `c=DE`, `safe=strict`) on the
+ * provider's default base URL, with the parameter it names for the native ones.
+ */
+function renderFilters(): string {
+  const catalog = parseSourceCatalog({});
+  const samples: Record<string, { d?: string[]; xd?: string[]; l?: string; c?: string; safe?: string }> = { d: { d: ["example.org"] }, xd: { xd: ["example.net"] }, l: { l: "de" }, c: { c: "DE" }, safe: { safe: "strict" } };
+  const rows = catalog.entries.map((entry) => {
+    const adapter = FACTORIES[entry.id]({ baseUrl: entry.baseUrl, key: entry.key, userAgent: catalog.userAgent, logger: createLogger("silent") });
+    const cells = FILTER_FIELDS.map((field) => {
+      const filters = readFilters(create(SearchRequestSchema, { q: "q", ...samples[field] }));
+      const plan = completePlan(filters, adapter.planFilters?.(filters, "q"));
+      const applied = plan.applied[field];
+      if (applied === "native") return `native: ${adapter.filterParameters?.[field] ?? "**no parameter named**"}`;
+      if (applied === "post_filtered") return field === "l" || field === "c" ? "post-filter (stated per result)" : "post-filter (result host)";
+      return "unsupported (kept)";
+    });
+    return `| ${entry.id} | ${cells.join(" | ")} |`;
+  });
+  return ["| source | `d` | `xd` | `l` | `c` | `safe` |", "|---|---|---|---|---|---|", ...rows].join("\n");
+}
+
 type Filter = (name: string) => boolean;
 
 function filterOf(options: string): Filter {
@@ -106,6 +135,7 @@ async function render(kind: string, options: string): Promise<string> {
   if (kind === "settings") return renderSettings(filterOf(options));
   if (kind === "metrics") return renderMetrics(filterOf(options));
   if (kind === "sources") return renderSources();
+  if (kind === "filters") return renderFilters();
   throw new Error(`unknown generated region "${kind}"`);
 }
 

@@ -24,6 +24,7 @@ export function createArxivSource(settings: SourceSettings): SearchSource {
     id: "arxiv",
     version: 1,
     planFilters: arxivPlan,
+    filterParameters: { d: "its one site, `arxiv.org`", xd: "its one site, `arxiv.org`" },
     async search(call) {
       const terms = arxivTerms(call.query);
       if (terms.length === 0) {

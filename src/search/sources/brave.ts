@@ -20,6 +20,13 @@ export function createBraveSource(settings: SourceSettings): SearchSource {
   return {
     id: "brave",
     version: 1,
+    filterParameters: {
+      d: "`site:<domain>` in `q` (one domain; several: post-filter)",
+      xd: "`-site:<domain>` in `q` for each (past 400 characters or 50 words, or a `*.` entry: post-filter)",
+      l: "`search_lang` (the 49 languages Brave has a value for; others: post-filter on each result's `language`)",
+      c: "`country` (Brave's 36 countries; others: unsupported)",
+      safe: "`safesearch`",
+    },
     planFilters(filters, query) {
       return bravePlan(filters, query);
     },

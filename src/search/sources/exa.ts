@@ -18,6 +18,7 @@ export function createExaSource(settings: SourceSettings): SearchSource {
     id: "exa",
     version: 2,
     planFilters: exaPlan,
+    filterParameters: { d: "`includeDomains`", xd: "`excludeDomains` (a `*.` entry: post-filter)", safe: "`moderation: true` for `moderate` and `strict`" },
     async search(call) {
       const body: Record<string, unknown> = {
         query: call.query,

@@ -34,6 +34,12 @@ export function createGdeltSource(settings: SourceSettings): SearchSource {
       return kept === "" ? { skip: `every keyword is shorter than ${GDELT_MIN_KEYWORD} characters, which GDELT rejects` } : { query: kept };
     },
     planFilters: gdeltPlan,
+    filterParameters: {
+      d: "`domain:` in `query` (ORed; a substring match, so post-filtered too)",
+      xd: "`-domain:` in `query` (a `*.` entry: post-filter)",
+      l: "`sourcelang:<english name>`",
+      c: "`sourcecountry:<english name>`",
+    },
     async search(call) {
       const url = endpoint(settings.baseUrl, "/api/v2/doc/doc");
       const operators = call.filters ? gdeltOperators(call.filters) : [];

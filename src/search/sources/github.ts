@@ -28,6 +28,7 @@ export function createGitHubSource(settings: SourceSettings): SearchSource {
     id: "github",
     version: 2,
     planFilters: githubPlan,
+    filterParameters: { d: "its one site, `github.com`", xd: "its one site, `github.com`" },
     async search(call) {
       const url = endpoint(settings.baseUrl, "/search/repositories");
       const cutoff = windowCutoffMs(call.window, call.nowMs);

@@ -21,6 +21,11 @@ export function createStackOverflowSource(settings: SourceSettings): SearchSourc
     id: "stackoverflow",
     version: 2,
     planFilters: stackExchangePlan,
+    filterParameters: {
+      d: "`site`: the first Stack Exchange site kept",
+      xd: "`site`: never a dropped one",
+      l: "`site`: `es.`, `ru.`, `pt.` or `ja.stackoverflow.com` (other languages: `filtered_out`)",
+    },
     async search(call) {
       const url = endpoint(settings.baseUrl, "/2.3/search/advanced");
       url.searchParams.set("q", call.query);

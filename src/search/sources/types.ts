@@ -1,5 +1,5 @@
 import type { Logger } from "../../logger.js";
-import type { FilterPlan, SearchFilters } from "../filters.js";
+import type { FilterField, FilterPlan, SearchFilters } from "../filters.js";
 import type { SearchWindow, SourceId } from "../validate.js";
 
 /**
@@ -24,6 +24,8 @@ export interface SearchSource {
    * checked by typesafe and the other filters are unsupported.
    */
   planFilters?(filters: SearchFilters, query: string): FilterPlan;
+  /** The provider's own parameter for each filter it takes natively, in words for the docs' filter table. */
+  readonly filterParameters?: Partial<Record<FilterField, string>>;
   /** One upstream call. Resolves with the provider's items in its own order; throws SourceFailure. */
   search(call: SourceCall): Promise<SourceAnswer>;
 }

@@ -18,6 +18,7 @@ export function createWikipediaSource(settings: SourceSettings): SearchSource {
     id: "wikipedia",
     version: 2,
     planFilters: (filters) => wikipediaPlan(settings.baseUrl, filters),
+    filterParameters: { d: "its one site, `<l>.wikipedia.org`", xd: "its one site, `<l>.wikipedia.org`", l: "the host: that language's wiki, `<l>.wikipedia.org`" },
     async search(call) {
       const lang = call.filters?.language ?? "en";
       const url = endpoint(wikipediaApiBase(settings.baseUrl, lang) ?? settings.baseUrl, "/w/api.php");
