@@ -14,7 +14,10 @@
  *   - the same with one source hung: it is cut at its timeout (1 s here);
  *   - throughput against the bare server: cache misses with providers that
  *     answer at once (our own overhead, eight upstream calls per search), and
- *     cache hits (no upstream call, still metered).
+ *     cache hits (no upstream call, still metered);
+ *   - the same with filters (ten domains to drop, a language, safe search):
+ *     every source still called, each result checked, as a ratio to the
+ *     unfiltered figure of the same run; and the check alone, in process.
  * Every measure is bounded in time. Accounts get limits far above the
  * product's (60/min, 5 in flight), which would otherwise cap the load.
  * Load generator, fakes and service share this process and the machine's cores.
@@ -24,6 +27,11 @@ import { loadConfig } from "../src/config.js";
 import { createLogger } from "../src/logger.js";
 import { defaultHandler, FAKE_SOURCE_IDS, startFakeSearch, type FakeSourceId } from "../test/support/fake-search/providers.js";
 import { createBenchAccounts, openBenchStore, printTable, runAutocannon, startBareBaseline } from "./support.js";
+import { create } from "@bufbuild/protobuf";
+import { performance } from "node:perf_hooks";
+import { SearchRequestSchema } from "../src/gen/typesafe/search/v1/search_service_pb.js";
+import { applyFilters, completePlan, readFilters } from "../src/search/filters.js";
+import { normalizeItems } from "../src/search/merge.js";
 
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 50);
@@ -61,6 +69,7 @@ async function main() {
   const searchUrl = `${app.server.url}/api/v1/search`;
   const headersFor = (i: number) => ({ "content-type": "application/json", authorization: `Bearer ${apiKeys[i % apiKeys.length]}` });
   const body = (q: string) => JSON.stringify({ q, s: ALL });
+  const filtered = (q: string) => JSON.stringify({ q, s: ALL, ...FILTERS });
 
   setDelays({});
   const warm = await fetch(searchUrl, { method: "POST", headers: headersFor(0), body: body("warm up") });
@@ -70,7 +79,7 @@ async function main() {
   const bare = await startBareBaseline(fixed);
 
   let sequence = 0;
-  const run = async (url: string, connections: number, mode: "miss" | "hit", durationS = DURATION_S) => {
+  const run = async (url: string, connections: number, mode: "miss" | "hit", durationS = DURATION_S, make = body) => {
     const failures: string[] = [];
     return runAutocannon(
       {
@@ -82,7 +91,7 @@ async function main() {
             method: "POST",
             setupRequest: (req) => {
               const n = sequence++;
-              return { ...req, headers: headersFor(n), body: body(mode === "miss" ? `bench query ${n}` : "bench hot query") };
+              return { ...req, headers: headersFor(n), body: make(mode === "miss" ? `bench query ${n}` : "bench hot query") };
             },
             onResponse: (status, text) => {
               if (status !== 200 && failures.length < 3) failures.push(`${status} ${text.slice(0, 300)}`);
@@ -105,6 +114,10 @@ async function main() {
     await fetch(searchUrl, { method: "POST", headers: headersFor(0), body: body("bench hot query") });
     const hit = await run(searchUrl, CONNECTIONS, "hit");
     const hitSerial = await run(searchUrl, 1, "hit");
+    const missFiltered = await run(searchUrl, CONNECTIONS, "miss", DURATION_S, filtered);
+    await fetch(searchUrl, { method: "POST", headers: headersFor(0), body: filtered("bench hot query") });
+    const hitFiltered = await run(searchUrl, 1, "hit", DURATION_S, filtered);
+    const check = measureCheck();
 
     setDelays(DELAYS_MS);
     const fanOut = await run(searchUrl, 1, "miss");
@@ -116,6 +129,9 @@ async function main() {
     row(`search, cache miss, 0 ms sources (${CONNECTIONS} conn)`, miss, `${(miss.requests.average / baseline.requests.average).toFixed(3)} of bare req/s`);
     row(`search, cache hit (${CONNECTIONS} conn)`, hit, `${(hit.requests.average / baseline.requests.average).toFixed(3)} of bare req/s`);
     row("search, cache hit (1 conn)", hitSerial, "1.00 (latency of the service and metering alone)");
+    row(`search, cache miss, filters (${CONNECTIONS} conn)`, missFiltered, `${(missFiltered.requests.average / miss.requests.average).toFixed(3)} of unfiltered miss req/s`);
+    row("search, cache hit, filters (1 conn)", hitFiltered, `mean ${(hitFiltered.latency.average / hitSerial.latency.average).toFixed(3)} of unfiltered hit latency`);
+    console.log(`filter check alone: ${check.nsPerResult.toFixed(0)} ns per result (10 domains to drop, a language; ${check.results} results)`);
     const overhead = fanOut.latency.average - SLOWEST_MS;
     row(
       `search, miss, sources 50–${SLOWEST_MS} ms (1 conn)`,
@@ -134,6 +150,23 @@ async function main() {
     await fakes.close();
     await store.cleanup();
   }
+}
+
+/** Filters of the filtered rows: every source still runs (nothing kept-only), each result is checked. */
+const FILTERS = { xd: Array.from({ length: 10 }, (_, i) => `spam${i}.example`), l: "en", safe: "moderate" };
+
+/** typesafe's own check alone, in process: the cost a filtered search adds per result. */
+function measureCheck(): { nsPerResult: number; results: number } {
+  const filters = readFilters(create(SearchRequestSchema, { q: "q", ...FILTERS }));
+  const plan = completePlan(filters, { applied: { l: "post_filtered" } });
+  const items = normalizeItems(Array.from({ length: 100 }, (_, i) => ({ title: `t${i}`, url: `https://site${i % 17}.example.org/p/${i}`, snippet: "", publishedAt: null, language: "en" })));
+  let results = 0;
+  const started = performance.now();
+  while (performance.now() - started < 1000) {
+    applyFilters(items, filters, plan);
+    results += items.length;
+  }
+  return { nsPerResult: ((performance.now() - started) * 1e6) / results, results };
 }
 
 main().catch((err: unknown) => {

@@ -51,17 +51,20 @@ export function readDomain(entry: string): DomainRule | undefined {
   return { entry: trimmed, host, subdomainsOnly };
 }
 
-/** True when a result host is the rule's domain or under it (dot-aligned: "notexample.com" is not under "example.com"). */
+/**
+ * True when a result host (lower case ASCII, as hostOfUrl gives it) is the
+ * rule's domain or under it, dot-aligned: "notexample.com" is not under "example.com".
+ */
 export function hostCovered(host: string, rule: DomainRule): boolean {
-  const h = host.toLowerCase().replace(/\.$/, "");
-  if (h === rule.host) return !rule.subdomainsOnly;
-  return h.endsWith(`.${rule.host}`);
+  if (host.length === rule.host.length) return host === rule.host && !rule.subdomainsOnly;
+  return host.length > rule.host.length && host.charCodeAt(host.length - rule.host.length - 1) === 46 /* "." */ && host.endsWith(rule.host);
 }
 
-/** The host of a URL as the WHATWG parser gives it (ASCII, lower case); "" when unreadable. */
+/** The host of a URL as the WHATWG parser gives it (ASCII, lower case), without a final dot; "" when unreadable. */
 export function hostOfUrl(url: string): string {
   try {
-    return new URL(url).hostname;
+    const host = new URL(url).hostname;
+    return host.endsWith(".") ? host.slice(0, -1) : host;
   } catch {
     return "";
   }

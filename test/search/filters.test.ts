@@ -2,7 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { SearchRequestSchema } from "../../src/gen/typesafe/search/v1/search_service_pb.js";
-import { hostCovered, readDomain } from "../../src/search/domains.js";
+import { hostCovered, hostOfUrl, readDomain } from "../../src/search/domains.js";
 import { applyFilters, completePlan, filtersKey, readFilters, validateFilters, type FilterPlan } from "../../src/search/filters.js";
 import { normalizeItems } from "../../src/search/merge.js";
 import { validateSearchRequest } from "../../src/search/validate.js";
@@ -102,7 +102,7 @@ describe("codes and safe search", () => {
 });
 
 describe("matching a result host", () => {
-  const covered = (host: string, entry: string) => hostCovered(host, readDomain(entry)!);
+  const covered = (host: string, entry: string) => hostCovered(hostOfUrl(`https://${host}/`), readDomain(entry)!);
   it.each([
     ["example.com", "example.com", true],
     ["docs.example.com", "example.com", true],
@@ -114,6 +114,8 @@ describe("matching a result host", () => {
     ["docs.example.com", "*.example.com", true],
     ["xn--bcher-kva.de", "bücher.de", true],
     ["EXAMPLE.com", "example.com", true],
+    ["example.com.", "example.com", true],
+    ["xample.com", "example.com", false],
   ])("%s under %s: %s", (host, entry, expected) => {
     expect(covered(host, entry)).toBe(expected);
   });
