@@ -4,6 +4,7 @@ import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { enabledSummary } from "../../src/app.js";
 import { ConfigError } from "../../src/config-error.js";
+import { parseSourceCatalog } from "../../src/search/source-config.js";
 import { loadConfig } from "../../src/config.js";
 import { createTestDatabase } from "../support/database.js";
 import { startTestApp } from "../support/app.js";
@@ -87,6 +88,13 @@ describe("configuration is checked in one pass", () => {
     expect(problemsOf({ TYPESAFE_METRICS: "maybe" })).toEqual(['TYPESAFE_METRICS: must be on or off, got "maybe"']);
     expect(loadConfig({}).metrics).toBe(true);
     expect(loadConfig({ TYPESAFE_METRICS: "off" }).metrics).toBe(false);
+  });
+
+  it("TYPESAFE_SEARCH_MIN_SAFE is off, moderate or strict; off by default; no unknown-setting warning", () => {
+    expect(problemsOf({ TYPESAFE_SEARCH_MIN_SAFE: "high" })).toEqual(['TYPESAFE_SEARCH_MIN_SAFE: must be one of off, moderate, strict, got "high"']);
+    expect(loadConfig({}).search.minSafe).toBe("off");
+    expect(loadConfig({ TYPESAFE_SEARCH_MIN_SAFE: "strict" }).search.minSafe).toBe("strict");
+    expect(parseSourceCatalog({ TYPESAFE_SEARCH_MIN_SAFE: "strict" }).warnings.filter((w) => w.includes("MIN_SAFE"))).toEqual([]);
   });
 
   it("the service exits with code 2 and every problem before it opens anything", async () => {
