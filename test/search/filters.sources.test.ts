@@ -7,6 +7,7 @@ import { createLogger } from "../../src/logger.js";
 import type { Meter } from "../../src/metering/meter.js";
 import { createMetrics } from "../../src/metrics.js";
 import { createSearchEngine, type SearchEngine } from "../../src/search/engine.js";
+import { wikipediaApiBase } from "../../src/search/sources/wikipedia.js";
 import {
   braveBody, braveFiltered, exaBody, exaFiltered, gdeltBody, gdeltFiltered, gdeltSeen, hackernewsBody, hackernewsPage, startFakeSearch,
   type FakeSearch, type FakeSourceId,
@@ -278,5 +279,19 @@ describe("cache", () => {
     expect([report(hit, "hackernews").cached, hostsOf(hit)]).toEqual([true, ["bitbashing.io"]]);
     await search(e, { s: ["hackernews"] });
     expect(only("hackernews")).toHaveLength(3);
+  });
+});
+
+describe("wikipediaApiBase", () => {
+  it.each([
+    ["https://en.wikipedia.org", "de", "https://de.wikipedia.org"],
+    ["https://en.wikipedia.org", "en", "https://en.wikipedia.org"],
+    ["https://en.wikipedia.org/proxy", "fr", "https://fr.wikipedia.org/proxy"],
+    ["http://mirror.example/%7Blang%7D", "ja", "http://mirror.example/ja"],
+    ["http://mirror.example/w-{lang}", "es", "http://mirror.example/w-es"],
+    ["http://mirror.example", "en", "http://mirror.example"],
+    ["http://mirror.example", "de", undefined],
+  ])("%s with %s → %s", (base, lang, expected) => {
+    expect(wikipediaApiBase(base, lang)).toBe(expected);
   });
 });
