@@ -81,8 +81,9 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
       if (!engine && embedded) {
         await authenticate(db, apiKey);
         const status = embedded.status();
+        const retryAfter = retryAfterSeconds(status);
         throw apiError("MODEL_NOT_READY", notReadyMessage(status), {
-          metadata: { model_state: status.state, retry_after_seconds: String(retryAfterSeconds(status)) },
+          metadata: { model_state: status.state, ...(retryAfter === undefined ? {} : { retry_after_seconds: String(retryAfter) }) },
         });
       }
       if (!engine) {

@@ -3573,13 +3573,15 @@ export interface operations {
                         data: {
                             /** @constant */
                             status: "up";
-                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent). Readiness does not wait for the model. */
+                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent, a failed one when it is tried again). Readiness does not wait for the model. */
                             decisions?: {
                                 /** @enum {unknown} */
                                 engine: "upstream" | "embedded" | "off";
                                 /** @enum {unknown} */
                                 model_state?: "fetching" | "loading" | "ready" | "failed";
                                 percent?: number;
+                                /** @description After a failed download: seconds until it is tried again. */
+                                next_try_in_seconds?: number;
                             };
                         };
                     };
@@ -3612,13 +3614,15 @@ export interface operations {
                         data: {
                             /** @constant */
                             status: "ready";
-                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent). Readiness does not wait for the model. */
+                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent, a failed one when it is tried again). Readiness does not wait for the model. */
                             decisions?: {
                                 /** @enum {unknown} */
                                 engine: "upstream" | "embedded" | "off";
                                 /** @enum {unknown} */
                                 model_state?: "fetching" | "loading" | "ready" | "failed";
                                 percent?: number;
+                                /** @description After a failed download: seconds until it is tried again. */
+                                next_try_in_seconds?: number;
                             };
                         };
                     };

@@ -1,3 +1,4 @@
+import crypto from "node:crypto";
 import fs from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
@@ -14,6 +15,7 @@ import { openReference, type Reference } from "../support/embedded-reference.js"
 import { assertInvariants } from "../support/invariants.js";
 import { writeTinyGguf } from "../support/tiny-gguf.js";
 import { waitFor } from "../support/wait.js";
+import { createManualClock } from "../support/manual-clock.js";
 
 let database: TestDatabase;
 let dir: string;
@@ -78,6 +80,8 @@ describe("with no upstream URL and a local model file", () => {
 describe("with no upstream URL and no way to fetch the model (offline)", () => {
   let service: TestApp;
   const lines: string[] = [];
+  const clock = createManualClock();
+  let firstWaitMs: number;
   beforeAll(async () => {
     // A loopback port nobody listens on: the connection is refused at once, as offline.
     const closed = http.createServer();
@@ -87,26 +91,33 @@ describe("with no upstream URL and no way to fetch the model (offline)", () => {
     service = await startTestApp(
       database,
       { TYPESAFE_LLM_EMBEDDED: "on", TYPESAFE_LLM_MODEL_URL: `http://127.0.0.1:${port}/model.gguf`, TYPESAFE_DATA_DIR: dir, TYPESAFE_LOG_LEVEL: "info" },
-      { onLogLine: (line) => lines.push(line) },
+      { onLogLine: (line) => lines.push(line), overrides: { modelClock: clock } },
     );
+    firstWaitMs = await clock.nextSleep();
   });
   afterAll(() => service?.stop());
 
-  it("stays up and ready, says why in one log line, and answers decisions 503 with Retry-After and what to set", async () => {
-    await waitFor(async () => (await probe(service.url, "healthz")).body.data.decisions?.model_state === "failed", "the fetch to fail");
-    expect(await probe(service.url, "readyz")).toEqual({ status: 200, body: expect.objectContaining({ data: { status: "ready", decisions: { engine: "embedded", model_state: "failed" } } }) });
-    const errors = lines.map((l) => JSON.parse(l) as { level: string; msg: string; reason?: string }).filter((l) => l.level === "error" || l.level === "warn");
-    expect(errors).toEqual([expect.objectContaining({ level: "error", msg: "embedded model unavailable; decisions answer 503 until it is fixed" })]);
+  it("stays up and ready, says why in one log line, and answers decisions 503 with Retry-After at the next try and what to set", async () => {
+    // The first wait is drawn from the upper half of the first step.
+    expect(firstWaitMs).toBeGreaterThanOrEqual(5_000);
+    expect(firstWaitMs).toBeLessThanOrEqual(10_000);
+    const nextTry = Math.ceil(firstWaitMs / 1000);
+    expect(await probe(service.url, "readyz")).toEqual({
+      status: 200,
+      body: expect.objectContaining({ data: { status: "ready", decisions: { engine: "embedded", model_state: "failed", next_try_in_seconds: nextTry } } }),
+    });
+    const errors = lines.map((l) => JSON.parse(l) as { level: string; msg: string; reason?: string; next_try_in_s?: number }).filter((l) => l.level === "error" || l.level === "warn");
+    expect(errors).toEqual([expect.objectContaining({ level: "error", msg: "embedded model download failed; decisions answer 503 until a later try succeeds", next_try_in_s: nextTry })]);
     expect(errors[0]!.reason).toMatch(/ECONNREFUSED/);
 
     const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000 });
     const res = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey });
     expect(res.status).toBe(503);
-    expect(res.headers.get("retry-after")).toBe("300");
+    expect(res.headers.get("retry-after")).toBe(String(nextTry));
     expect(res.body.code).toBe(50303);
     expect(res.body.data.reason).toBe("MODEL_NOT_READY");
     expect(res.body.message).toBe(
-      "the embedded model is unavailable: it could not be downloaded (no connection to its address); set TYPESAFE_LLM_MODEL_PATH to a local GGUF file or TYPESAFE_LLM_BASE_URL to an LLM server",
+      `the embedded model is unavailable: it could not be downloaded (no connection to its address); the next try is in ${nextTry} s, or set TYPESAFE_LLM_MODEL_PATH to a local GGUF file or TYPESAFE_LLM_BASE_URL to an LLM server`,
     );
     expect(await balanceUnits(database.db, accountId)).toBe(1_000);
   });
@@ -114,5 +125,96 @@ describe("with no upstream URL and no way to fetch the model (offline)", () => {
   it("refuses a bad key before saying anything about the model", async () => {
     const res = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey: "ts_live_nope" });
     expect(res.status).toBe(401);
+  });
+});
+
+/**
+ * A host shaped like the Hugging Face Hub's resolve endpoint: a rate-limited
+ * request gets 429 with the `RateLimit` and `RateLimit-Policy` fields
+ * (huggingface.co/docs/hub/rate-limits; their values as huggingface_hub
+ * issue 3553 records them, draft-ietf-httpapi-ratelimit-headers-09); a file
+ * stored in LFS answers 302 to its file store with `X-Linked-Size` and
+ * `X-Linked-ETag` ("Resolve a file" in the Hub's OpenAPI document), and the
+ * store answers 200 with the bytes. `answers` says what each resolve request gets.
+ */
+async function startHubLike(file: Buffer, answers: Array<"rate-limited" | "reset" | "file">) {
+  const resolves: string[] = [];
+  const sha = crypto.createHash("sha256").update(file).digest("hex");
+  const server = http.createServer((req, res) => {
+    if (req.url!.startsWith("/store/")) {
+      res.writeHead(200, { "content-length": String(file.length), "accept-ranges": "bytes", etag: `"${sha}"`, "content-type": "binary/octet-stream" });
+      return void res.end(file);
+    }
+    const answer = answers[resolves.length] ?? "file";
+    resolves.push(answer);
+    if (answer === "rate-limited") {
+      res.writeHead(429, { "content-type": "text/plain; charset=utf-8", ratelimit: '"resolvers";r=0;t=40', "ratelimit-policy": '"fixed window";"resolvers";q=3000;w=300' });
+      return void res.end("Too Many Requests");
+    }
+    if (answer === "reset") return void req.socket.destroy();
+    res.writeHead(302, { location: `/store/${sha}?X-Amz-Signature=abc`, "x-linked-size": String(file.length), "x-linked-etag": `"${sha}"`, "content-length": "0" });
+    res.end();
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/Qwen/Qwen2.5-0.5B-Instruct-GGUF/resolve/9217f5db/model.gguf`,
+    sha,
+    resolves,
+    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+  };
+}
+
+describe("a download that fails, then succeeds on a later try", () => {
+  let service: TestApp;
+  let hub: Awaited<ReturnType<typeof startHubLike>>;
+  const clock = createManualClock();
+  const dataDir = () => path.join(dir, "later");
+  beforeAll(async () => {
+    const bytes = fs.readFileSync(modelFile);
+    hub = await startHubLike(bytes, ["rate-limited", "reset", "file"]);
+    service = await startTestApp(
+      database,
+      { TYPESAFE_LLM_EMBEDDED: "on", TYPESAFE_LLM_MODEL_URL: hub.url, TYPESAFE_DATA_DIR: dataDir(), TYPESAFE_LLM_CONTEXT_TOKENS: "2048", TYPESAFE_LLM_THREADS: "1" },
+      {
+        overrides: { modelClock: clock },
+        configure: (config) => Object.assign(config.llm.embedded, { modelBytes: bytes.length, modelSha256: hub.sha, modelFileName: "tiny.gguf" }),
+      },
+    );
+  });
+  afterAll(async () => {
+    await service?.stop();
+    await hub?.close();
+  });
+
+  it("waits as the Hub asked, then longer, says when the next try is, and serves decisions once the file arrives, without a restart", async () => {
+    const { accountId, apiKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    const decide = () => postJson(`${service.url}/api/v1/decisions`, request, { apiKey });
+
+    // 429 with the Hub's reset in 40 s: the wait is the Hub's, longer than the first step.
+    expect(await clock.nextSleep()).toBe(40_000);
+    let res = await decide();
+    expect([res.status, res.headers.get("retry-after"), res.body.message]).toEqual([503, "40", expect.stringContaining("its download failed; the next try is in 40 s")]);
+    clock.advance(25_000);
+    expect((await probe(service.url, "readyz")).body.data.decisions).toEqual({ engine: "embedded", model_state: "failed", next_try_in_seconds: 15 });
+    expect((await decide()).headers.get("retry-after")).toBe("15");
+
+    // The connection is cut: the second wait is drawn from the upper half of twice the first step.
+    clock.advance(15_000);
+    const second = await clock.nextSleep();
+    expect(second).toBeGreaterThanOrEqual(10_000);
+    expect(second).toBeLessThanOrEqual(20_000);
+    res = await decide();
+    expect([res.status, res.headers.get("retry-after")]).toEqual([503, String(Math.ceil(second / 1000))]);
+    expect(await balanceUnits(database.db, accountId)).toBe(1_000_000);
+
+    // The third try redirects to the file store and brings the file: decisions work.
+    clock.advance(second);
+    await waitFor(async () => (await probe(service.url, "healthz")).body.data.decisions?.model_state === "ready", "the model to load", 30_000);
+    expect(hub.resolves).toEqual(["rate-limited", "reset", "file"]);
+    expect(fs.existsSync(path.join(dataDir(), "models", "tiny.gguf"))).toBe(true);
+    res = await decide();
+    expect(res.status).toBe(200);
+    expect((res.body.data.answers as Record<string, { x_method: string }>).urgent!.x_method).toBe("logprobs");
+    await assertInvariants(database.db, accountId);
   });
 });
