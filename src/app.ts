@@ -4,6 +4,7 @@ import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
 import { createDecisionService } from "./decision/service.js";
 import { createGateway, type DecisionsStatus } from "./gateway/gateway.js";
+import type { ModelPace } from "./upstream/model-pace.js";
 import { retryAfterSeconds, startEmbeddedModel, type EmbeddedModelHost, type SupervisorClock } from "./upstream/embedded-supervisor.js";
 import { prepareStatementsOn } from "./metering/ledger.js";
 import { createMeter, type Meter } from "./metering/meter.js";
@@ -54,6 +55,8 @@ export interface AppOverrides {
   webhookBeforeConnect?: (address: string) => void;
   /** The clock of the embedded model's waits between download tries. */
   modelClock?: SupervisorClock;
+  /** The embedded model's pace, so a test can give it a measured rate. */
+  modelPace?: ModelPace;
 }
 
 /**
@@ -94,7 +97,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
   // Without an upstream, decisions run on a model in this process, fetched and loaded while the service already serves.
   const embedded =
-    config.llm.baseUrl === undefined && config.llm.embedded.enabled ? startEmbeddedModel(config.llm.embedded, config.dataDir, logger, { clock: overrides.modelClock }) : undefined;
+    config.llm.baseUrl === undefined && config.llm.embedded.enabled ? startEmbeddedModel(config.llm.embedded, config.dataDir, logger, { clock: overrides.modelClock, pace: overrides.modelPace }) : undefined;
   const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics, embedded });
   const search = createSearchService({ db, meter, config: config.search, logger, metrics });
 

@@ -149,6 +149,8 @@ export interface EmbeddedModelConfig {
   sequences: number;
   /** CPU threads for llama.cpp; 0 lets it choose. */
   threads: number;
+  /** The longest a decision may be given while its tokens and those queued ahead are evaluated; a call estimated longer is refused at once. */
+  maxWaitMs: number;
 }
 
 /**
@@ -307,6 +309,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
         contextTokens: int("TYPESAFE_LLM_CONTEXT_TOKENS", 8_192, 512, 131_072),
         sequences: int("TYPESAFE_LLM_SEQUENCES", 2, 1, 64),
         threads: int("TYPESAFE_LLM_THREADS", 2, 0, 256),
+        maxWaitMs: int("TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS", 300_000, 1_000, 3_600_000),
       },
     },
     search: {
@@ -439,6 +442,8 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_LLM_CONTEXT_TOKENS: "tokens one sequence holds: the longest prompt of one question on the embedded model",
   TYPESAFE_LLM_SEQUENCES: "questions the embedded model evaluates side by side",
   TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0 lets it choose",
+  TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS:
+    "the longest a decision on the embedded model may run: its deadline grows past `TYPESAFE_LLM_REQUEST_TIMEOUT_MS` to what its tokens and those queued ahead need at the measured rate, up to this; a call estimated longer is refused at once with 503 `MODEL_BUSY`",
   TYPESAFE_SEARCH_SOURCES: "comma list of enabled ids, or `none` (keyed ones also need their key)",
   TYPESAFE_SEARCH_CONTACT: "e-mail or URL in the User-Agent (Wikimedia and GDELT ask for one)",
   TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS: "deadline of one search",

@@ -4,6 +4,7 @@ import type { EmbeddedModelConfig } from "../config.js";
 import type { Logger } from "../logger.js";
 import { loadEmbeddedModel, type EmbeddedModel } from "./embedded-model.js";
 import { ensureModelFile, ModelFetchError } from "./model-fetch.js";
+import { createModelPace, type ModelPace } from "./model-pace.js";
 
 /**
  * The embedded model's life in the service: fetched and loaded in the
@@ -31,6 +32,8 @@ export interface EmbeddedModelHost {
   model(): EmbeddedModel | undefined;
   /** Stops a download in progress (or its wait) and frees the model. */
   stop(): Promise<void>;
+  /** The model's measured rate and the work queued for it, across reloads. */
+  pace: ModelPace;
 }
 
 /** Time as the supervisor sees it: tests drive the waits between downloads instead of sleeping through them. */
@@ -62,8 +65,9 @@ export function startEmbeddedModel(
   config: EmbeddedModelConfig,
   dataDir: string,
   logger: Logger,
-  options: { clock?: SupervisorClock; random?: () => number } = {},
+  options: { clock?: SupervisorClock; random?: () => number; pace?: ModelPace } = {},
 ): EmbeddedModelHost {
+  const pace = options.pace ?? createModelPace();
   const clock = options.clock ?? realClock;
   const random = options.random ?? Math.random;
   const log = logger.child({ component: "embedded-model" });
@@ -107,7 +111,7 @@ export function startEmbeddedModel(
     if (stopping.signal.aborted) return;
     state = { state: "loading" };
     const started = Date.now();
-    const model = await loadEmbeddedModel(file, { contextTokens: config.contextTokens, sequences: config.sequences, threads: config.threads }, log);
+    const model = await loadEmbeddedModel(file, { contextTokens: config.contextTokens, sequences: config.sequences, threads: config.threads, pace }, log);
     if (stopping.signal.aborted) {
       await model.dispose();
       return;
@@ -133,6 +137,7 @@ export function startEmbeddedModel(
       return { state: "failed", reason: state.reason, summary: state.summary, nextTryInMs: Math.max(0, state.nextTryAtMs - clock.now()) };
     },
     model: () => loaded,
+    pace,
     async stop() {
       stopping.abort();
       await done;

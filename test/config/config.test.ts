@@ -53,6 +53,7 @@ describe("the embedded model's settings", () => {
       contextTokens: 8192,
       sequences: 2,
       threads: 2,
+      maxWaitMs: 300_000,
     });
   });
 

@@ -16,6 +16,7 @@ import { assertInvariants } from "../support/invariants.js";
 import { writeTinyGguf } from "../support/tiny-gguf.js";
 import { waitFor } from "../support/wait.js";
 import { createManualClock } from "../support/manual-clock.js";
+import { createModelPace } from "../../src/upstream/model-pace.js";
 
 let database: TestDatabase;
 let dir: string;
@@ -216,5 +217,104 @@ describe("a download that fails, then succeeds on a later try", () => {
     expect(res.status).toBe(200);
     expect((res.body.data.answers as Record<string, { x_method: string }>).urgent!.x_method).toBe("logprobs");
     await assertInvariants(database.db, accountId);
+  });
+});
+
+/** 40 questions, each with its own long instructions: on the tiny model, whose pieces are mostly single characters, about 10,000 prompt tokens. */
+const fortyQuestions = {
+  model: "typesafe/service-1.13",
+  state: { ticket: "I was charged twice for my pro plan" },
+  questions: Object.fromEntries(
+    Array.from({ length: 40 }, (_, i) => [`q${i}`, { type: "noul", instructions: `Question ${i}: ${"is the customer asking for a refund of the second charge, and is it urgent? ".repeat(3)}` }]),
+  ),
+};
+
+describe("a call whose tokens need longer than the configured deadline", () => {
+  let service: TestApp;
+  // The pace's clock moves only when the test moves it: the rate the test gives it is the rate each call is planned with.
+  let paceNow = 0;
+  const pace = createModelPace({ now: () => paceNow });
+  beforeAll(async () => {
+    service = await startTestApp(
+      database,
+      {
+        TYPESAFE_LLM_EMBEDDED: "on",
+        TYPESAFE_LLM_MODEL_PATH: modelFile,
+        TYPESAFE_LLM_CONTEXT_TOKENS: "2048",
+        TYPESAFE_LLM_THREADS: "1",
+        TYPESAFE_DATA_DIR: dir,
+        // Far shorter than 40 long questions take on any machine.
+        TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "100",
+        TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS: "600000",
+      },
+      { overrides: { modelPace: pace } },
+    );
+    await waitFor(async () => (await probe(service.url, "healthz")).body.data.decisions?.model_state === "ready", "the model to load", 30_000);
+  });
+  afterAll(() => service?.stop());
+
+  /** Gives the pace one measurement: `tokensPerSecond` over one busy second. */
+  function measured(tokensPerSecond: number) {
+    // What was measured before weighs nothing next to this one.
+    for (let i = 0; i < 200; i++) pace.evaluating()(0);
+    const ended = pace.evaluating();
+    paceNow += 1_000;
+    ended(tokensPerSecond);
+  }
+
+  it("runs to the end while the model makes progress, with every question answered and the whole prompt charged", async () => {
+    // A rate slower than this machine's: the call is given about 50 s, far past the 100 ms deadline.
+    measured(300);
+    const { accountId, apiKey } = await createTestAccount(database.db, { units: 10_000_000 });
+    const started = performance.now();
+    const res = await postJson(`${service.url}/api/v1/decisions`, fortyQuestions, { apiKey });
+    const tookMs = performance.now() - started;
+    expect(res.status).toBe(200);
+    const answers = res.body.data.answers as Record<string, { type?: string; x_method?: string }>;
+    expect(Object.values(answers).filter((a) => a.x_method !== "logprobs")).toEqual([]);
+    expect(Object.keys(answers)).toHaveLength(40);
+    // Without the longer deadline this call is cut at 100 ms: it must have needed more.
+    expect(tookMs).toBeGreaterThan(100);
+    const usage = res.body.data.usage as { input_tokens: number };
+    expect(await balanceUnits(database.db, accountId)).toBe(10_000_000 - usage.input_tokens);
+    expect(pace.queuedTokens()).toBe(0);
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("is refused at once, typed, with the estimate, when it cannot finish within the longest wait: nothing reserved or charged", async () => {
+    measured(10);
+    const { accountId, apiKey } = await createTestAccount(database.db, { units: 10_000_000 });
+    const res = await postJson(`${service.url}/api/v1/decisions`, fortyQuestions, { apiKey });
+    expect(res.status).toBe(503);
+    expect(res.body.code).toBe(50304);
+    const data = res.body.data as { reason: string; metadata: Record<string, string> };
+    expect(data.reason).toBe("MODEL_BUSY");
+    expect(data.metadata).toMatchObject({ limit_seconds: "600", limited_by: "max_wait", queued_tokens: "0" });
+    const callTokens = Number(data.metadata.call_tokens);
+    expect(callTokens).toBeGreaterThan(8_000);
+    expect(Number(data.metadata.estimated_seconds)).toBe(Math.ceil((callTokens / 10) * 1.5));
+    // This call alone needs more than the limit: waiting does not help, so there is no Retry-After.
+    expect(res.headers.get("retry-after")).toBeNull();
+    expect(res.body.message).toMatch(/^the embedded model would need about \d+ s for this call and the 0 tokens queued ahead, more than the longest wait \(TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS\) of 600 s; nothing was charged; ask fewer questions per call$/);
+    expect(await balanceUnits(database.db, accountId)).toBe(10_000_000);
+    const rows = await database.db("requests").where({ account_id: accountId }).count({ n: "*" });
+    expect(Number(rows[0]?.n)).toBe(0);
+    expect(pace.queuedTokens()).toBe(0);
+    await assertInvariants(database.db, accountId);
+  });
+
+  it("a call that fits once the queue ahead drains is told when to retry", async () => {
+    measured(300);
+    const { apiKey } = await createTestAccount(database.db, { units: 10_000_000 });
+    // Another caller's work, booked ahead: about 2,000 s of it at this rate.
+    const ahead = pace.book(400_000);
+    try {
+      const res = await postJson(`${service.url}/api/v1/decisions`, request, { apiKey });
+      expect(res.status).toBe(503);
+      expect((res.body.data as { reason: string }).reason).toBe("MODEL_BUSY");
+      expect(res.headers.get("retry-after")).toBe(String(Math.ceil((400_000 / 300) * 1.5)));
+    } finally {
+      ahead();
+    }
   });
 });
