@@ -7,6 +7,10 @@ import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildMessages, noulBlock, renderState } from "../../src/decision/prompt.js";
 import { fromJson } from "@bufbuild/protobuf";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { DecideRequestSchema, DecisionService } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
+import { ErrorDetailSchema } from "../../src/gen/typesafe/error/v1/error_pb.js";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { NOUL_LABELS } from "../../src/decision/labels.js";
 import { balanceUnits, createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
@@ -301,6 +305,21 @@ describe("a call whose tokens need longer than the configured deadline", () => {
     expect(Number(rows[0]?.n)).toBe(0);
     expect(pace.queuedTokens()).toBe(0);
     await assertInvariants(database.db, accountId);
+  });
+
+  it("is refused at once when the caller's own deadline (grpc-timeout) is shorter than the estimate", async () => {
+    measured(300);
+    const { accountId, apiKey } = await createTestAccount(database.db, { units: 10_000_000 });
+    const client = createClient(DecisionService, createGrpcTransport({ baseUrl: service.url }));
+    const err = await client
+      .decide(fromJson(DecideRequestSchema, fortyQuestions), { headers: { authorization: `Bearer ${apiKey}` }, timeoutMs: 5_000 })
+      .catch((e: unknown) => ConnectError.from(e));
+    expect(err).toBeInstanceOf(ConnectError);
+    expect((err as ConnectError).code).toBe(Code.Unavailable);
+    const detail = (err as ConnectError).findDetails(ErrorDetailSchema)[0]!;
+    expect(detail.reason).toBe("MODEL_BUSY");
+    expect(detail.metadata).toMatchObject({ limited_by: "caller_deadline", limit_seconds: "5" });
+    expect(await balanceUnits(database.db, accountId)).toBe(10_000_000);
   });
 
   it("a call that fits once the queue ahead drains is told when to retry", async () => {
