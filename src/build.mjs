@@ -108,6 +108,38 @@ export function build({ ifStale, say = (line) => process.stderr.write(`${line}\n
   return 0;
 }
 
+/** Where a first start finds a fresh store to copy (src/db/embedded.ts reads the same folder). */
+const storeTemplate = path.join(root, "dist", "store-template");
+
+/**
+ * A fresh embedded store (PGlite's data folder right after its initdb), made
+ * once per PGlite version at install, so a first start copies it instead of
+ * spending seconds in initdb. Only the install and `npm run build` make it;
+ * without it a first start creates the store as before, so a failure here is
+ * reported and the install goes on.
+ */
+export async function makeStoreTemplate({ say = (line) => process.stderr.write(`${line}\n`) } = {}) {
+  const version = JSON.parse(fs.readFileSync(path.join(root, "node_modules", "@electric-sql", "pglite", "package.json"), "utf8")).version;
+  const stamp = path.join(storeTemplate, ".pglite-version");
+  if (fs.existsSync(stamp) && fs.readFileSync(stamp, "utf8") === version) return;
+  const started = performance.now();
+  const staging = `${storeTemplate}.staging-${process.pid}`;
+  try {
+    fs.rmSync(staging, { recursive: true, force: true });
+    const { PGlite } = await import("@electric-sql/pglite");
+    const store = await PGlite.create(staging);
+    await store.close();
+    fs.writeFileSync(path.join(staging, ".pglite-version"), version);
+    fs.rmSync(storeTemplate, { recursive: true, force: true });
+    fs.renameSync(staging, storeTemplate);
+    say(`typesafe: made a fresh embedded store for first starts (${((performance.now() - started) / 1000).toFixed(1)} s)`);
+  } catch (err) {
+    fs.rmSync(staging, { recursive: true, force: true });
+    say(`typesafe: no fresh embedded store was made (${err instanceof Error ? err.message : String(err)}); a first start creates one instead`);
+  }
+}
+
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
   process.exitCode = build({ ifStale: process.argv.includes("--if-stale") });
+  if (process.exitCode === 0) await makeStoreTemplate();
 }

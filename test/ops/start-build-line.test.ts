@@ -8,8 +8,8 @@ const root = path.resolve(import.meta.dirname, "../..");
 const BUILDING = "typesafe: building dist/ from src/";
 
 /**
- * `npm install` builds (the `prepare` script), so the first `npm start` of a
- * fresh clone only starts; when a build is still needed, `npm start` says so
+ * `npm install` builds (the `prepare` script) and makes a fresh embedded
+ * store, so the first `npm start` of a fresh clone only starts; when a build is still needed, `npm start` says so
  * before it and says when each step is done, and says nothing when dist/ is
  * fresh. A scratch copy holds the real start.mjs, build.mjs and the account
  * page's bundler with a one-module server and a one-line page: cheap, and the
@@ -59,7 +59,10 @@ it("`npm install` runs the build: the prepare script builds dist/ when it is sta
   // Every module on its own (the store's worker and the CLI load them), and the server as one bundle.
   expect(fs.readFileSync(path.join(scratch, "dist", "said.js"), "utf8")).toContain("the server runs");
   expect(fs.readFileSync(path.join(scratch, "dist", "bundle", "main.mjs"), "utf8")).toContain("the server runs");
-});
+  // And a fresh embedded store, which a first start copies instead of running PGlite's initdb.
+  expect(lines.at(-1)).toMatch(/^typesafe: made a fresh embedded store for first starts \(\d+\.\d s\)$/);
+  expect(fs.readFileSync(path.join(scratch, "dist", "store-template", "PG_VERSION"), "utf8").trim()).toMatch(/^\d+$/);
+}, 120_000);
 
 it("a fresh build: no line, the server runs at once", () => {
   const { status, lines } = start();
