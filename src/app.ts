@@ -4,7 +4,8 @@ import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
 import { createDecisionService } from "./decision/service.js";
 import { createGateway, type DecisionsStatus } from "./gateway/gateway.js";
-import { startEmbeddedModel, type EmbeddedModelHost } from "./upstream/embedded-supervisor.js";
+import type { ModelPace } from "./upstream/model-pace.js";
+import { retryAfterSeconds, startEmbeddedModel, type EmbeddedModelHost, type SupervisorClock } from "./upstream/embedded-supervisor.js";
 import { prepareStatementsOn } from "./metering/ledger.js";
 import { createMeter, type Meter } from "./metering/meter.js";
 import { createSweeper } from "./metering/sweeper.js";
@@ -52,6 +53,10 @@ export interface AppOverrides {
   scryptParams?: ScryptParams;
   /** Called with each address a webhook is about to connect to; tests refuse all but loopback there. */
   webhookBeforeConnect?: (address: string) => void;
+  /** The clock of the embedded model's waits between download tries. */
+  modelClock?: SupervisorClock;
+  /** The embedded model's pace, so a test can give it a measured rate. */
+  modelPace?: ModelPace;
 }
 
 /**
@@ -92,7 +97,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
   // Without an upstream, decisions run on a model in this process, fetched and loaded while the service already serves.
   const embedded =
-    config.llm.baseUrl === undefined && config.llm.embedded.enabled ? startEmbeddedModel(config.llm.embedded, config.dataDir, logger) : undefined;
+    config.llm.baseUrl === undefined && config.llm.embedded.enabled ? startEmbeddedModel(config.llm.embedded, config.dataDir, logger, { clock: overrides.modelClock, pace: overrides.modelPace }) : undefined;
   const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics, embedded });
   const search = createSearchService({ db, meter, config: config.search, logger, metrics });
 
@@ -199,7 +204,12 @@ function decisionsStatus(config: Config, embedded: EmbeddedModelHost | undefined
   if (config.llm.baseUrl !== undefined) return { engine: "upstream" };
   if (!embedded) return { engine: "off" };
   const status = embedded.status();
-  return { engine: "embedded", model_state: status.state, ...(status.state === "fetching" ? { percent: status.percent } : {}) };
+  return {
+    engine: "embedded",
+    model_state: status.state,
+    ...(status.state === "fetching" ? { percent: status.percent } : {}),
+    ...(status.state === "failed" && status.nextTryInMs !== undefined ? { next_try_in_seconds: retryAfterSeconds(status) } : {}),
+  };
 }
 
 /** What this deployment serves, in one start-up line an operator can read at a glance. */

@@ -1,11 +1,13 @@
-// Compiles src/ to dist/ (`npm run build`), then bundles the server into one
-// file, dist/bundle/main.mjs, which `npm start` runs, and the account page into
+// Compiles src/ to dist/ (`npm run build`, and `npm install` through the
+// `prepare` script), then bundles the server into one file,
+// dist/bundle/main.mjs, which `npm start` runs, and the account page into
 // dist/public/account/, which the server serves at /account/. With --if-stale it
 // builds only when a source or the compiler settings changed since the last
-// successful build, so a start costs a start, not a compilation. Plain
-// JavaScript: it runs before anything is compiled. `npm start` imports it
-// (src/start.mjs) instead of running it, which saves a second Node process.
-import { spawnSync } from "node:child_process";
+// successful build, so a start costs a start, not a compilation. The build
+// strips types with esbuild and checks none: type checking is `npm run
+// typecheck` (CI runs it), a whole-program pass many times slower than the
+// build. Plain JavaScript: it runs before anything is compiled. `npm start`
+// imports it (src/start.mjs) instead of running it, which saves a second Node process.
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -46,7 +48,7 @@ function newestIn(dir) {
 function bundleServer() {
   const knexDriversNotUsed = ["mysql", "mysql2", "mariadb", "mariadb/callback", "oracledb", "tedious", "sqlite3", "better-sqlite3", "pg-query-stream", "pg-native"];
   esbuild.buildSync({
-    entryPoints: [path.join(root, "dist", "main.js")],
+    entryPoints: [path.join(root, "src", "main.ts")],
     outfile: path.join(root, "dist", "bundle", "main.mjs"),
     bundle: true,
     platform: "node",
@@ -60,21 +62,84 @@ function bundleServer() {
   });
 }
 
-/** Compiles src/ to dist/ (only when stale, with `ifStale`). Returns 0 when dist/ is fresh, else tsc's exit status. */
-export function build({ ifStale }) {
+/**
+ * Every module of src/ as its own file in dist/ (what the store's worker
+ * thread and the admin CLI load), types stripped; the account page's sources
+ * are browser code, bundled on their own.
+ */
+function compileModules() {
+  const src = path.join(root, "src");
+  const entryPoints = fs
+    .readdirSync(src, { recursive: true })
+    .filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts") && !f.startsWith(`web${path.sep}account${path.sep}`))
+    .map((f) => path.join(src, f));
+  esbuild.buildSync({ entryPoints, outdir: path.join(root, "dist"), outbase: src, platform: "node", format: "esm", target: "node20", sourcemap: true, logLevel: "warning" });
+  return entryPoints.length;
+}
+
+/** Runs one step of the build and says how long it took. */
+function step(say, what, run) {
+  const started = performance.now();
+  const result = run();
+  say(`typesafe: ${typeof what === "function" ? what(result) : what} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
+}
+
+/**
+ * Builds dist/ (only when stale, with `ifStale`); returns 0 when dist/ is
+ * fresh, 1 when a step failed (esbuild has printed why). Each step says when
+ * it is done, on stderr, so the CLI's JSON on stdout stays clean.
+ */
+export function build({ ifStale, say = (line) => process.stderr.write(`${line}\n`) }) {
   const builtAt = modified(stamp);
-  const sourcesAt = Math.max(newestIn(path.join(root, "src")), ...["package.json", "tsconfig.json", "tsconfig.build.json"].map((f) => modified(path.join(root, f)) ?? 0));
+  const sourcesAt = Math.max(newestIn(path.join(root, "src")), ...["package.json", "tsconfig.json"].map((f) => modified(path.join(root, f)) ?? 0));
   if (ifStale && builtAt !== undefined && builtAt >= sourcesAt) return 0;
-  // Said before the seconds of silence a compilation takes; on stderr, so the CLI's JSON on stdout stays clean.
-  process.stderr.write(`typesafe: building dist/ from src/ (takes a few seconds, once after each change)\n`);
-  const tsc = spawnSync(process.execPath, [path.join(root, "node_modules/typescript/bin/tsc"), "-p", "tsconfig.build.json"], { cwd: root, stdio: "inherit" });
-  if (tsc.status !== 0) return tsc.status ?? 1;
-  bundleServer();
-  bundleAccountPage();
+  say(`typesafe: building dist/ from src/ (${builtAt === undefined ? "first build" : "a source changed"}; a few seconds)`);
+  const started = performance.now();
+  try {
+    step(say, (n) => `compiled ${n} modules`, compileModules);
+    step(say, "bundled the server", bundleServer);
+    step(say, "bundled the account page", () => bundleAccountPage());
+  } catch {
+    say("typesafe: the build failed; the errors are above");
+    return 1;
+  }
   fs.writeFileSync(stamp, new Date().toISOString() + "\n");
+  say(`typesafe: built in ${((performance.now() - started) / 1000).toFixed(1)} s`);
   return 0;
+}
+
+/** Where a first start finds a fresh store to copy (src/db/embedded.ts reads the same folder). */
+const storeTemplate = path.join(root, "dist", "store-template");
+
+/**
+ * A fresh embedded store (PGlite's data folder right after its initdb), made
+ * once per PGlite version at install, so a first start copies it instead of
+ * spending seconds in initdb. Only the install and `npm run build` make it;
+ * without it a first start creates the store as before, so a failure here is
+ * reported and the install goes on.
+ */
+export async function makeStoreTemplate({ say = (line) => process.stderr.write(`${line}\n`) } = {}) {
+  const version = JSON.parse(fs.readFileSync(path.join(root, "node_modules", "@electric-sql", "pglite", "package.json"), "utf8")).version;
+  const stamp = path.join(storeTemplate, ".pglite-version");
+  if (fs.existsSync(stamp) && fs.readFileSync(stamp, "utf8") === version) return;
+  const started = performance.now();
+  const staging = `${storeTemplate}.staging-${process.pid}`;
+  try {
+    fs.rmSync(staging, { recursive: true, force: true });
+    const { PGlite } = await import("@electric-sql/pglite");
+    const store = await PGlite.create(staging);
+    await store.close();
+    fs.writeFileSync(path.join(staging, ".pglite-version"), version);
+    fs.rmSync(storeTemplate, { recursive: true, force: true });
+    fs.renameSync(staging, storeTemplate);
+    say(`typesafe: made a fresh embedded store for first starts (${((performance.now() - started) / 1000).toFixed(1)} s)`);
+  } catch (err) {
+    fs.rmSync(staging, { recursive: true, force: true });
+    say(`typesafe: no fresh embedded store was made (${err instanceof Error ? err.message : String(err)}); a first start creates one instead`);
+  }
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
   process.exitCode = build({ ifStale: process.argv.includes("--if-stale") });
+  if (process.exitCode === 0) await makeStoreTemplate();
 }

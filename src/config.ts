@@ -1,3 +1,4 @@
+import fs from "node:fs";
 import path from "node:path";
 import type { LogLevel } from "./logger.js";
 import { ConfigError } from "./config-error.js";
@@ -148,6 +149,8 @@ export interface EmbeddedModelConfig {
   sequences: number;
   /** CPU threads for llama.cpp; 0 lets it choose. */
   threads: number;
+  /** The longest a decision may be given while its tokens and those queued ahead are evaluated; a call estimated longer is refused at once. */
+  maxWaitMs: number;
 }
 
 /**
@@ -215,6 +218,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   }
   const embedded = str("TYPESAFE_LLM_EMBEDDED") ?? "on";
   if (embedded !== "on" && embedded !== "off") problems.push(`TYPESAFE_LLM_EMBEDDED: must be on or off, got "${embedded}"`);
+  const modelPathRaw = str("TYPESAFE_LLM_MODEL_PATH");
+  const modelPath = modelPathRaw === undefined ? undefined : path.resolve(cwd, modelPathRaw);
+  // Checked only where it is used: an upstream URL or TYPESAFE_LLM_EMBEDDED=off leaves it unread.
+  const modelFile = modelPath !== undefined && llmBaseUrl === undefined && embedded !== "off" ? modelFileProblem(modelPath) : undefined;
+  if (modelFile) problems.push(`TYPESAFE_LLM_MODEL_PATH: ${modelFile}, got "${modelPathRaw}"`);
   const modelUrl = str("TYPESAFE_LLM_MODEL_URL");
   if (modelUrl && !/^https?:\/\/[^/]/.test(modelUrl)) problems.push(`TYPESAFE_LLM_MODEL_URL: must be an http(s) URL, got "${modelUrl}"`);
   const publicUrl = str("TYPESAFE_PUBLIC_URL");
@@ -297,7 +305,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       maxRetries: int("TYPESAFE_LLM_MAX_RETRIES", 2, 0, 10),
       embedded: {
         enabled: embedded !== "off",
-        modelPath: str("TYPESAFE_LLM_MODEL_PATH") === undefined ? undefined : path.resolve(cwd, str("TYPESAFE_LLM_MODEL_PATH")!),
+        modelPath,
         modelUrl: modelUrl ?? DEFAULT_EMBEDDED_MODEL.url,
         modelBytes: DEFAULT_EMBEDDED_MODEL.bytes,
         modelSha256: DEFAULT_EMBEDDED_MODEL.sha256,
@@ -305,6 +313,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
         contextTokens: int("TYPESAFE_LLM_CONTEXT_TOKENS", 8_192, 512, 131_072),
         sequences: int("TYPESAFE_LLM_SEQUENCES", 2, 1, 64),
         threads: int("TYPESAFE_LLM_THREADS", 2, 0, 256),
+        maxWaitMs: int("TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS", 300_000, 1_000, 3_600_000),
       },
     },
     search: {
@@ -324,6 +333,31 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return config;
+}
+
+/**
+ * Why a model file cannot be loaded, or undefined: it must exist, be a file
+ * this process can read, and start with the GGUF magic. Found at start, not
+ * minutes later when the background load fails.
+ */
+function modelFileProblem(file: string): string | undefined {
+  let fd: number;
+  try {
+    fd = fs.openSync(file, "r");
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    return code === "ENOENT" ? `no file at ${file}` : code === "EACCES" || code === "EPERM" ? `${file} cannot be read by this process (${code})` : `${file} cannot be opened (${code})`;
+  }
+  try {
+    const magic = Buffer.alloc(4);
+    const read = fs.readSync(fd, magic, 0, 4, 0);
+    return read === 4 && magic.toString("latin1") === "GGUF" ? undefined : `${file} is not a GGUF model file (it does not start with "GGUF")`;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    return code === "EISDIR" ? `${file} is a folder, not a GGUF model file` : `${file} cannot be read (${code})`;
+  } finally {
+    fs.closeSync(fd);
+  }
 }
 
 /** Why a TYPESAFE_PUBLIC_URL cannot be used (an http(s) origin, optionally with a path), or undefined. */
@@ -408,11 +442,13 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_LLM_MAX_CONCURRENT_CALLS: "per-process cap on upstream calls in flight",
   TYPESAFE_LLM_MAX_RETRIES: "retries on 429, 5xx and network errors, within the deadline; not billed",
   TYPESAFE_LLM_EMBEDDED: "`off`: no embedded model; without an upstream, decisions answer 503 `NOT_CONFIGURED` (default on)",
-  TYPESAFE_LLM_MODEL_PATH: "a local GGUF file for the embedded model; nothing is downloaded or pinned",
+  TYPESAFE_LLM_MODEL_PATH: "a local GGUF file for the embedded model; nothing is downloaded or pinned; a missing or unreadable file stops the start",
   TYPESAFE_LLM_MODEL_URL: "a mirror of the pinned model file (default: the pinned address); the pinned size and SHA-256 still apply",
   TYPESAFE_LLM_CONTEXT_TOKENS: "tokens one sequence holds: the longest prompt of one question on the embedded model",
   TYPESAFE_LLM_SEQUENCES: "questions the embedded model evaluates side by side",
   TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0 lets it choose",
+  TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS:
+    "the longest a decision on the embedded model may run: its deadline grows past `TYPESAFE_LLM_REQUEST_TIMEOUT_MS` to what its tokens and those queued ahead need at the measured rate, up to this; a call estimated longer is refused at once with 503 `MODEL_BUSY`",
   TYPESAFE_SEARCH_SOURCES: "comma list of enabled ids, or `none` (keyed ones also need their key)",
   TYPESAFE_SEARCH_CONTACT: "e-mail or URL in the User-Agent (Wikimedia and GDELT ask for one)",
   TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS: "deadline of one search",

@@ -46,6 +46,7 @@ export const REASONS = {
   NOT_CONFIGURED: { grpc: Code.FailedPrecondition, http: 503, envelope: 50301, meaning: "The upstream for this operation is not configured." },
   UNAVAILABLE: { grpc: Code.Unavailable, http: 503, envelope: 50302, meaning: "The database is unreachable; retry later." },
   MODEL_NOT_READY: { grpc: Code.Unavailable, http: 503, envelope: 50303, meaning: "The embedded model is downloading, loading or failed to; the message says which and what to set; wait Retry-After." },
+  MODEL_BUSY: { grpc: Code.Unavailable, http: 503, envelope: 50304, meaning: "The embedded model cannot finish this call within the longest wait (or the caller's deadline); metadata holds the estimate; nothing was charged; wait Retry-After or ask fewer questions." },
 } as const satisfies Record<string, { grpc: Code; http: number; envelope: number; meaning: string }>;
 
 export type Reason = keyof typeof REASONS;

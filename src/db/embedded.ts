@@ -1,5 +1,7 @@
 import { once } from "node:events";
 import fs from "node:fs/promises";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
 import { Worker } from "node:worker_threads";
 import type { Logger } from "../logger.js";
 import { publishedUrl, socketFilePath } from "./published-socket.js";
@@ -25,6 +27,7 @@ export async function openEmbeddedStore(dataDir: string, logger: Logger): Promis
   let worker: Worker | undefined;
   let watch: { closing(): void } | undefined;
   try {
+    await seedStore(dataDir, STORE_TEMPLATE, logger);
     worker = startStoreThread({ dataDir });
     const [{ url }] = (await once(worker, "message")) as [{ url: string }];
     const opened = worker;
@@ -49,6 +52,31 @@ export async function openEmbeddedStore(dataDir: string, logger: Logger): Promis
     await lock.release();
     throw err;
   }
+}
+
+/** The fresh store the install made (src/build.mjs), beside the compiled modules: dist/store-template from dist/db/ and dist/bundle/ alike. */
+const STORE_TEMPLATE = fileURLToPath(new URL("../store-template", import.meta.url));
+
+/**
+ * Copies a fresh store into a data folder that holds none, which saves a
+ * first start PGlite's initdb. The copy is made beside the store's files and
+ * moved in entry by entry, PG_VERSION last, so a start cut short leaves a
+ * folder PGlite still sees as empty.
+ */
+export async function seedStore(dataDir: string, template: string, logger: Logger): Promise<boolean> {
+  const has = (folder: string) => fs.access(path.join(folder, "PG_VERSION")).then(() => true, () => false);
+  if ((await has(dataDir)) || !(await has(template))) return false;
+  const staging = path.join(dataDir, `.store-template-${process.pid}`);
+  await fs.rm(staging, { recursive: true, force: true });
+  await fs.cp(template, staging, { recursive: true });
+  const entries = (await fs.readdir(staging)).filter((e) => e !== ".pglite-version" && e !== "PG_VERSION");
+  for (const entry of [...entries, "PG_VERSION"]) {
+    await fs.rm(path.join(dataDir, entry), { recursive: true, force: true });
+    await fs.rename(path.join(staging, entry), path.join(dataDir, entry));
+  }
+  await fs.rm(staging, { recursive: true, force: true });
+  logger.info("embedded database created from the install's fresh store", { data_dir: dataDir });
+  return true;
 }
 
 /**

@@ -19,6 +19,7 @@ import { callPhasesOf } from "../call/call-phases.js";
 import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
 import { notReadyMessage, retryAfterSeconds, type EmbeddedModelHost } from "../upstream/embedded-supervisor.js";
+import { embeddedDeadline, plannedTokens, type EmbeddedDeadline } from "./embedded-deadline.js";
 import { createDecisionEngine, firstCallMessages, type DecisionEngine, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";
 import { optionOrder } from "./labels.js";
 import { estimateTokens, PROMPT_VERSION, renderState } from "./prompt.js";
@@ -81,13 +82,39 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
       if (!engine && embedded) {
         await authenticate(db, apiKey);
         const status = embedded.status();
+        const retryAfter = retryAfterSeconds(status);
         throw apiError("MODEL_NOT_READY", notReadyMessage(status), {
-          metadata: { model_state: status.state, retry_after_seconds: String(retryAfterSeconds(status)) },
+          metadata: { model_state: status.state, ...(retryAfter === undefined ? {} : { retry_after_seconds: String(retryAfter) }) },
         });
       }
       if (!engine) {
         await authenticate(db, apiKey);
         throw apiError("NOT_CONFIGURED", "decisions are not configured: no upstream LLM (TYPESAFE_LLM_BASE_URL)");
+      }
+
+      // On the embedded model, the deadline is what the call's tokens and those queued ahead need (embedded-deadline.ts).
+      let timeoutMs = llm.requestTimeoutMs;
+      let giveBack: (() => void) | undefined;
+      const model = httpEngine ? undefined : embedded?.model();
+      if (model && embedded) {
+        const ownTokens = plannedTokens(
+          questions.map((q) => model.promptTokens(firstCallMessages(stateBlock, q))),
+          llm.embedded.sequences,
+        );
+        const plan = embeddedDeadline({
+          configuredMs: llm.requestTimeoutMs,
+          maxWaitMs: llm.embedded.maxWaitMs,
+          callerMs: ctx.timeoutMs(),
+          ownTokens,
+          queuedTokens: embedded.pace.queuedTokens(),
+          tokensPerSecond: embedded.pace.tokensPerSecond(),
+        });
+        if (!plan.run) {
+          await authenticate(db, apiKey);
+          throw modelBusy(plan, ownTokens, embedded.pace.queuedTokens());
+        }
+        timeoutMs = plan.timeoutMs;
+        giveBack = embedded.pace.book(ownTokens);
       }
 
       const { response, billing } = await meteredRpc(
@@ -98,11 +125,11 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           endpoint: "decide",
           apiKey,
           reserveUnits: decisionReserveUnits(questions.length),
-          timeoutMs: llm.requestTimeoutMs,
+          timeoutMs,
           fingerprint: () => toJsonString(DecideRequestSchema, request),
         },
         async (signal) => {
-          const deadlineMs = Date.now() + Math.max(llm.requestTimeoutMs - DEADLINE_MARGIN_MS, llm.requestTimeoutMs / 2);
+          const deadlineMs = Date.now() + Math.max(timeoutMs - DEADLINE_MARGIN_MS, timeoutMs / 2);
           const outcome = await engine.decide({ stateBlock, questions }, { signal, deadlineMs });
           callPhasesOf(ctx).details = {
             prompt_version: PROMPT_VERSION,
@@ -130,11 +157,28 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           });
           return { response, chargeUnits: Math.min(outcome.usage.inputTokens, decisionReserveUnits(questions.length)) };
         },
-      );
+      ).finally(() => giveBack?.());
       response.billing = create(BillingSchema, billing);
       return response;
     },
   };
+}
+
+/** The refusal of a call the embedded model cannot finish in time: the estimate, the limit, and when to try again if waiting helps. */
+function modelBusy(plan: Extract<EmbeddedDeadline, { run: false }>, ownTokens: number, queuedTokens: number) {
+  const seconds = (ms: number) => String(Math.ceil(ms / 1000));
+  const limit = plan.limitedBy === "caller_deadline" ? "the caller's deadline" : "the longest wait (TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS)";
+  const advice = plan.retryAfterMs === undefined ? "ask fewer questions per call" : "retry later, or ask fewer questions per call";
+  return apiError("MODEL_BUSY", `the embedded model would need about ${seconds(plan.estimateMs)} s for this call and the ${queuedTokens} tokens queued ahead, more than ${limit} of ${seconds(plan.limitMs)} s; nothing was charged; ${advice}`, {
+    metadata: {
+      estimated_seconds: seconds(plan.estimateMs),
+      limit_seconds: seconds(plan.limitMs),
+      limited_by: plan.limitedBy,
+      call_tokens: String(ownTokens),
+      queued_tokens: String(queuedTokens),
+      ...(plan.retryAfterMs === undefined ? {} : { retry_after_seconds: seconds(plan.retryAfterMs) }),
+    },
+  });
 }
 
 /** The validated request as engine input, options in the documented canonical order. */

@@ -59,6 +59,8 @@ export interface DecisionsStatus {
   engine: "upstream" | "embedded" | "off";
   model_state?: "fetching" | "loading" | "ready" | "failed";
   percent?: number;
+  /** After a failed download: when the next try is. */
+  next_try_in_seconds?: number;
 }
 
 const OPENAPI_PATH = "/api/v1/openapi.json";

@@ -1667,7 +1667,7 @@ export interface components {
                 };
             };
         };
-        /** @description NOT_CONFIGURED: The upstream for this operation is not configured. UNAVAILABLE: The database is unreachable; retry later. MODEL_NOT_READY: The embedded model is downloading, loading or failed to; the message says which and what to set; wait Retry-After. */
+        /** @description NOT_CONFIGURED: The upstream for this operation is not configured. UNAVAILABLE: The database is unreachable; retry later. MODEL_NOT_READY: The embedded model is downloading, loading or failed to; the message says which and what to set; wait Retry-After. MODEL_BUSY: The embedded model cannot finish this call within the longest wait (or the caller's deadline); metadata holds the estimate; nothing was charged; wait Retry-After or ask fewer questions. */
         Error503: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1679,11 +1679,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 50301 | 50302 | 50303;
+                    code: 50301 | 50302 | 50303 | 50304;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "NOT_CONFIGURED" | "UNAVAILABLE" | "MODEL_NOT_READY";
+                        reason?: "NOT_CONFIGURED" | "UNAVAILABLE" | "MODEL_NOT_READY" | "MODEL_BUSY";
                     };
                 };
             };
@@ -3605,13 +3605,15 @@ export interface operations {
                         data: {
                             /** @constant */
                             status: "up";
-                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent). Readiness does not wait for the model. */
+                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent, a failed one when it is tried again). Readiness does not wait for the model. */
                             decisions?: {
                                 /** @enum {unknown} */
                                 engine: "upstream" | "embedded" | "off";
                                 /** @enum {unknown} */
                                 model_state?: "fetching" | "loading" | "ready" | "failed";
                                 percent?: number;
+                                /** @description After a failed download: seconds until it is tried again. */
+                                next_try_in_seconds?: number;
                             };
                         };
                     };
@@ -3644,13 +3646,15 @@ export interface operations {
                         data: {
                             /** @constant */
                             status: "ready";
-                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent). Readiness does not wait for the model. */
+                            /** @description What decisions run on; with the embedded model, its state (a download shows its percent, a failed one when it is tried again). Readiness does not wait for the model. */
                             decisions?: {
                                 /** @enum {unknown} */
                                 engine: "upstream" | "embedded" | "off";
                                 /** @enum {unknown} */
                                 model_state?: "fetching" | "loading" | "ready" | "failed";
                                 percent?: number;
+                                /** @description After a failed download: seconds until it is tried again. */
+                                next_try_in_seconds?: number;
                             };
                         };
                     };

@@ -262,13 +262,14 @@ function probeOperation(path: string): JsonSchema {
                 status: { const: status },
                 decisions: {
                   type: "object",
-                  description: "What decisions run on; with the embedded model, its state (a download shows its percent). Readiness does not wait for the model.",
+                  description: "What decisions run on; with the embedded model, its state (a download shows its percent, a failed one when it is tried again). Readiness does not wait for the model.",
                   required: ["engine"],
                   additionalProperties: false,
                   properties: {
                     engine: { enum: ["upstream", "embedded", "off"] },
                     model_state: { enum: ["fetching", "loading", "ready", "failed"] },
                     percent: { type: "number", minimum: 0, maximum: 100 },
+                    next_try_in_seconds: { type: "integer", minimum: 1, description: "After a failed download: seconds until it is tried again." },
                   },
                 },
               },

@@ -1,6 +1,7 @@
 import type { ChatHistoryItem, LlamaContext, LlamaContextSequence, LlamaModel, Token } from "node-llama-cpp";
 import type { Logger } from "../logger.js";
 import { createFairSemaphore } from "./fair-semaphore.js";
+import type { ModelPace } from "./model-pace.js";
 import {
   LlmCallError,
   type CallOptions,
@@ -28,6 +29,8 @@ export interface EmbeddedModelSettings {
   sequences: number;
   /** CPU threads llama.cpp uses; 0 lets it choose. */
   threads: number;
+  /** Hears of each evaluation: when it ran and the prompt tokens it evaluated. */
+  pace?: Pick<ModelPace, "evaluating">;
 }
 
 /** The loaded model as a client of the decision engine, and what the health report shows. */
@@ -191,8 +194,11 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
       if (prompt.length + 8 > settings.contextTokens) throw new LlmCallError("rejected", false);
       const labels = labelTokens(request.spellings);
       const { sequence, release } = await takeSequence(prompt, options);
+      const evaluated = settings.pace?.evaluating();
+      let evaluatedTokens = 0;
       try {
         const { probabilities, cached } = await score(sequence, prompt, labels, options.signal);
+        evaluatedTokens = prompt.length - cached;
         return { probabilities, usage: { promptTokens: prompt.length, cachedTokens: cached, completionTokens: 1 } };
       } catch (err) {
         if (err instanceof LlmCallError) throw err;
@@ -201,6 +207,7 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
         await sequence.clearHistory().catch(() => {});
         throw new LlmCallError("upstream_error", true);
       } finally {
+        evaluated?.(evaluatedTokens);
         release();
       }
     },

@@ -33,6 +33,8 @@ export class ModelFetchError extends Error {
   constructor(
     message: string,
     readonly kind: ModelFetchFailure,
+    /** How long the server asked to wait before the next try (Retry-After, or the Hub's RateLimit reset), when it said. */
+    readonly waitHintMs?: number,
   ) {
     super(message);
     this.name = "ModelFetchError";
@@ -116,7 +118,7 @@ async function download(part: string, source: ModelSource, options: { logger: Lo
     have = 0;
   } else if (status !== 200 && status !== 206) {
     response.resume();
-    throw new ModelFetchError(`model download from ${redacted(source.url)} answered HTTP ${status}`, "http");
+    throw new ModelFetchError(`model download from ${redacted(source.url)} answered HTTP ${status}`, "http", waitHintMs(response.headers, Date.now()));
   }
   const out = fs.createWriteStream(part, { flags: have > 0 ? "a" : "w" });
   let writeError: Error | undefined;
@@ -155,6 +157,23 @@ async function download(part: string, source: ModelSource, options: { logger: Lo
     if (!out.destroyed) await new Promise<void>((resolve) => out.end(resolve));
   }
   if (received < source.bytes) throw new ModelFetchError(`model download from ${redacted(source.url)} was cut at ${received} of ${source.bytes} bytes`, "cut");
+}
+
+/**
+ * The wait a refusal asks for: `Retry-After` in seconds or as a date (RFC
+ * 9110 §10.2.3), else the reset of a `RateLimit` field (`"resolvers";r=0;t=55`,
+ * draft-ietf-httpapi-ratelimit-headers-09), which the Hugging Face Hub sends
+ * with its 429s.
+ */
+export function waitHintMs(headers: http.IncomingHttpHeaders, nowMs: number): number | undefined {
+  const retryAfter = headers["retry-after"]?.trim();
+  if (retryAfter) {
+    if (/^\d+$/.test(retryAfter)) return Number(retryAfter) * 1000;
+    const at = Date.parse(retryAfter);
+    if (Number.isFinite(at)) return Math.max(0, at - nowMs);
+  }
+  const reset = /(?:^|;)\s*t=(\d+)/.exec(String(headers["ratelimit"] ?? ""))?.[1];
+  return reset === undefined ? undefined : Number(reset) * 1000;
 }
 
 function progress(received: number, total: number, startedAt: number, started: number, now: number): FetchProgress {

@@ -1,7 +1,8 @@
+import fsSync from "node:fs";
 import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { enabledSummary } from "../../src/app.js";
 import { ConfigError } from "../../src/config-error.js";
 import { parseSourceCatalog } from "../../src/search/source-config.js";
@@ -10,9 +11,9 @@ import { createTestDatabase } from "../support/database.js";
 import { startTestApp } from "../support/app.js";
 import { runToExit } from "../support/process.js";
 
-function problemsOf(env: Record<string, string>): string[] {
+function problemsOf(env: Record<string, string>, cwd?: string): string[] {
   try {
-    loadConfig(env);
+    loadConfig(env, cwd);
   } catch (err) {
     if (err instanceof ConfigError) return err.problems;
     throw err;
@@ -53,8 +54,48 @@ describe("the embedded model's settings", () => {
       contextTokens: 8192,
       sequences: 2,
       threads: 2,
+      maxWaitMs: 300_000,
     });
-    expect(loadConfig({ TYPESAFE_LLM_MODEL_PATH: "models/m.gguf" }, "/srv").llm.embedded.modelPath).toBe("/srv/models/m.gguf");
+  });
+
+  describe("TYPESAFE_LLM_MODEL_PATH", () => {
+    let dir: string;
+    beforeAll(async () => {
+      dir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-model-path-"));
+      await fs.mkdir(path.join(dir, "models"));
+      // The first bytes of a GGUF file: the magic, then version 3 (ggml's docs/gguf.md).
+      await fs.writeFile(path.join(dir, "models", "m.gguf"), Buffer.from([0x47, 0x47, 0x55, 0x46, 3, 0, 0, 0]));
+      await fs.writeFile(path.join(dir, "notes.txt"), "not a model\n");
+    });
+    afterAll(() => fs.rm(dir, { recursive: true, force: true }));
+
+    it("is resolved against the working folder", () => {
+      expect(loadConfig({ TYPESAFE_LLM_MODEL_PATH: "models/m.gguf" }, dir).llm.embedded.modelPath).toBe(path.join(dir, "models", "m.gguf"));
+    });
+
+    it.each([
+      ["missing.gguf", (d: string) => `TYPESAFE_LLM_MODEL_PATH: no file at ${d}/missing.gguf, got "missing.gguf"`],
+      ["models", (d: string) => `TYPESAFE_LLM_MODEL_PATH: ${d}/models is a folder, not a GGUF model file, got "models"`],
+      ["notes.txt", (d: string) => `TYPESAFE_LLM_MODEL_PATH: ${d}/notes.txt is not a GGUF model file (it does not start with "GGUF"), got "notes.txt"`],
+    ])("%s is a start-up error, listed with the others", (file, problem) => {
+      expect(() => loadConfig({ TYPESAFE_LLM_MODEL_PATH: file, PORT: "eighty" }, dir)).toThrow(
+        new ConfigError([problem(dir), 'PORT: must be an integer between 0 and 65535, got "eighty"']),
+      );
+    });
+
+    it("is not checked where it is not used: an upstream URL or the embedded model off", () => {
+      expect(loadConfig({ TYPESAFE_LLM_MODEL_PATH: "missing.gguf", TYPESAFE_LLM_BASE_URL: "http://llm.internal/v1" }, dir).llm.embedded.modelPath).toBe(path.join(dir, "missing.gguf"));
+      expect(loadConfig({ TYPESAFE_LLM_MODEL_PATH: "missing.gguf", TYPESAFE_LLM_EMBEDDED: "off" }, dir).llm.embedded.enabled).toBe(false);
+    });
+
+    it("a file this process may not read is a start-up error", async () => {
+      const locked = path.join(dir, "locked.gguf");
+      await fs.writeFile(locked, "GGUF");
+      await fs.chmod(locked, 0o000);
+      // Root reads any file whatever its mode: there the check must pass, elsewhere it must name the refusal.
+      const expected = process.getuid?.() === 0 ? [] : [`TYPESAFE_LLM_MODEL_PATH: ${locked} cannot be read by this process (EACCES), got "locked.gguf"`];
+      expect(problemsOf({ TYPESAFE_LLM_MODEL_PATH: "locked.gguf" }, dir)).toEqual(expected);
+    });
   });
 });
 
@@ -110,6 +151,10 @@ describe("configuration is checked in one pass", () => {
 });
 
 describe("the start-up summary", () => {
+  // A folder holding model.gguf, a file that passes the start-up check (the GGUF magic).
+  const withModel = fsSync.mkdtempSync(path.join(os.tmpdir(), "typesafe-summary-"));
+  fsSync.writeFileSync(path.join(withModel, "model.gguf"), "GGUF");
+  afterAll(() => fs.rm(withModel, { recursive: true, force: true }));
   it.each([
     [{}, { decisions: "embedded: qwen2.5-0.5b-instruct-q4_k_m.gguf, fetched into the data folder on first start", search: expect.stringMatching(/^on: brave.*|^on: wikipedia/) }],
     [{ TYPESAFE_LLM_MODEL_PATH: "model.gguf" }, { decisions: "embedded: a local model file (TYPESAFE_LLM_MODEL_PATH)" }],
@@ -121,7 +166,7 @@ describe("the start-up summary", () => {
     ],
     [{ TYPESAFE_SEARCH_SOURCES: "brave,wikipedia" }, { search: "on: wikipedia" }],
   ])("%j → %j", (env, summary) => {
-    expect(enabledSummary(loadConfig(env))).toMatchObject(summary);
+    expect(enabledSummary(loadConfig(env, withModel))).toMatchObject(summary);
   });
 
   it("is logged at start, with no contact warning when no source that needs one is enabled", async () => {

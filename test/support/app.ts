@@ -2,7 +2,7 @@ import type { Knex } from "knex";
 import { startApp, type App, type AppOverrides } from "../../src/app.js";
 import { createApiKey } from "../../src/accounts/store.js";
 import { createAccount } from "../../src/admin/account-funding.js";
-import { loadConfig } from "../../src/config.js";
+import { loadConfig, type Config } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
 import type { TestDatabase } from "./database.js";
 import { checkAnswersOf } from "./openapi-conformance.js";
@@ -17,7 +17,7 @@ export interface TestApp {
 export async function startTestApp(
   database: TestDatabase,
   env: Record<string, string> = {},
-  options: { onLogLine?: (line: string) => void; overrides?: AppOverrides } = {},
+  options: { onLogLine?: (line: string) => void; overrides?: AppOverrides; configure?: (config: Config) => void } = {},
 ): Promise<TestApp> {
   const config = loadConfig({
     PORT: "0",
@@ -31,6 +31,8 @@ export async function startTestApp(
     ...env,
     DATABASE_URL: database.url,
   });
+  // What no variable sets: the pinned model's size and SHA-256, for a test that serves its own file.
+  options.configure?.(config);
   const app = await startApp(config, createLogger(config.logLevel, {}, options.onLogLine), options.overrides);
   checkAnswersOf(app.server.url);
   return { app, url: app.server.url, stop: () => app.stop() };
