@@ -1,4 +1,4 @@
-import { create } from "@bufbuild/protobuf";
+import { create, type Message } from "@bufbuild/protobuf";
 import { timestampDate, timestampFromDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
@@ -61,7 +61,7 @@ import {
 import { listFinishedCalls, readAccountMoney, summarizeCalls } from "../metering/account-views.js";
 import type { Metrics } from "../metrics.js";
 import { unitsToCredits } from "../units.js";
-import { throwIfInvalid } from "../validation.js";
+import { storableTextViolations, throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
 import { allowed } from "./access.js";
 import { kSessionToken, memberOf } from "./door.js";
@@ -116,7 +116,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     ctx.responseHeader.append("set-cookie", setSessionCookie(cookie, token, policy.absoluteMs));
   };
 
-  return {
+  return withStorableText({
     async acceptInvite(req, ctx) {
       const problem = passwordProblem(req.password);
       throwIfInvalid(problem ? [{ field: "password", rule: problem }] : []);
@@ -636,7 +636,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       });
       return {};
     },
-  };
+  });
 
   /** Limits as the request states them, checked against the account's own rate limit; a 400 names the field. */
   async function checkedLimits(accountId: string, message: KeyLimitsMessage | undefined, at: Date, prefix: string): Promise<KeyLimits> {
@@ -672,6 +672,23 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     const previous = ctx.values.get(kSessionToken);
     if (previous !== undefined) await endSession(tx, previous, at);
   }
+}
+
+/**
+ * Every method checks its request's text before anything else runs: no
+ * U+0000 or lone surrogate in any field reaches the store, whichever surface
+ * the call came through.
+ */
+function withStorableText(impl: ServiceImpl<typeof AccountService>): ServiceImpl<typeof AccountService> {
+  const checked: Record<string, (req: Message, ctx: HandlerContext) => unknown> = {};
+  for (const method of AccountService.methods) {
+    const handler = impl[method.localName as keyof typeof impl] as unknown as (req: Message, ctx: HandlerContext) => unknown;
+    checked[method.localName] = (req, ctx) => {
+      throwIfInvalid(storableTextViolations(method.input, req));
+      return handler.call(impl, req, ctx);
+    };
+  }
+  return checked as unknown as ServiceImpl<typeof AccountService>;
 }
 
 /** The rule that keeps a second factor on while the account requires one. */
