@@ -588,7 +588,12 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         const row = await tx<DbMemberRow>("members").where({ id: member.memberId }).forUpdate().first();
         if (!row || row.totp_enabled_at !== null) return undefined;
         const recoveryCodes = await confirmTotpEnrollment(tx, row, req.code, at);
-        if (recoveryCodes) await recordActivity(tx, { accountId: member.accountId, kind: "two_factor_enabled", actor: member.email, at });
+        if (!recoveryCodes) return undefined;
+        // Sessions opened with the password alone would outlive the new rule: only the one that turned it on stays.
+        const current = ctx.values.get(kSessionToken);
+        const ended = await endMemberSessions(tx, member.memberId, at, current === undefined ? undefined : { token: current });
+        const detail = ended > 0 ? `${ended} other session${ended === 1 ? "" : "s"} ended` : undefined;
+        await recordActivity(tx, { accountId: member.accountId, kind: "two_factor_enabled", actor: member.email, detail, at });
         return recoveryCodes;
       });
       if (!codes) {
