@@ -201,3 +201,19 @@ describe("end to end, loopback allowed (development)", () => {
     expect(elsewhere.received).toEqual([]);
   });
 });
+
+describe("the start log", () => {
+  it.each([
+    ["on", 1],
+    ["off", 0],
+  ])("with TYPESAFE_WEBHOOK_ALLOW_LOOPBACK=%s, a warning that webhooks may reach loopback appears %i time(s)", async (setting, times) => {
+    const database = await createTestDatabase();
+    const lines: Record<string, unknown>[] = [];
+    const service = await startTestApp(database, { TYPESAFE_LOG_LEVEL: "info", TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: setting }, { onLogLine: (line) => lines.push(JSON.parse(line)) });
+    await service.stop();
+    await database.close();
+    const warnings = lines.filter((line) => line["msg"] === "webhooks may reach loopback");
+    expect(warnings).toHaveLength(times);
+    for (const warning of warnings) expect([warning["level"], warning["setting"]]).toEqual(["warn", "TYPESAFE_WEBHOOK_ALLOW_LOOPBACK=on"]);
+  });
+});
