@@ -108,7 +108,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
   const { db, cookie, policy, now } = deps;
   const scryptParams = deps.scryptParams ?? SCRYPT_PARAMS;
   const { passwordWork } = deps;
-  // Made once, up front, so that even the first sign-in of an unknown email costs only the verification.
+  // Made once, up front: every sign-in of an unknown email checks against the same stored form.
   const dummyHash = createDummyHash(scryptParams);
 
   const signedIn = async (ctx: HandlerContext, memberId: string, at: Date, tx: Knex | Knex.Transaction = db): Promise<void> => {
@@ -167,7 +167,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           }
           const member = await findMemberByEmail(db, email);
           // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
-          const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash), scryptParams);
+          const matches = await verifyPassword(req.password, member?.password_hash ?? dummyHash, scryptParams);
           const at = now();
           if (!member || member.password_hash === null || !matches) {
             deps.metrics?.recordSignIn("failed");
