@@ -45,6 +45,10 @@ async function main(): Promise<void> {
       if (problems.length < 50) problems.push(`surfaces disagree: ${JSON.stringify(verdicts)} ← ${JSON.stringify(input).slice(0, 200)}`);
     }
   };
+  // The service runs in this process: its resident memory is this process's, sampled between calls.
+  const startRssBytes = process.memoryUsage().rss;
+  let peakRssBytes = startRssBytes;
+  const rssSampler = setInterval(() => (peakRssBytes = Math.max(peakRssBytes, process.memoryUsage().rss)), 250);
   const deadline = Date.now() + seconds * 1000;
   let calls = 0;
   for (let batch = 0; Date.now() < deadline; batch++) {
@@ -71,10 +75,14 @@ async function main(): Promise<void> {
       calls += 8 + accountVerdicts.length;
     }
   }
+  clearInterval(rssSampler);
+  const { rss: endRssBytes, heapUsed: endHeapBytes, external: endExternalBytes } = process.memoryUsage();
   await app.stop();
   await fs.rm(dataDir, { recursive: true, force: true });
   for (const [key, count] of [...counts].sort()) process.stdout.write(`${key.padEnd(60)} ${count}\n`);
   for (const problem of problems) process.stdout.write(`problem: ${problem}\n`);
+  const mb = (bytes: number) => (bytes / 1024 / 1024).toFixed(0);
+  process.stdout.write(`rss: ${mb(startRssBytes)} MB at start, ${mb(peakRssBytes)} MB peak, ${mb(endRssBytes)} MB at the end (heap ${mb(endHeapBytes)} MB, external ${mb(endExternalBytes)} MB)\n`);
   process.stdout.write(`fuzz: ${calls} requests in ${seconds} s · ${broken} broken rules · ${disagreements} disagreements\n`);
   process.exit(broken > 0 || disagreements > 0 ? 1 : 0);
 }
