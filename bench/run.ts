@@ -10,6 +10,7 @@
  *   BENCH_SERVICE_NODE_ARGS="--cpu-prof --cpu-prof-dir=prof" npm run bench   # a CPU profile of the service under all of it
  *   BENCH_ONLY=connection-cap npm run bench         # only the row of the connection cap
  *   BENCH_ONLY=embedded-model npm run bench         # only the row of the embedded model (the tiny test GGUF)
+ *   BENCH_ONLY=rss npm run bench                    # only the two rows of peak RSS (the same loads as the full run)
  *
  * 1,500 accounts at the product's default limits take the load in turn (see
  * createDefaultAccounts). The upstream answers at once unless a row says
@@ -160,6 +161,35 @@ async function connectionCapRow(env: Record<string, string>, load: Awaited<Retur
   }
 }
 
+/**
+ * Peak RSS of a service on PostgreSQL under the decision loads of the full
+ * run (the gateway, gRPC frames, the steady rate), then after bad input.
+ */
+async function rssRows(service: ServiceProcess, load: Awaited<ReturnType<typeof startLoadGenerator>>, apiKeys: string[]): Promise<Row[]> {
+  const one = decideBody(1);
+  const decisions = `${service.url}/api/v1/decisions`;
+  await load.run({ mode: "http", url: decisions, body: one, apiKeys, connections: CONNECTIONS, durationS: 2 });
+  await load.run({ mode: "http", url: decisions, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S });
+  await load.run({ mode: "grpc-frames", url: service.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S });
+  await load.run({ mode: "grpc", url: service.url, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S });
+  await load.run({ mode: "rate", url: decisions, body: one, apiKeys, connections: CONNECTIONS, durationS: DURATION_S, rate: STEADY_RATE });
+  const underLoad = await service.peakRssMb();
+  const invalid = await load.run({ mode: "invalid", url: service.url, body: "", apiKeys, connections: 20, durationS: INVALID_S });
+  const afterInvalid = await service.peakRssMb();
+  await service.stop();
+  return [
+    { measure: "peak RSS under the decision loads", figure: `${fixed(underLoad)} MB`, baseline: "—", ratio: "—", target: "≤ 200 MB", met: underLoad <= 200 },
+    {
+      measure: `peak RSS after ${INVALID_S} s of mixed invalid traffic`,
+      figure: `${fixed(afterInvalid)} MB (${fixed(invalid.rps)} req/s, every answer a 4xx)`,
+      baseline: "—",
+      ratio: "—",
+      target: "≤ 200 MB",
+      met: afterInvalid <= 200,
+    },
+  ];
+}
+
 async function main() {
   const serverUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
   console.log(`bench: ${os.cpus().length} cores, Node ${process.version}, ${DURATION_S} s per measure, ${CONNECTIONS} connections, ${new Date().toISOString()}`);
@@ -189,6 +219,13 @@ async function main() {
       const apiKeys = await createDefaultAccounts(db, ACCOUNTS);
       await db.destroy();
       return printRows([await embeddedModelRow({ DATABASE_URL: scratch.url }, load, apiKeys, dataDir)]);
+    }
+    if (ONLY === "rss") {
+      service = await startService({ ...serviceEnv, DATABASE_URL: scratch.url }, { nodeArgs: SERVICE_NODE_ARGS });
+      const db = createKnex(scratch.url, 4);
+      const apiKeys = await createDefaultAccounts(db, ACCOUNTS);
+      await db.destroy();
+      return printRows(await rssRows(service, load, apiKeys));
     }
     // Start-up as a user runs it (`npm start`, its build fresh): the first start migrates the fresh database,
     // the next ones are what a restart costs.

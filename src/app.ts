@@ -179,6 +179,10 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   keyExpiryWatch.start();
   logger.info("listening", { url: server.url, database: database.kind });
   logger.info("enabled", enabledSummary(config));
+  // A development setting left on in production would let webhooks reach this machine's own services.
+  if (config.webhooks.allowLoopback) {
+    logger.warn("webhooks may reach loopback", { setting: "TYPESAFE_WEBHOOK_ALLOW_LOOPBACK=on", use: "local development only" });
+  }
 
   return {
     server,

@@ -76,7 +76,9 @@ export function guardConnection(socket: net.Socket, timeouts: ConnectionTimeouts
       headersTimer = setTimeout(headersExpired, timeouts.headersTimeoutMs).unref();
       return;
     }
-    expire("idle", () => socket.destroy());
+    // A client may have sent its next request as the timer fired, still unread here: a FIN and a lingering read
+    // let it see the connection end, where a destroy would reset it mid-write (EPIPE, no answer).
+    expire("idle", () => (isHttp1 ? closeLingering(socket) : socket.destroy()));
   };
   const startIdle = () => {
     bytesAtCheck = socket.bytesRead;

@@ -77,7 +77,12 @@ export async function startServer(options: ServerOptions, host: string, port: nu
   const { connections: limits, metrics } = options;
   const onTimeout = metrics ? metrics.recordConnectionTimeout.bind(metrics) : () => {};
   // Node's own keep-alive timer is off: the guard closes idle connections and counts them.
-  const http1 = http.createServer({ keepAliveTimeout: 0 }, handler);
+  // Clients that read the Keep-Alive hint (Node's agent, undici) retire a connection before the guard closes it idle.
+  const keepAliveHint = limits.idleTimeoutMs >= 2_000 ? `timeout=${Math.floor(limits.idleTimeoutMs / 1000)}` : undefined;
+  const http1 = http.createServer({ keepAliveTimeout: 0 }, (req, res) => {
+    if (keepAliveHint && !closing) res.setHeader("keep-alive", keepAliveHint);
+    handler(req, res);
+  });
   const guards = new Map<net.Socket, ConnectionGuard>();
   http1.on("request", (req: http.IncomingMessage, res: http.ServerResponse) => {
     // While draining, keep-alive connections close after their current answer.

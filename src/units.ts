@@ -17,3 +17,18 @@ export function parseCredits(text: string): number {
   if (units > BigInt(Number.MAX_SAFE_INTEGER)) throw new Error(`"${text}" is too large`);
   return Number(units);
 }
+
+/**
+ * A credit amount sent as a number (a JSON double) in units, or undefined
+ * when it is not one: the number's shortest decimal form must be a credit
+ * amount as parseCredits reads it, so 5e-324 or a seventh decimal is refused
+ * instead of rounded away.
+ */
+export function creditsNumberToUnits(credits: number): number | undefined {
+  if (!Number.isFinite(credits)) return undefined;
+  try {
+    return parseCredits(String(credits));
+  } catch {
+    return undefined;
+  }
+}

@@ -1,3 +1,5 @@
+import { ScalarType, type DescMessage, type Message } from "@bufbuild/protobuf";
+import { isReflectMessage, reflect, type ReflectMessage } from "@bufbuild/protobuf/reflect";
 import { apiError } from "./errors.js";
 
 /**
@@ -17,6 +19,43 @@ export const FINITE_RULE = "must be a finite number";
 
 export function hasLoneSurrogate(text: string): boolean {
   return /\p{Cs}/u.test(text);
+}
+
+/** The rule of every text a caller sends that may be stored: PostgreSQL's text holds no U+0000, and UTF-8 no lone surrogate. */
+export const STORABLE_TEXT_RULE = "must be text without U+0000 or lone surrogates";
+
+/**
+ * Every string of a decoded request (nested messages, lists and map keys and
+ * values included) that breaks STORABLE_TEXT_RULE, named by its JSON path.
+ * Run on the message, so JSON, binary and gRPC callers meet the same rule.
+ */
+export function storableTextViolations(schema: DescMessage, message: Message, at = ""): Violation[] {
+  return textViolationsOf(reflect(schema, message), at);
+}
+
+function textViolationsOf(message: ReflectMessage, at: string): Violation[] {
+  const violations: Violation[] = [];
+  const check = (value: unknown, path: string) => {
+    if (typeof value === "string" && /[\u0000\p{Cs}]/u.test(value)) violations.push({ field: path, rule: STORABLE_TEXT_RULE });
+    else if (isReflectMessage(value)) violations.push(...textViolationsOf(value, path));
+  };
+  for (const field of message.fields) {
+    if (!message.isSet(field)) continue;
+    const path = at === "" ? field.name : `${at}.${field.name}`;
+    if (field.fieldKind === "scalar" && field.scalar === ScalarType.STRING) check(message.get(field), path);
+    else if (field.fieldKind === "message") check(message.get(field), path);
+    else if (field.fieldKind === "list") {
+      let index = 0;
+      for (const item of message.get(field)) check(item, `${path}[${index++}]`);
+    } else if (field.fieldKind === "map") {
+      for (const [key, value] of message.get(field)) {
+        const entry = pathOf(path, String(key));
+        if (typeof key === "string") check(key, entry);
+        check(value, entry);
+      }
+    }
+  }
+  return violations;
 }
 
 /** One broken rule: the JSON path the caller sent, and the rule in words. */

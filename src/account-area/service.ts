@@ -1,4 +1,4 @@
-import { create } from "@bufbuild/protobuf";
+import { create, type Message } from "@bufbuild/protobuf";
 import { timestampDate, timestampFromDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
@@ -61,7 +61,7 @@ import {
 import { listFinishedCalls, readAccountMoney, summarizeCalls } from "../metering/account-views.js";
 import type { Metrics } from "../metrics.js";
 import { unitsToCredits } from "../units.js";
-import { throwIfInvalid } from "../validation.js";
+import { storableTextViolations, throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
 import { allowed } from "./access.js";
 import { kSessionToken, memberOf } from "./door.js";
@@ -108,7 +108,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
   const { db, cookie, policy, now } = deps;
   const scryptParams = deps.scryptParams ?? SCRYPT_PARAMS;
   const { passwordWork } = deps;
-  // Made once, up front, so that even the first sign-in of an unknown email costs only the verification.
+  // Made once, up front: every sign-in of an unknown email checks against the same stored form.
   const dummyHash = createDummyHash(scryptParams);
 
   const signedIn = async (ctx: HandlerContext, memberId: string, at: Date, tx: Knex | Knex.Transaction = db): Promise<void> => {
@@ -116,7 +116,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     ctx.responseHeader.append("set-cookie", setSessionCookie(cookie, token, policy.absoluteMs));
   };
 
-  return {
+  return withStorableText({
     async acceptInvite(req, ctx) {
       const problem = passwordProblem(req.password);
       throwIfInvalid(problem ? [{ field: "password", rule: problem }] : []);
@@ -167,7 +167,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           }
           const member = await findMemberByEmail(db, email);
           // An unknown email, or a member who has not set a password yet, costs the same scrypt work as a wrong password.
-          const matches = await verifyPassword(req.password, member?.password_hash ?? (await dummyHash), scryptParams);
+          const matches = await verifyPassword(req.password, member?.password_hash ?? dummyHash, scryptParams);
           const at = now();
           if (!member || member.password_hash === null || !matches) {
             deps.metrics?.recordSignIn("failed");
@@ -588,7 +588,12 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         const row = await tx<DbMemberRow>("members").where({ id: member.memberId }).forUpdate().first();
         if (!row || row.totp_enabled_at !== null) return undefined;
         const recoveryCodes = await confirmTotpEnrollment(tx, row, req.code, at);
-        if (recoveryCodes) await recordActivity(tx, { accountId: member.accountId, kind: "two_factor_enabled", actor: member.email, at });
+        if (!recoveryCodes) return undefined;
+        // Sessions opened with the password alone would outlive the new rule: only the one that turned it on stays.
+        const current = ctx.values.get(kSessionToken);
+        const ended = await endMemberSessions(tx, member.memberId, at, current === undefined ? undefined : { token: current });
+        const detail = ended > 0 ? `${ended} other session${ended === 1 ? "" : "s"} ended` : undefined;
+        await recordActivity(tx, { accountId: member.accountId, kind: "two_factor_enabled", actor: member.email, detail, at });
         return recoveryCodes;
       });
       if (!codes) {
@@ -636,7 +641,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
       });
       return {};
     },
-  };
+  });
 
   /** Limits as the request states them, checked against the account's own rate limit; a 400 names the field. */
   async function checkedLimits(accountId: string, message: KeyLimitsMessage | undefined, at: Date, prefix: string): Promise<KeyLimits> {
@@ -672,6 +677,23 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
     const previous = ctx.values.get(kSessionToken);
     if (previous !== undefined) await endSession(tx, previous, at);
   }
+}
+
+/**
+ * Every method checks its request's text before anything else runs: no
+ * U+0000 or lone surrogate in any field reaches the store, whichever surface
+ * the call came through.
+ */
+function withStorableText(impl: ServiceImpl<typeof AccountService>): ServiceImpl<typeof AccountService> {
+  const checked: Record<string, (req: Message, ctx: HandlerContext) => unknown> = {};
+  for (const method of AccountService.methods) {
+    const handler = impl[method.localName as keyof typeof impl] as unknown as (req: Message, ctx: HandlerContext) => unknown;
+    checked[method.localName] = (req, ctx) => {
+      throwIfInvalid(storableTextViolations(method.input, req));
+      return handler.call(impl, req, ctx);
+    };
+  }
+  return checked as unknown as ServiceImpl<typeof AccountService>;
 }
 
 /** The rule that keeps a second factor on while the account requires one. */

@@ -1,5 +1,5 @@
 import type { Knex } from "knex";
-import { UNITS_PER_CREDIT, unitsToCredits } from "../units.js";
+import { creditsNumberToUnits, unitsToCredits } from "../units.js";
 import type { Violation } from "../validation.js";
 import { recordActivity } from "./activity.js";
 import { createApiKey, isUuid, type DbApiKeyRow, type KeyLimitsRow } from "./store.js";
@@ -62,11 +62,8 @@ export function parseKeyLimits(
   }
   let budget: KeyLimits["budget"] = null;
   if (input.budgetCredits !== undefined) {
-    const units = input.budgetCredits * UNITS_PER_CREDIT;
-    // A decimal with at most 6 fraction digits (one unit) lands within rounding of a whole number of units;
-    // the bound is relative to the float's own error, so a large budget's seventh decimal is refused too.
-    const whole = Math.round(units);
-    if (!Number.isFinite(units) || units < 0 || Math.abs(units - whole) > 1e-12 * Math.max(1, whole) || !Number.isSafeInteger(whole)) {
+    const whole = creditsNumberToUnits(input.budgetCredits);
+    if (whole === undefined) {
       violations.push({ field: `${prefix}.budget_credits`, rule: "a number of credits from 0, with at most 6 decimals" });
     } else if (!KEY_BUDGET_PERIODS.includes(input.budgetPeriod as KeyBudgetPeriod)) {
       violations.push({ field: `${prefix}.budget_period`, rule: 'with a budget: "day", "week", "month" (UTC) or "total"' });

@@ -71,10 +71,14 @@ export async function verifyPassword(password: string, stored: string, fallback:
 /**
  * A stored form of a password nobody knows, for verifying against when the
  * email is unknown: with the parameters new passwords get, the answer then
- * takes as long as for a known email.
+ * takes as long as for a known email. Random bytes stand where the hash
+ * would be: checking against them costs the same scrypt and never matches,
+ * and making them costs no scrypt (whose 128 MiB at start-up were the
+ * service's peak memory).
  */
-export function createDummyHash(params: ScryptParams = SCRYPT_PARAMS): Promise<string> {
-  return hashPassword(crypto.randomBytes(32).toString("base64url"), params);
+export function createDummyHash(params: ScryptParams = SCRYPT_PARAMS): string {
+  const random = (bytes: number) => crypto.randomBytes(bytes).toString("base64url");
+  return ["scrypt", params.N, params.r, params.p, random(params.saltBytes), random(params.keyBytes)].join("$");
 }
 
 const STORED = /^scrypt\$(\d+)\$(\d+)\$(\d+)\$([A-Za-z0-9_-]+)\$([A-Za-z0-9_-]+)$/;

@@ -92,9 +92,11 @@ interface DbSessionMemberRow {
   two_factor_required: boolean;
 }
 
-/** Ends every session of a member at once (removal). */
-export async function endMemberSessions(db: Knex | Knex.Transaction, memberId: string, now: Date): Promise<number> {
-  return db("member_sessions").where({ member_id: memberId }).whereNull("ended_at").update({ ended_at: now });
+/** Ends every session of a member at once (removal, a new password), or every one but the session `keep` names (a second factor turned on). */
+export async function endMemberSessions(db: Knex | Knex.Transaction, memberId: string, now: Date, keep?: { token: string }): Promise<number> {
+  const live = db("member_sessions").where({ member_id: memberId }).whereNull("ended_at");
+  if (keep && isWellFormedToken(keep.token)) live.whereNot({ token_hash: hashToken(keep.token) });
+  return live.update({ ended_at: now });
 }
 
 /** Sessions that are live now across all accounts (for the metrics gauge). */

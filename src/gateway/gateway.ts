@@ -9,7 +9,7 @@ import type { Metrics } from "../metrics.js";
 import { throwIfInvalid } from "../validation.js";
 import { drainNodeBody, readNodeBody } from "../request/body.js";
 import { ACCEPTED_ENCODING_NAMES, compressionNamed, decompressBody, unsupportedEncoding } from "../request/compression.js";
-import { findJsonViolation, parseJsonBody } from "../request/json-body.js";
+import { decodeJsonRequest, parseJsonBody } from "../request/json-body.js";
 import { createRequestId } from "../request/request-id.js";
 import { headerRecord, requestHeaders } from "../rpc/node-headers.js";
 import { sendEnvelope, sendError, sendOk, type NodeRequest, type NodeResponse } from "./envelope.js";
@@ -187,18 +187,7 @@ export function createGateway(options: GatewayOptions) {
       if (!(decompressed instanceof Uint8Array)) throw decompressed;
       body = decompressed;
     }
-    const json = parseJsonBody(body);
-    const violation = findJsonViolation(route.method.input, json);
-    throwIfInvalid(violation ? [violation] : []);
-    try {
-      return fromJson(route.method.input, json as JsonValue);
-    } catch (err) {
-      throw apiError("INVALID_ARGUMENT", "body: does not match the request schema", {
-        field: "body",
-        rule: "must match the request schema",
-        cause: err,
-      });
-    }
+    return decodeJsonRequest(route.method.input, parseJsonBody(body));
   }
 }
 

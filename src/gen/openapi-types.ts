@@ -1178,9 +1178,10 @@ export interface components {
         "typesafe.account.v1.SignInSecondStepResponse": {
             member?: components["schemas"]["typesafe.account.v1.Member"];
         };
+        /** @description Also refused: both or neither of `code` and `recovery_code`. */
         "typesafe.account.v1.SignInSecondStepRequest": {
             /** @description The second_step_token of SignIn. */
-            second_step_token?: string | null;
+            second_step_token: string;
             /** @description The 6-digit code of the authenticator app; or else */
             code?: string | null;
             /** @description one of the recovery codes. */
@@ -1197,10 +1198,14 @@ export interface components {
             /** Format: date-time */
             expires_at?: string;
         };
+        /** @description Also refused: an email that is not `name@domain` once trimmed. */
         "typesafe.account.v1.InviteMemberRequest": {
-            email?: string | null;
-            /** @description "owner", "admin", "member" or "viewer"; empty means "member". */
-            role?: string | null;
+            email: string;
+            /**
+             * @description "owner", "admin", "member" or "viewer"; empty means "member".
+             * @enum {string|null}
+             */
+            role?: "" | "owner" | "admin" | "member" | "viewer" | null;
         };
         "typesafe.account.v1.RemoveMemberResponse": {
             member?: components["schemas"]["typesafe.account.v1.Member"];
@@ -1224,8 +1229,11 @@ export interface components {
         };
         "typesafe.account.v1.SetMemberRoleRequest": {
             member_id?: string | null;
-            /** @description "owner", "admin", "member" or "viewer". */
-            role?: string | null;
+            /**
+             * @description "owner", "admin", "member" or "viewer".
+             * @enum {string}
+             */
+            role: "owner" | "admin" | "member" | "viewer";
         };
         "typesafe.account.v1.StartTwoFactorEnrollmentResponse": {
             /** @description The TOTP secret (base32), for typing into an authenticator app. */
@@ -1238,11 +1246,13 @@ export interface components {
             /** @description One-time recovery codes, shown this once; each signs in once without the app. */
             recovery_codes: string[];
         };
+        /** @description Also refused: a code that is not a current one of the secret being enrolled. */
         "typesafe.account.v1.ConfirmTwoFactorEnrollmentRequest": {
             /** @description A current 6-digit code of the new secret. */
-            code?: string | null;
+            code: string;
         };
         "typesafe.account.v1.DisableTwoFactorResponse": Record<string, never>;
+        /** @description Also refused: both or neither of `code` and `recovery_code`. */
         "typesafe.account.v1.DisableTwoFactorRequest": {
             /** @description A current 6-digit code; or else */
             code?: string | null;
@@ -1296,9 +1306,10 @@ export interface components {
             /** @description The signing secret ("whsec_..."). It is shown this once and never again. */
             secret: string;
         };
+        /** @description Also refused: a URL that is not absolute http:// or https://, holds credentials or a fragment, or names a private, loopback or otherwise non-public address. */
         "typesafe.account.v1.AddWebhookEndpointRequest": {
             /** @description An http:// or https:// URL reaching a public address, at most 2048 characters. */
-            url?: string | null;
+            url: string;
         };
         "typesafe.account.v1.RemoveWebhookEndpointResponse": Record<string, never>;
         "typesafe.account.v1.RemoveWebhookEndpointRequest": {

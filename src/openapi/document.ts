@@ -166,7 +166,8 @@ const ACCOUNT_SERVICE = "typesafe.account.v1.AccountService";
 const ACCOUNT_AREA_DESCRIPTION =
   " The account area (AccountService, under /account/v1) is for an account's members in its own web page: " +
   "it is authenticated by the session cookie SignIn sets, never by an API key (SIGNED_OUT, 401), " +
-  "and a call whose Origin or Sec-Fetch-Site names another site is refused (CROSS_SITE_REFUSED, 403).";
+  "and a call whose Origin or Sec-Fetch-Site names another site is refused (CROSS_SITE_REFUSED, 403). " +
+  "No text of its requests, query parameters included, may hold U+0000 or a lone UTF-16 surrogate (400).";
 
 const replayedHeader: Record<string, JsonSchema> = {
   "idempotent-replayed": { description: "`true` when the answer is the stored one of an earlier call with the same Idempotency-Key.", schema: { const: "true" } },

@@ -7,8 +7,18 @@ import { MAX_EMAIL_CHARS } from "../accounts/members.js";
 import { MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS } from "../accounts/passwords.js";
 import { MAX_KEY_NAME_CHARS, MAX_SUMMARY_DAYS } from "../account-area/service.js";
 import { MAX_PAGE_SIZE, USAGE_ENDPOINTS } from "../account-area/usage-query.js";
+import { ROLES } from "../accounts/roles.js";
+import { MAX_URL_LENGTH } from "../webhooks/endpoint-url.js";
 import {
   AcceptInviteRequestSchema,
+  AddWebhookEndpointRequestSchema,
+  ConfirmTwoFactorEnrollmentRequestSchema,
+  DisableTwoFactorRequestSchema,
+  InviteMemberRequestSchema,
+  ListKeysRequestSchema,
+  ListWebhookDeliveriesRequestSchema,
+  SetMemberRoleRequestSchema,
+  SignInSecondStepRequestSchema,
   CreateKeyRequestSchema,
   GetUsageSummaryRequestSchema,
   ListActivityRequestSchema,
@@ -109,6 +119,41 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
     required: ["email", "password"],
     fields: { email: { minLength: 1, maxLength: MAX_EMAIL_CHARS }, password: { minLength: 1, maxLength: MAX_PASSWORD_CHARS } },
     alsoRefused: "an email that is blank once trimmed.",
+  },
+  [SignInSecondStepRequestSchema.typeName]: {
+    required: ["second_step_token"],
+    fields: { second_step_token: { minLength: 1 }, code: { maxLength: 16 }, recovery_code: { maxLength: 32 } },
+    alsoRefused: "both or neither of `code` and `recovery_code`.",
+  },
+  [InviteMemberRequestSchema.typeName]: {
+    required: ["email"],
+    // proto3 JSON reads "" as absent: the default role, member.
+    fields: { email: { minLength: 1, maxLength: MAX_EMAIL_CHARS }, role: { enum: ["", ...ROLES] } },
+    alsoRefused: "an email that is not `name@domain` once trimmed.",
+  },
+  [SetMemberRoleRequestSchema.typeName]: {
+    required: ["role"],
+    fields: { role: { enum: [...ROLES] } },
+  },
+  [ConfirmTwoFactorEnrollmentRequestSchema.typeName]: {
+    required: ["code"],
+    fields: { code: { minLength: 1, maxLength: 16 } },
+    alsoRefused: "a code that is not a current one of the secret being enrolled.",
+  },
+  [DisableTwoFactorRequestSchema.typeName]: {
+    alsoRefused: "both or neither of `code` and `recovery_code`.",
+  },
+  [AddWebhookEndpointRequestSchema.typeName]: {
+    required: ["url"],
+    fields: { url: { minLength: 1, maxLength: MAX_URL_LENGTH } },
+    alsoRefused: "a URL that is not absolute http:// or https://, holds credentials or a fragment, or names a private, loopback or otherwise non-public address.",
+  },
+  [ListKeysRequestSchema.typeName]: {
+    fields: { page_size: PAGE_SIZE },
+    alsoRefused: PAGE_TOKEN_RULE,
+  },
+  [ListWebhookDeliveriesRequestSchema.typeName]: {
+    fields: { page_size: { minimum: 0, maximum: 100 } },
   },
   [CreateKeyRequestSchema.typeName]: {
     fields: { name: { maxLength: MAX_KEY_NAME_CHARS } },

@@ -1,10 +1,10 @@
 import { isUtf8 } from "node:buffer";
-import type { DescMessage } from "@bufbuild/protobuf";
+import { fromJson, type DescMessage, type JsonValue, type MessageShape } from "@bufbuild/protobuf";
 import type { ConnectError } from "@connectrpc/connect";
 import { apiError } from "../errors.js";
 import { SearchRequestSchema } from "../gen/typesafe/search/v1/search_service_pb.js";
 import { findSearchJsonViolation } from "../search/validate.js";
-import type { Violation } from "../validation.js";
+import { throwIfInvalid, type Violation } from "../validation.js";
 import { findShapeViolation } from "./json-shape.js";
 
 /**
@@ -38,4 +38,25 @@ export function parseJsonBody(bytes: Uint8Array): unknown {
  */
 export function findJsonViolation(desc: DescMessage, json: unknown): Violation | undefined {
   return findShapeViolation(desc, json) ?? JSON_RULES[desc.typeName]?.(json as Record<string, unknown>);
+}
+
+/**
+ * A parsed JSON body as the request message of type `desc`, or the caller's
+ * 400: the first broken shape rule with its field, else (a number out of an
+ * integer's range, a malformed timestamp) the schema's refusal naming the
+ * body. Every door that takes JSON decodes through here, so all give the
+ * same answer.
+ */
+export function decodeJsonRequest<Desc extends DescMessage>(desc: Desc, json: unknown): MessageShape<Desc> {
+  const violation = findJsonViolation(desc, json);
+  throwIfInvalid(violation ? [violation] : []);
+  try {
+    return fromJson(desc, json as JsonValue);
+  } catch (err) {
+    throw apiError("INVALID_ARGUMENT", "body: does not match the request schema", {
+      field: "body",
+      rule: "must match the request schema",
+      cause: err,
+    });
+  }
 }

@@ -6,8 +6,7 @@ import { apiError, describeError } from "../errors.js";
 import { apiKeyFrom, kApiKey } from "../request/api-key.js";
 import { drainBody, payloadTooLarge, readBodyUpTo } from "../request/body.js";
 import { compressionNamed, decompressBody, undecompressable, unsupportedEncoding } from "../request/compression.js";
-import { findJsonViolation, parseJsonBody } from "../request/json-body.js";
-import { throwIfInvalid } from "../validation.js";
+import { decodeJsonRequest, parseJsonBody } from "../request/json-body.js";
 import { dropUnholdableDeadline, takeDeadlineProblem } from "./grpc-timeout.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
@@ -181,8 +180,8 @@ function checkMessage(desc: DescMessage, message: Uint8Array, format: WireFormat
     }
   }
   try {
-    const violation = findJsonViolation(desc, parseJsonBody(message));
-    throwIfInvalid(violation ? [violation] : []);
+    // Decoded here only to find its problem: Connect's own decoder would refuse it without our detail.
+    decodeJsonRequest(desc, parseJsonBody(message));
   } catch (err) {
     return { problem: err as ConnectError };
   }

@@ -97,3 +97,17 @@ export function refusalOf(address: string, allowLoopback: boolean): string | und
   if (kind === "public" || (kind === "loopback" && allowLoopback)) return undefined;
   return `${address} is a ${kind} address`;
 }
+
+/**
+ * Why a webhook may not go to this host, as the URL names it: an address by
+ * refusalOf; a name that is loopback whatever DNS says (localhost and its
+ * subdomains, RFC 6761), also written with the root's trailing dot. Other
+ * names are judged by their addresses once resolved. The one rule for an
+ * endpoint when it is added and at each delivery.
+ */
+export function hostRefusal(host: string, allowLoopback: boolean): string | undefined {
+  if (net.isIP(host) !== 0) return refusalOf(host, allowLoopback);
+  const name = host.toLowerCase().replace(/\.+$/, "");
+  if (allowLoopback || (name !== "localhost" && !name.endsWith(".localhost"))) return undefined;
+  return `${host} is loopback`;
+}

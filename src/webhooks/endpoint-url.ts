@@ -1,6 +1,5 @@
-import net from "node:net";
 import type { Violation } from "../validation.js";
-import { refusalOf } from "./address-check.js";
+import { hostRefusal } from "./address-check.js";
 
 /** Longer URLs are refused: no receiver needs one, and they fill the page and the log. */
 export const MAX_URL_LENGTH = 2048;
@@ -8,8 +7,8 @@ export const MAX_URL_LENGTH = 2048;
 /**
  * Why an endpoint URL cannot be used, as violations of `field`: an absolute
  * http(s) URL, with no credentials or fragment, whose host, when written as an
- * address, may receive webhooks. Names are checked again at each delivery,
- * after they are resolved.
+ * address or a loopback name, may receive webhooks (hostRefusal, which each
+ * delivery applies too). Other names are checked at each delivery, once resolved.
  */
 export function endpointUrlViolations(field: string, raw: string, allowLoopback: boolean): Violation[] {
   if (raw.length === 0) return [{ field, rule: "must not be empty" }];
@@ -23,14 +22,8 @@ export function endpointUrlViolations(field: string, raw: string, allowLoopback:
   if (url.protocol !== "https:" && url.protocol !== "http:") return [{ field, rule: "must be an http:// or https:// URL" }];
   if (url.username !== "" || url.password !== "") return [{ field, rule: "must not hold credentials" }];
   if (url.hash !== "") return [{ field, rule: "must not have a fragment" }];
-  const host = hostOf(url);
-  if (net.isIP(host) !== 0) {
-    const refusal = refusalOf(host, allowLoopback);
-    if (refusal) return [{ field, rule: `must reach a public address (${refusal})` }];
-  } else if (host === "localhost" || host.endsWith(".localhost")) {
-    if (!allowLoopback) return [{ field, rule: "must reach a public address (localhost is loopback)" }];
-  }
-  return [];
+  const refusal = hostRefusal(hostOf(url), allowLoopback);
+  return refusal ? [{ field, rule: `must reach a public address (${refusal})` }] : [];
 }
 
 /** The URL's host without IPv6 brackets. */

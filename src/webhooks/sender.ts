@@ -2,7 +2,7 @@ import dns from "node:dns";
 import http from "node:http";
 import https from "node:https";
 import net from "node:net";
-import { refusalOf } from "./address-check.js";
+import { refusalOf, hostRefusal } from "./address-check.js";
 import { hostOf } from "./endpoint-url.js";
 
 /** Resolves a host name to its addresses (every one of them). */
@@ -110,6 +110,8 @@ export async function sendWebhook(rawUrl: string, headers: Record<string, string
 }
 
 async function pickAddress(host: string, options: SendOptions, signal: AbortSignal): Promise<string> {
+  const named = hostRefusal(host, options.allowLoopback);
+  if (named) throw new Error(`refused: ${named}`);
   const addresses = net.isIP(host) !== 0 ? [host] : await raceAbort(options.resolve(host), signal);
   if (addresses.length === 0) throw new Error(`${host} has no address`);
   for (const address of addresses) {

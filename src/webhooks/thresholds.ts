@@ -1,4 +1,4 @@
-import { parseCredits } from "../units.js";
+import { creditsNumberToUnits } from "../units.js";
 import type { Violation } from "../validation.js";
 import { MAX_THRESHOLDS } from "./events.js";
 
@@ -16,11 +16,9 @@ export function thresholdViolations(field: string, credits: readonly number[]): 
       violations.push({ field: `${field}[${i}]`, rule });
       return;
     }
-    try {
-      units.push(parseCredits(String(value)));
-    } catch {
-      violations.push({ field: `${field}[${i}]`, rule });
-    }
+    const amount = creditsNumberToUnits(value);
+    if (amount === undefined) violations.push({ field: `${field}[${i}]`, rule });
+    else units.push(amount);
   });
   return { units, violations };
 }

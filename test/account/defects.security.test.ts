@@ -202,6 +202,19 @@ describe("no caller input is a 500", () => {
     }
   });
 
+  it("NUL in an invited email, a key name, a webhook URL or a role is a 400 naming the field, on Connect and the JSON path alike", async () => {
+    const member = await signedInMember();
+    await database.db("members").where({ email: member.email }).update({ role: "owner" });
+    const nul = "a\u0000b@example.com";
+    expect(await refusal(member.client.inviteMember({ email: nul }))).toMatchObject({ code: Code.InvalidArgument, field: "email" });
+    const invite = await postJson("/account/v1/members/invite", { email: nul }, { cookie: member.cookie });
+    expect([invite.status, JSON.parse(invite.body).data.reason, JSON.parse(invite.body).data.field]).toEqual([400, "INVALID_ARGUMENT", "email"]);
+    expect(await refusal(member.client.createKey({ name: "k\u0000" }))).toMatchObject({ code: Code.InvalidArgument, field: "name" });
+    expect(await refusal(member.client.addWebhookEndpoint({ url: "https://example.com/\u0000" }))).toMatchObject({ code: Code.InvalidArgument, field: "url" });
+    expect(await refusal(member.client.setMemberRole({ memberId: "\u0000", role: "admin" }))).toMatchObject({ code: Code.InvalidArgument, field: "member_id" });
+    expect(await refusal(member.client.createKey({ name: "k", limits: { scopes: ["decide", "x\u0000"] } }))).toMatchObject({ field: "limits.scopes[1]" });
+  });
+
   it("an activity page token whose id is all digits but too large for a bigint is a 400", async () => {
     const member = await signedInMember();
     for (const id of ["9".repeat(19), "9223372036854775808", "1".repeat(40)]) {

@@ -87,10 +87,20 @@ describe("passwords", () => {
   });
 
   it("the dummy hash takes the parameters it is given and matches nothing anyone types", async () => {
-    const dummy = await createDummyHash(TEST_SCRYPT);
-    expect(dummy).toMatch(/^scrypt\$1024\$8\$1\$/);
+    const dummy = createDummyHash(TEST_SCRYPT);
+    expect(dummy).toMatch(/^scrypt\$1024\$8\$1\$[A-Za-z0-9_-]{22}\$[A-Za-z0-9_-]{43}$/);
     expect(await verifyPassword("", dummy)).toBe(false);
-    expect(await createDummyHash()).toMatch(/^scrypt\$131072\$/);
+    expect(createDummyHash()).toMatch(/^scrypt\$131072\$8\$1\$/);
+    expect(createDummyHash()).not.toBe(createDummyHash());
+  });
+
+  it("the dummy hash is made without scrypt (whose 128 MiB were the service's peak memory at start): twenty cost less than one real hash", async () => {
+    const started = performance.now();
+    for (let i = 0; i < 20; i++) await createDummyHash();
+    const twentyDummiesMs = performance.now() - started;
+    const hashStarted = performance.now();
+    await hashPassword("correct horse battery", SCRYPT_PARAMS);
+    expect(twentyDummiesMs).toBeLessThan(performance.now() - hashStarted);
   });
 });
 

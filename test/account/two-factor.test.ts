@@ -122,6 +122,31 @@ describe("enrollment", () => {
     const kinds = (await client.listActivity({ pageSize: 1 })).events.map((e) => e.kind);
     expect(kinds).toEqual(["two_factor_enabled"]);
   });
+
+  it("ends the member's other sessions, opened with the password alone; the one that turned it on stays, and so do other members'", async () => {
+    const { accountId } = await createTestAccount(database.db);
+    const email = uniqueEmail("others");
+    const { token } = await inviteMember(database.db, accountId, email, service.clock.now());
+    const { client } = accountClient(service.url);
+    await client.acceptInvite({ inviteToken: token, password: PASSWORD });
+    const laptop = accountClient(service.url).client;
+    const phone = accountClient(service.url).client;
+    await laptop.signIn({ email, password: PASSWORD });
+    await phone.signIn({ email, password: PASSWORD });
+    const colleagueEmail = uniqueEmail("colleague");
+    const colleague = accountClient(service.url).client;
+    await colleague.acceptInvite({ inviteToken: (await inviteMember(database.db, accountId, colleagueEmail, service.clock.now())).token, password: PASSWORD });
+
+    const started = await client.startTwoFactorEnrollment({});
+    await client.confirmTwoFactorEnrollment({ code: await codeAt(started.secret) });
+    service.clock.advance(30_000);
+
+    for (const other of [laptop, phone]) expect((await refusal(other.getAccount({}))).reason).toBe("SIGNED_OUT");
+    expect((await client.getAccount({})).member?.twoFactorEnabled).toBe(true);
+    expect((await colleague.getAccount({})).member?.email).toBe(colleagueEmail.toLowerCase());
+    const [enabled] = (await client.listActivity({ pageSize: 1 })).events;
+    expect([enabled?.kind, enabled?.detail]).toEqual(["two_factor_enabled", "2 other sessions ended"]);
+  });
 });
 
 describe("signing in with a second factor", () => {

@@ -4,6 +4,7 @@ import { createTestAccount, startTestApp, type TestApp } from "../support/app.js
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { runToExit } from "../support/process.js";
 import { callGrpc } from "../support/wire.js";
+import { accountCase, csvCase, sendAccount, sendCsv, signedInOwner } from "./account-cases.js";
 import { binaryCase, comparableVerdicts, compressedCase, grpcCase, grpcOutcome, jsonCase, problemOf, sendBinary, sendCompressed, sendJson } from "./cases.js";
 
 /**
@@ -63,6 +64,19 @@ describe("fuzzing compressed bodies", () => {
         const verdicts = await sendCompressed(service.url, apiKey, c);
         expect(verdicts.flatMap((v) => (v.problem ? [`${v.surface}: ${v.problem}`] : []))).toEqual([]);
         expect(new Set(comparableVerdicts(c, verdicts)).size, JSON.stringify(verdicts)).toBe(1);
+      }),
+      settings,
+    );
+  });
+});
+
+describe("fuzzing the account area", () => {
+  it("every AccountService method (JSON path, Connect JSON, gRPC) and the usage CSV, with an owner's session: no 5xx of ours, a reason (and field) on every error, no leak", async () => {
+    const { cookie } = await signedInOwner(service.url, database.db);
+    await fc.assert(
+      fc.asyncProperty(accountCase, csvCase, async (c, query) => {
+        const verdicts = [...(await sendAccount(service.url, cookie, c)), await sendCsv(service.url, cookie, query)];
+        expect(verdicts.flatMap((v) => (v.problem ? [`${v.surface} ${c.method.name}: ${v.problem}`] : []))).toEqual([]);
       }),
       settings,
     );

@@ -2,7 +2,8 @@
  * npm run fuzz [-- --seconds 600 --seed 7]
  *
  * The fuzz cases of `npm test` (JSON, binary, and compressed bodies on gRPC,
- * gRPC-Web and Connect) for as long as asked, against the real service
+ * gRPC-Web and Connect; every AccountService method and the usage CSV
+ * with an owner's session) for as long as asked, against the real service
  * (in this process, on a scratch database: DATABASE_URL's server, or an
  * embedded store in a temp folder). Prints counts by class, surface and
  * reason, and every broken rule; exits 1 when any rule broke. Loopback only.
@@ -16,6 +17,7 @@ import { startApp } from "../../src/app.js";
 import { loadConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
 import { createTestAccount } from "../support/app.js";
+import { accountCase, csvCase, sendAccount, sendCsv, signedInOwner } from "./account-cases.js";
 import { binaryCase, comparableVerdicts, compressedCase, jsonCase, sendBinary, sendCompressed, sendJson, type Verdict } from "./cases.js";
 
 const { values } = parseArgs({ options: { seconds: { type: "string", default: "60" }, seed: { type: "string", default: "1" } } });
@@ -26,6 +28,7 @@ async function main(): Promise<void> {
   const config = loadConfig({ PORT: "0", TYPESAFE_LOG_LEVEL: "silent", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off", TYPESAFE_DATA_DIR: dataDir, ...(process.env.DATABASE_URL ? { DATABASE_URL: process.env.DATABASE_URL } : {}) });
   const app = await startApp(config, createLogger("silent"));
   const { apiKey } = await createTestAccount(app.database.db, { units: 1_000_000 });
+  const { cookie } = await signedInOwner(app.server.url, app.database.db);
   const counts = new Map<string, number>();
   const problems: string[] = [];
   let broken = 0;
@@ -42,6 +45,10 @@ async function main(): Promise<void> {
       if (problems.length < 50) problems.push(`surfaces disagree: ${JSON.stringify(verdicts)} ← ${JSON.stringify(input).slice(0, 200)}`);
     }
   };
+  // The service runs in this process: its resident memory is this process's, sampled between calls.
+  const startRssBytes = process.memoryUsage().rss;
+  let peakRssBytes = startRssBytes;
+  const rssSampler = setInterval(() => (peakRssBytes = Math.max(peakRssBytes, process.memoryUsage().rss)), 250);
   const deadline = Date.now() + seconds * 1000;
   let calls = 0;
   for (let batch = 0; Date.now() < deadline; batch++) {
@@ -49,6 +56,8 @@ async function main(): Promise<void> {
     const jsons = fc.sample(jsonCase, { seed, numRuns: 20 });
     const binaries = fc.sample(binaryCase, { seed, numRuns: 20 });
     const compressed = fc.sample(compressedCase, { seed, numRuns: 20 });
+    const accounts = fc.sample(accountCase, { seed, numRuns: 20 });
+    const csvs = fc.sample(csvCase, { seed, numRuns: 20 });
     for (let i = 0; i < 20 && Date.now() < deadline; i++) {
       const json = jsons[i]!;
       record("json", await sendJson(app.server.url, apiKey, json.rpc, json.body), json);
@@ -58,13 +67,22 @@ async function main(): Promise<void> {
       const input = { rpc: c.rpc, encoding: c.encoding, flag: c.flag, body: Buffer.from(c.body.subarray(0, 64)).toString("hex") };
       const verdicts = await sendCompressed(app.server.url, apiKey, c);
       record("zipped", verdicts, input, comparableVerdicts(c, verdicts));
-      calls += 7;
+      const account = accounts[i]!;
+      const accountVerdicts = await sendAccount(app.server.url, cookie, account);
+      // Account calls change state (a key made, an invite sent), so the surfaces need not agree; none may break a rule.
+      record("acct", accountVerdicts, { method: account.method.name, body: account.body }, ["-"]);
+      record("csv", [await sendCsv(app.server.url, cookie, csvs[i]!)], { query: csvs[i] });
+      calls += 8 + accountVerdicts.length;
     }
   }
+  clearInterval(rssSampler);
+  const { rss: endRssBytes, heapUsed: endHeapBytes, external: endExternalBytes } = process.memoryUsage();
   await app.stop();
   await fs.rm(dataDir, { recursive: true, force: true });
   for (const [key, count] of [...counts].sort()) process.stdout.write(`${key.padEnd(60)} ${count}\n`);
   for (const problem of problems) process.stdout.write(`problem: ${problem}\n`);
+  const mb = (bytes: number) => (bytes / 1024 / 1024).toFixed(0);
+  process.stdout.write(`rss: ${mb(startRssBytes)} MB at start, ${mb(peakRssBytes)} MB peak, ${mb(endRssBytes)} MB at the end (heap ${mb(endHeapBytes)} MB, external ${mb(endExternalBytes)} MB)\n`);
   process.stdout.write(`fuzz: ${calls} requests in ${seconds} s · ${broken} broken rules · ${disagreements} disagreements\n`);
   process.exit(broken > 0 || disagreements > 0 ? 1 : 0);
 }

@@ -194,6 +194,8 @@ describe("connection timeouts", () => {
 
     expect((await h1.closed) - h1.receivedAt).toBeGreaterThanOrEqual(IDLE_MS - 20);
     expect(h1.received.toString().startsWith("HTTP/1.1 200 ")).toBe(true);
+    // The idle timeout is advertised, so clients that read the hint retire the connection first.
+    expect(h1.received.toString()).toMatch(/\r\nkeep-alive: timeout=3\r\n/i);
     // HTTP/2 ends gracefully: first a GOAWAY that refuses no stream already on its way (RFC 9113 §6.8), then the close.
     expect(await goaway).toEqual([http2.constants.NGHTTP2_NO_ERROR, 2 ** 31 - 1]);
     expect((await h2Closed) - streamDoneAt).toBeGreaterThanOrEqual(IDLE_MS - 20);
@@ -258,6 +260,50 @@ async function fetchOverH2(url: string, body: unknown, apiKey: string): Promise<
     session.destroy();
   }
 }
+
+describe("a request that arrives as the idle timer fires", () => {
+  let service: TestApp;
+  let apiKey: string;
+  beforeAll(async () => {
+    service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_IDLE_TIMEOUT_MS: "100" });
+    apiKey = await unlimitedKey();
+  });
+  afterAll(async () => {
+    await service?.stop();
+  });
+
+  it("a 1 MB chunked decision sent on a keep-alive connection across the idle timeout gets its 413 or a clean close, never a reset (EPIPE, ECONNRESET)", async () => {
+    const head = `POST /api/v1/decisions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer ${apiKey}\r\nTransfer-Encoding: chunked\r\n\r\n`;
+    const chunk = `4000\r\n${"x".repeat(0x4000)}\r\n`;
+    const outcomes: string[] = [];
+    // The second request starts from 10 ms before to 10 ms after the idle timeout: some meet the close as it happens.
+    for (let i = 0; i < 60; i++) {
+      const socket = net.connect(service.app.server.port, "127.0.0.1");
+      let text = "";
+      let error = "";
+      // The wait is timed from the first answer's arrival, when the server's idle timer starts.
+      const firstAnswer = new Promise<void>((resolve) => socket.once("data", () => resolve()));
+      socket.on("data", (c: Buffer) => (text += c.toString("latin1")));
+      socket.on("error", (e: NodeJS.ErrnoException) => (error ||= e.code ?? e.message));
+      let closed = false;
+      socket.once("close", () => (closed = true));
+      socket.write("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+      await firstAnswer;
+      const sentAt = performance.now();
+      await new Promise((resolve) => setTimeout(resolve, 90 + (i % 21)));
+      text = "";
+      if (!socket.destroyed) {
+        socket.write(head);
+        for (let k = 0; k < 64; k++) socket.write(chunk);
+        socket.write("0\r\n\r\n");
+      }
+      await waitFor(() => text.includes("}}") || closed, "the 413 or the close", 10_000);
+      socket.destroy();
+      outcomes.push(text.startsWith("HTTP/1.1 413") ? "413" : error === "" ? "closed" : `${error} after ${(performance.now() - sentAt).toFixed(0)} ms`);
+    }
+    expect(outcomes.filter((o) => o !== "413" && o !== "closed")).toEqual([]);
+  });
+});
 
 describe("the connection cap", () => {
   const CAP = 40;

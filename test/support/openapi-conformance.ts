@@ -3,7 +3,7 @@ import { Ajv2020, type ValidateFunction } from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
 import { MAX_KEY_LENGTH } from "../../src/decision/validate.js";
 import { OPENAPI_DOCUMENT_PATH } from "../../src/openapi/served.js";
-import { FINITE_RULE, PROTO_KEY_RULE, UNICODE_RULE } from "../../src/validation.js";
+import { FINITE_RULE, PROTO_KEY_RULE, STORABLE_TEXT_RULE, UNICODE_RULE } from "../../src/validation.js";
 
 /**
  * Every exchange the test suite has with the gateway is checked against the
@@ -260,6 +260,15 @@ const UNEXPRESSED_RULES: { why: string; applies: (detail: ErrorDetailJson, reque
   { why: "key names are trimmed and control characters refused", applies: (d) => d.field === "name" && /no control characters$/.test(d.rule ?? "") },
   { why: "the body limit counts bytes", applies: (d, r) => d.reason === "PAYLOAD_TOO_LARGE" && (r.body === undefined || r.body.length > Number(d.metadata?.["max_bytes"])) },
   { why: "lone surrogates are valid JSON escapes", applies: (d) => d.rule === UNICODE_RULE },
+  { why: "U+0000 and lone surrogates are valid JSON escapes; the account area stores none", applies: (d) => d.rule === STORABLE_TEXT_RULE },
+  { why: "which codes are current is the authenticator's to know", applies: (d) => d.field === "code" && /^a current code/.test(d.rule ?? "") },
+  { why: "one of two second factors, told in words", applies: (d) => d.rule === "exactly one of code and recovery_code" },
+  { why: "an email's form is told in words", applies: (d) => d.field === "email" && d.rule === "an email address (name@domain)" },
+  {
+    why: "a webhook URL's scheme, parts and address are told in words",
+    applies: (d) => d.field === "url" && /^must (be an absolute|be an http|not hold|not have a fragment|reach a public address)/.test(d.rule ?? ""),
+  },
+  { why: "query parameters arrive as text: the checker judges bodies and headers", applies: (_d, r) => r.method === "GET" },
   { why: "a __proto__ key may sit at any depth", applies: (d) => d.rule === PROTO_KEY_RULE },
   { why: "JSON numbers have no upper bound", applies: (d) => d.rule === FINITE_RULE },
   { why: "nesting depth of free-form JSON", applies: (d) => /^nesting deeper than \d+ levels$/.test(d.rule ?? "") },

@@ -76,6 +76,9 @@ describe("the URL check", () => {
     ["http://127.0.0.1:8080/", "must reach a public address (127.0.0.1 is a loopback address)"],
     ["http://[::1]/", "must reach a public address (::1 is a loopback address)"],
     ["http://localhost/", "must reach a public address (localhost is loopback)"],
+    ["http://localhost./", "must reach a public address (localhost. is loopback)"],
+    ["http://LocalHost.:8080/", "must reach a public address (localhost. is loopback)"],
+    ["http://hooks.localhost./", "must reach a public address (hooks.localhost. is loopback)"],
     ["http://10.1.2.3/", "must reach a public address (10.1.2.3 is a private address)"],
     ["http://169.254.169.254/latest/meta-data/", "must reach a public address (169.254.169.254 is a metadata address)"],
     ["http://[::ffff:a9fe:a9fe]/", "must reach a public address (::ffff:a9fe:a9fe is a metadata address)"],
@@ -88,6 +91,8 @@ describe("the URL check", () => {
     expect(endpointUrlViolations("url", "https://hooks.example.com/typesafe?x=1", false)).toEqual([]);
     expect(endpointUrlViolations("url", "http://8.8.8.8/", false)).toEqual([]);
     expect(endpointUrlViolations("url", "http://127.0.0.1:9/", true)).toEqual([]);
+    expect(endpointUrlViolations("url", "http://localhost./", true)).toEqual([]);
+    expect(endpointUrlViolations("url", "http://localhost.example.com/", false)).toEqual([]);
   });
 });
 
@@ -125,6 +130,7 @@ describe("end to end, loopback not allowed", () => {
   it.each([
     ["127.0.0.1", () => `http://127.0.0.1:${port()}/hooks`, /127\.0\.0\.1 is a loopback address/],
     ["[::1]", () => `http://[::1]:${port()}/hooks`, /::1 is a loopback address/],
+    ["localhost. (the root's trailing dot), by the same rule as when added", () => `http://localhost.:${port()}/hooks`, /refused: localhost\. is loopback/],
     ["a name resolving to loopback", () => `http://loopback.hooks.test:${port()}/hooks`, /loopback\.hooks\.test resolves to 127\.0\.0\.1 is a loopback address/],
     ["a name with one loopback address among others", () => `http://mixed.hooks.test:${port()}/hooks`, /resolves to 127\.0\.0\.1 is a loopback address/],
     ["a name resolving to a private address", () => `http://private.hooks.test/hooks`, /resolves to 10\.0\.0\.7 is a private address/],
@@ -193,5 +199,21 @@ describe("end to end, loopback allowed (development)", () => {
     expect(delivery!.attempts[0]!.status).toBe(302);
     expect(delivery!.state).toBe("pending");
     expect(elsewhere.received).toEqual([]);
+  });
+});
+
+describe("the start log", () => {
+  it.each([
+    ["on", 1],
+    ["off", 0],
+  ])("with TYPESAFE_WEBHOOK_ALLOW_LOOPBACK=%s, a warning that webhooks may reach loopback appears %i time(s)", async (setting, times) => {
+    const database = await createTestDatabase();
+    const lines: Record<string, unknown>[] = [];
+    const service = await startTestApp(database, { TYPESAFE_LOG_LEVEL: "info", TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: setting }, { onLogLine: (line) => lines.push(JSON.parse(line)) });
+    await service.stop();
+    await database.close();
+    const warnings = lines.filter((line) => line["msg"] === "webhooks may reach loopback");
+    expect(warnings).toHaveLength(times);
+    for (const warning of warnings) expect([warning["level"], warning["setting"]]).toEqual(["warn", "TYPESAFE_WEBHOOK_ALLOW_LOOPBACK=on"]);
   });
 });
