@@ -55,7 +55,7 @@ describe("the account page's answers", () => {
     expect(response.headers.get("content-type")).toBe("text/html; charset=utf-8");
     expect(response.headers.get("cache-control")).toBe("no-cache");
     expect([...response.headers.keys()].sort()).toEqual(
-      ["cache-control", "connection", "content-length", "content-security-policy", "content-type", "date", "etag", "referrer-policy", "x-content-type-options"],
+      ["cache-control", "connection", "content-length", "content-security-policy", "content-type", "date", "etag", "keep-alive", "referrer-policy", "x-content-type-options"],
     );
     const html = await response.text();
     expect(html).toContain("<title>");
