@@ -20,6 +20,13 @@ export interface DatabaseNode {
   name: string;
   /** The single-host URL the pg driver is given for this node. */
   url: string;
+  /**
+   * With `sslmode=prefer` (libpq's default) or `allow`: the same URL with
+   * `sslmode=disable`, tried when the server refuses TLS. libpq falls back
+   * so; pg treats `prefer` as a demand for TLS (pg_auto_failover hands out
+   * `sslmode=prefer` URIs for nodes made with `--no-ssl`).
+   */
+  plainUrl?: string;
 }
 
 export type TargetSessionAttrs = "read-write" | "any";
@@ -39,6 +46,18 @@ export class DatabaseUrlError extends Error {
  * list, port or `target_session_attrs`; the rest of the URL is left to pg.
  */
 export function parseDatabaseUrl(raw: string, defaultTargetSessionAttrs: TargetSessionAttrs = "read-write"): DatabaseTarget {
+  const target = splitNodes(raw, defaultTargetSessionAttrs);
+  return { ...target, nodes: target.nodes.map(withPlainFallback) };
+}
+
+function withPlainFallback(node: DatabaseNode): DatabaseNode {
+  const sslmode = /[?&]sslmode=(prefer|allow)(?=&|#|$)/.exec(node.url);
+  if (!sslmode) return node;
+  const at = sslmode.index + sslmode[0].indexOf("=") + 1;
+  return { ...node, plainUrl: `${node.url.slice(0, at)}disable${node.url.slice(at + sslmode[1]!.length)}` };
+}
+
+function splitNodes(raw: string, defaultTargetSessionAttrs: TargetSessionAttrs): DatabaseTarget {
   const scheme = /^(postgres(?:ql)?):\/\//i.exec(raw);
   if (!scheme) throw new DatabaseUrlError("not a postgres:// or postgresql:// URL");
   const afterScheme = raw.slice(scheme[0].length);

@@ -124,7 +124,17 @@ class PrimaryClient extends PgDialect {
   }
 
   private async open(node: DatabaseNode): Promise<pg.Client> {
-    const settings: pg.ClientConfig = { ...this.connectionSettings, connectionString: node.url };
+    try {
+      return await this.openUrl(node.url);
+    } catch (err) {
+      // libpq's sslmode=prefer: a server without TLS is reached in plain text.
+      if (node.plainUrl === undefined || !(err instanceof Error) || !/does not support SSL/i.test(err.message)) throw err;
+      return this.openUrl(node.plainUrl);
+    }
+  }
+
+  private async openUrl(url: string): Promise<pg.Client> {
+    const settings: pg.ClientConfig = { ...this.connectionSettings, connectionString: url };
     if (this.target.nodes.length > 1) settings.connectionTimeoutMillis ??= NODE_CONNECT_TIMEOUT_MS;
     const connection = new this.driver.Client(settings) as NodeConnection;
     // What knex's own client does: a connection that failed or ended is never handed out again.

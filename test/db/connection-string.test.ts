@@ -45,6 +45,16 @@ describe("parseDatabaseUrl: libpq's multi-host connection URIs", () => {
     expect(parseDatabaseUrl(raw).targetSessionAttrs).toBe(attrs);
   });
 
+  it("sslmode=prefer or allow gives each node a plain fallback, as libpq falls back when the server has no TLS", () => {
+    const target = parseDatabaseUrl("postgres://h1:5501,h2:5502/app?target_session_attrs=read-write&sslmode=prefer");
+    expect(target.nodes.map((n) => [n.url, n.plainUrl])).toEqual([
+      ["postgres://h1:5501/app?sslmode=prefer", "postgres://h1:5501/app?sslmode=disable"],
+      ["postgres://h2:5502/app?sslmode=prefer", "postgres://h2:5502/app?sslmode=disable"],
+    ]);
+    expect(parseDatabaseUrl("postgres://h1/app?sslmode=require").nodes[0]!.plainUrl).toBeUndefined();
+    expect(parseDatabaseUrl("postgres://h1/app?sslmode=allow&x=1").nodes[0]!.plainUrl).toBe("postgres://h1/app?sslmode=disable&x=1");
+  });
+
   it("the caller's default applies when the URL says nothing (the embedded store asks for any)", () => {
     expect(parseDatabaseUrl("postgres://127.0.0.1:40000/postgres", "any").targetSessionAttrs).toBe("any");
   });

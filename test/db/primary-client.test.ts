@@ -97,9 +97,9 @@ describe("a pool on a multi-host URL follows the primary", () => {
     expect(counts).toEqual([["a:5"], ["b:4"]]);
   }, 60_000);
 
-  it("a node that refuses connections is passed over to the next", async () => {
+  it("a node that refuses connections is passed over to the next; sslmode=prefer reaches a server without TLS, as libpq does", async () => {
     await setReadOnly(a, false);
-    const db = createKnex(`postgres://postgres@127.0.0.1:1,${hostPort(a.url)}/postgres`, 1);
+    const db = createKnex(`postgres://postgres@127.0.0.1:1,${hostPort(a.url)}/postgres?sslmode=prefer`, 1);
     try {
       expect((await db.raw("SELECT 1 AS one")).rows).toEqual([{ one: 1 }]);
       expect(primaryStateOf(db)?.node).toBe(hostPort(a.url));
