@@ -67,6 +67,9 @@ const MONITOR_SETTINGS: Record<string, number> = {
   "pgautofailover.primary_demote_timeout": 3_000,
 };
 
+/** What the background workers log when one round fails (src/metering/sweeper.ts, src/webhooks/). */
+const BACKGROUND_FAILURES = ["sweep failed", "usage roll-up failed", "key expiry check failed", "webhook delivery failed"];
+
 interface Check {
   name: string;
   ok: boolean;
@@ -265,6 +268,10 @@ async function main(): Promise<void> {
       TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS: String(CALL_DEADLINE_MS),
       TYPESAFE_LEASE_MARGIN_MS: "1000",
       TYPESAFE_SWEEP_INTERVAL_MS: "500",
+      // The background workers tick often, so that each meets the switches.
+      TYPESAFE_USAGE_ROLLUP_INTERVAL_MS: "500",
+      TYPESAFE_WEBHOOK_POLL_MS: "250",
+      TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS: "500",
       TYPESAFE_DB_STATEMENT_TIMEOUT_MS: "2000",
       TYPESAFE_LOG_LEVEL: "info",
     };
@@ -448,6 +455,21 @@ async function main(): Promise<void> {
       const last = switches.at(-1)!.to;
       check(`replica ${r + 1}'s metrics show the primary changes and the current node`, changes >= switches.length && current === `127.0.0.1:${last.port}`, `typesafe_db_primary_changes_total ${changes}, current ${current}`);
     }
+
+    // --- the background workers: failures while no primary answers, none once the last new primary serves
+    const workerFailures = replicas.flatMap((replica) =>
+      replica.logs.flatMap((line) => {
+        const entry = /^\{/.test(line) ? (JSON.parse(line) as { time?: string; msg?: string }) : undefined;
+        return entry?.msg && BACKGROUND_FAILURES.includes(entry.msg) ? [{ at: Date.parse(entry.time ?? ""), msg: entry.msg }] : [];
+      }),
+    );
+    const settledAt = (switches.at(-1)!.promotedAt ?? 0) + 3_000;
+    const lingering = workerFailures.filter((f) => f.at > settledAt);
+    check(
+      "the hold sweeper, usage roll-up, key-expiry watch and webhook deliverer carry on from the new primary (no failure logged 3 s after the promotion)",
+      lingering.length === 0,
+      `${workerFailures.length} failed rounds during the switches (${[...new Set(workerFailures.map((f) => f.msg))].join(", ") || "none"}); ${lingering.length} after: ${lingering.slice(0, 3).map((f) => f.msg).join(", ")}`,
+    );
 
     // --- the figures
     process.stdout.write("\nswitch                       loss→promoted  loss→served  promoted→served   calls  200  503  other  (sent from the loss to 5 s after the promotion)\n");
