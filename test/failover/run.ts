@@ -381,6 +381,8 @@ async function main(): Promise<void> {
       const s: Switch = { name: phase, lostAt: Date.now(), from, to };
       switches.push(s);
       // The whole node: its pg_autoctl keeper (so nothing restarts postgres) and its postgres.
+      // A postgres killed so leaves its small System V segment behind (postmaster.pid's line 7 names it): removed at the end.
+      orphanSegments.push(...(fs.readFileSync(path.join(from.pgdata, "postmaster.pid"), "utf8").split("\n")[6] ?? "").trim().split(/\s+/).slice(1));
       process.kill(-from.process.pid!, "SIGKILL");
       await awaitPromotion(s);
       await sleep(PHASE_MS.afterSwitch);
@@ -541,7 +543,11 @@ async function stopFormation(folder: string): Promise<void> {
       // the group is gone already
     }
   }
+  for (const id of orphanSegments.filter((s) => /^[0-9]+$/.test(s))) spawnSync("ipcrm", ["-m", id]);
 }
+
+/** System V shared memory ids of the postgres processes killed with -9. */
+const orphanSegments: string[] = [];
 
 /** The formation's nodes as started, and the temporary folder: both cleaned up on every way out. */
 const nodes: Node[] = [];
