@@ -47,10 +47,11 @@ const PACE_MS = 60;
 const CALL_DEADLINE_MS = 5_000;
 /**
  * What an answer may take beyond its deadline: a settle that cannot be
- * written is retried for 3.75 s (the meter's retry schedule) before the call
- * is answered 503, plus the answer's way back. Anything later is a hang.
+ * written is retried for 3.75 s (the meter's retry schedule), then released
+ * instead, which is retried as long, before the call is answered 503; plus
+ * the answer's way back. Anything later is a hang.
  */
-const CALL_SLACK_MS = 5_000;
+const CALL_SLACK_MS = 9_000;
 const PHASE_MS = { steady: 4_000, afterSwitch: 10_000 };
 /**
  * pg_auto_failover's monitor settings for the run (defaults in brackets): a
