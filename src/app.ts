@@ -2,6 +2,7 @@ import { setMaxListeners } from "node:events";
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
+import { reachesWritableNode } from "./db/primary-client.js";
 import { createDecisionService } from "./decision/service.js";
 import { createGateway, type DecisionsStatus } from "./gateway/gateway.js";
 import type { ModelPace } from "./upstream/model-pace.js";
@@ -120,10 +121,8 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   });
   const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
 
-  const isReady = async () => {
-    await db.raw("SELECT 1");
-    return true;
-  };
+  // Ready only while a node accepts writes: during a failover, a standby that still answers is not enough.
+  const isReady = () => reachesWritableNode(db);
   const routes = (router: ConnectRouter) => {
     registerReflection(router, [file_typesafe_error_v1_error, file_google_rpc_error_details]);
     router.service(DecisionService, decision);

@@ -2,6 +2,7 @@ import fs from "node:fs";
 import path from "node:path";
 import type { LogLevel } from "./logger.js";
 import { ConfigError } from "./config-error.js";
+import { DatabaseUrlError, parseDatabaseUrl } from "./db/connection-string.js";
 import { parseSourceCatalog } from "./search/source-config.js";
 import type { SettingRead } from "./setting-read.js";
 
@@ -374,17 +375,27 @@ function publicUrlProblem(raw: string): string | undefined {
 
 /** Why a DATABASE_URL cannot be used, without echoing it (it may hold a password); undefined when fine. */
 function databaseUrlProblem(raw: string): string | undefined {
-  const expected = "expected postgres://user:password@host:5432/database";
+  const expected = "expected postgres://user:password@host:5432/database, or several nodes as postgres://user:password@host1:5432,host2:5432/database";
   const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(raw)?.[1];
   if (scheme === undefined) return `not a postgres:// URL; ${expected}`;
   if (!/^postgres(ql)?$/i.test(scheme)) return `not a postgres:// URL (its scheme is "${scheme}"); ${expected}`;
+  let target;
+  try {
+    target = parseDatabaseUrl(raw);
+  } catch (err) {
+    if (err instanceof DatabaseUrlError) return err.message;
+    throw err;
+  }
   // A socket directory may stand in the query (?host=/var/run/postgresql) instead of the authority.
   if (/[?&]host=/.test(raw)) return undefined;
-  try {
-    if (new URL(raw).hostname !== "") return undefined;
-  } catch {
-    // falls through: an empty or malformed host
-  }
+  const unusable = target.nodes.find((node) => {
+    try {
+      return new URL(node.url).hostname === "";
+    } catch {
+      return true;
+    }
+  });
+  if (unusable === undefined) return undefined;
   // libpq reads an empty host as its default socket directory; the pg driver would try localhost instead, so say how to name the socket.
   return `names no host, or is not a valid URL; ${expected}, or for a Unix socket postgres://user@/database?host=/var/run/postgresql (the socket's directory)`;
 }
@@ -399,7 +410,7 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   PORT: "the one port for every protocol",
   HOST: "listen address (`0.0.0.0` in a container)",
   DATABASE_URL:
-    "PostgreSQL server (`postgres://user:password@host:5432/database`; a socket directory as `postgres://user@/database?host=/var/run/postgresql`); without it the embedded store is used",
+    "PostgreSQL server (`postgres://user:password@host:5432/database`; a socket directory as `postgres://user@/database?host=/var/run/postgresql`); several nodes as `postgres://user:password@host1:5432,host2:5432/database` with `target_session_attrs` `read-write` (default) or `any` (docs/high-availability.md); without it the embedded store is used",
   TYPESAFE_DATA_DIR: "folder of the embedded store",
   TYPESAFE_DB_POOL_MAX: "connections per replica to `DATABASE_URL`, or to the embedded store's wire",
   TYPESAFE_LOG_LEVEL: "debug, info, warn, error, silent",

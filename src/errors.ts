@@ -51,6 +51,13 @@ export const REASONS = {
 
 export type Reason = keyof typeof REASONS;
 
+/**
+ * Retry-After of a 503 UNAVAILABLE that names no delay of its own: the store
+ * is restarting or failing over, which takes seconds, and an idempotent retry
+ * after this answers exactly once.
+ */
+export const STORE_RETRY_AFTER_SECONDS = 1;
+
 /** Reasons only the account area gives; the /api/v1 surface and its OpenAPI document never carry them. */
 export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>([
   "SIGNED_OUT",
@@ -145,7 +152,11 @@ export function toPublicError(err: unknown, requestId: string): ConnectError {
       cause: err,
     });
   }
-  const withId = create(ErrorDetailSchema, { ...detail, requestId });
+  const metadata =
+    reason === "UNAVAILABLE" && detail.metadata["retry_after_seconds"] === undefined
+      ? { ...detail.metadata, retry_after_seconds: String(STORE_RETRY_AFTER_SECONDS) }
+      : detail.metadata;
+  const withId = create(ErrorDetailSchema, { ...detail, metadata, requestId });
   const cause = err instanceof ConnectError ? err.cause : undefined;
   return new ConnectError(message, REASONS[reason].grpc, undefined, [{ desc: ErrorDetailSchema, value: withId }, ...standardDetails(withId)], cause);
 }

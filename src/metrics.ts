@@ -1,5 +1,6 @@
 import type { Knex } from "knex";
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+import { primaryStateOf } from "./db/primary-client.js";
 import type { Meter, MeterStats } from "./metering/meter.js";
 
 /**
@@ -175,6 +176,28 @@ export function createMetrics(deps: {
       this.set({ state: "pending" }, pool.numPendingAcquires());
     },
   });
+
+  const primary = primaryStateOf(deps.db);
+  if (primary) {
+    new Counter({
+      name: "typesafe_db_primary_changes_total",
+      help: "Times this replica's new database connections reached another node than before: a failover or switchover seen from here.",
+      registers: [registry],
+      collect() {
+        this.reset();
+        this.inc(primary.changes);
+      },
+    });
+    new Gauge({
+      name: "typesafe_db_primary",
+      help: "1 for the node (host:port of DATABASE_URL) this replica's connections last reached as the primary, 0 for the URL's other nodes.",
+      labelNames: ["node"] as const,
+      registers: [registry],
+      collect() {
+        for (const node of primary.nodes) this.set({ node }, node === primary.node ? 1 : 0);
+      },
+    });
+  }
 
   let openConnections: () => number = () => 0;
   new Gauge({

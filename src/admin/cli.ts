@@ -548,7 +548,7 @@ async function openStore(databaseUrl: string | undefined, dataDir: string, logge
   }
   const running = await readPublishedSocket(dataDir);
   if (running) {
-    const db = createKnex(running.url, 1);
+    const db = createKnex(running.url, 1, undefined, "any");
     return { db, close: () => db.destroy() };
   }
   return openDatabase({ databaseUrl: undefined, dataDir, logger });

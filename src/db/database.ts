@@ -1,7 +1,9 @@
 import knex, { type Knex } from "knex";
 import pg from "pg";
 import type { Logger } from "../logger.js";
+import { parseDatabaseUrl, type TargetSessionAttrs } from "./connection-string.js";
 import { migrate } from "./migrator.js";
+import { primaryClientFor } from "./primary-client.js";
 
 /** Callers that open a knex of their own migrate it with this. */
 export { migrate };
@@ -38,7 +40,7 @@ export async function openDatabase(options: DatabaseOptions): Promise<Database> 
   }
   const { openEmbeddedStore } = await import("./embedded.js");
   const store = await openEmbeddedStore(options.dataDir, options.logger);
-  const db = createKnex(store.url, options.poolMax ?? 10, options.logger);
+  const db = createKnex(store.url, options.poolMax ?? 10, options.logger, "any");
   try {
     await migrate(db, { useAdvisoryLock: false, logger: options.logger });
   } catch (err) {
@@ -58,16 +60,21 @@ export async function openDatabase(options: DatabaseOptions): Promise<Database> 
 
 /**
  * A knex instance on the pg driver. knex's own log lines go to the given
- * logger (stdout must stay clean for the CLI's JSON).
+ * logger (stdout must stay clean for the CLI's JSON). The URL may list
+ * several nodes (libpq's multi-host form); `target_session_attrs` defaults to
+ * `read-write`, so a connection never lands on a standby. A single node asked
+ * for with `any` (the embedded store) gets knex's own pg client, unchanged.
  */
-export function createKnex(connectionString: string, poolMax: number, logger?: Logger): Knex {
+export function createKnex(connectionString: string, poolMax: number, logger?: Logger, defaultTargetSessionAttrs: TargetSessionAttrs = "read-write"): Knex {
+  const target = parseDatabaseUrl(connectionString, defaultTargetSessionAttrs);
+  const plain = target.nodes.length === 1 && target.targetSessionAttrs === "any";
   const forward = (level: "warn" | "error") => (message: unknown) =>
     logger?.[level]("knex", { detail: message instanceof Error ? message.message : String(message) });
   return knex({
     log: { warn: forward("warn"), error: forward("error"), deprecate: () => {}, debug: () => {} },
-    client: "pg",
+    client: plain ? "pg" : primaryClientFor(target, logger),
     connection: {
-      connectionString,
+      connectionString: target.nodes[0]!.url,
       application_name: "typesafe",
       // A partitioned client must never hold an account lock for long.
       statement_timeout: 10_000,

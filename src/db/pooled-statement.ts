@@ -1,5 +1,6 @@
 import type { Knex } from "knex";
 import type pg from "pg";
+import { noteStatementFailure } from "./primary-client.js";
 
 /**
  * A statement sent on a connection of knex's pool through `pg` itself, for the
@@ -71,6 +72,7 @@ export async function runPooled<Row extends pg.QueryResultRow>(
     client.emit("query-response", result, event);
     return result.rows;
   } catch (err) {
+    noteStatementFailure(db, connection, err);
     client.emit("query-error", err, event);
     throw err;
   } finally {

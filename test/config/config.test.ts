@@ -112,13 +112,22 @@ describe("configuration is checked in one pass", () => {
     ["postgres://user:s3cret@/app", /names no host/],
     // A socket address with no host, as libpq takes it: refused with the form the pg driver reads.
     ["postgres:///app", /names no host.*postgres:\/\/user@\/database\?host=\/var\/run\/postgresql/],
+    // A malformed node list names the part at fault.
+    ["postgres://u:s3cret@db1:5432,db2:99999/app", /host 2 of 2 \("db2:99999"\): the port must be a number from 1 to 65535/],
+    ["postgres://u:s3cret@db1,,db3/app", /host 2 of 3 \(""\): is empty/],
+    ["postgres://u:s3cret@db1,db2/app?target_session_attrs=standby", /target_session_attrs: must be read-write or any, got "standby"/],
   ])("explains a DATABASE_URL of %s without echoing it", (url, explanation) => {
     const [problem] = problemsOf({ DATABASE_URL: url });
     expect(problem).toMatch(explanation);
     expect(problem).not.toContain("s3cret");
   });
 
-  it.each(["postgres://u@127.0.0.1:5432/db", "postgresql://u:p@db.internal/app?sslmode=require", "postgres://u@/db?host=/var/run/postgresql"])(
+  it.each([
+    "postgres://u@127.0.0.1:5432/db",
+    "postgresql://u:p@db.internal/app?sslmode=require",
+    "postgres://u@/db?host=/var/run/postgresql",
+    "postgres://u:p@127.0.0.1:5501,127.0.0.1:5502,[::1]:5503/app?target_session_attrs=read-write&sslmode=prefer",
+  ])(
     "accepts %s",
     (url) => {
       expect(problemsOf({ DATABASE_URL: url })).toEqual([]);

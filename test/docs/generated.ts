@@ -1,7 +1,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import knex from "knex";
+import { createKnex } from "../../src/db/database.js";
 import { loadConfig, SETTING_MEANINGS, type SettingRead } from "../../src/config.js";
 import type { Meter } from "../../src/metering/meter.js";
 import { createMetrics } from "../../src/metrics.js";
@@ -50,8 +50,8 @@ function renderSettings(filter: Filter): string {
 
 /** The service's metrics as registered (prom-client's own process_* and nodejs_* ones summed up in one row). */
 export async function metricsRegistered(): Promise<{ name: string; type: string; labels: string[]; help: string }[]> {
-  // Registering reads nothing from the meter or the database: a knex that never connects does.
-  const db = knex({ client: "pg" });
+  // Registering reads nothing from the meter or the database: a knex that never connects does (on an external URL, so the primary's metrics are there too).
+  const db = createKnex("postgres://127.0.0.1:1/none", 1);
   try {
     const metrics = createMetrics({ meter: {} as Meter, db, liveSessions: async () => 0 });
     return metrics.registry

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import type { FinishResult, FinishInput } from "../../src/metering/ledger.js";
+import { NoPrimaryError } from "../../src/db/primary-client.js";
 import { asOwnOutcome, finishWithRetry } from "../../src/metering/finish-with-retry.js";
 
 /**
@@ -107,6 +108,15 @@ describe("finishWithRetry", () => {
     const { statement, attempts } = statementAnswering([connectionReset(), connectionReset(), notActive("settled")]);
     expect(await finishWithRetry(statement, settle(1_234), [0, 0])).toMatchObject({ outcome: "settled", ...account });
     expect(attempts).toHaveLength(3);
+  });
+
+  it("a failover is retried until the new primary settles: the old one refusing writes (25006), then no node accepting them", async () => {
+    const readOnly = Object.assign(new Error("cannot execute UPDATE in a read-only transaction"), { code: "25006" });
+    const noPrimary = new NoPrimaryError(["127.0.0.1:5501: read-only", "127.0.0.1:5502: connect ECONNREFUSED 127.0.0.1:5502"]);
+    const settled = { outcome: "settled", requestId: "r1", funding: "paid", reservedUnits: 32_000, chargedUnits: 1_234, capped: false, ...account } as FinishResult;
+    const { statement, attempts } = statementAnswering([readOnly, noPrimary, noPrimary, settled]);
+    expect(await finishWithRetry(statement, settle(1_234), [0, 0, 0])).toMatchObject({ outcome: "settled", chargedUnits: 1_234 });
+    expect(attempts).toHaveLength(4);
   });
 
   it("gives up after the last delay with the database's error", async () => {

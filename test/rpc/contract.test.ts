@@ -4,7 +4,7 @@ import { create, toBinary } from "@bufbuild/protobuf";
 import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { generateApiKey } from "../../src/accounts/api-keys.js";
-import { apiError, toPublicError } from "../../src/errors.js";
+import { apiError, describeError, STORE_RETRY_AFTER_SECONDS, toPublicError } from "../../src/errors.js";
 import { BadRequestSchema, RetryInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { DecideRequestSchema } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchRequestSchema } from "../../src/gen/typesafe/search/v1/search_service_pb.js";
@@ -227,5 +227,15 @@ describe("standard google.rpc details beside ours", () => {
     const error = toPublicError(apiError(reason, "later", { metadata: { ...metadata } }), "r1");
     expect(error.findDetails(RetryInfoSchema)[0]?.retryDelay).toMatchObject(delay);
     expect(error.findDetails(BadRequestSchema)).toEqual([]);
+  });
+
+  it.each([
+    ["a store error of its own (a node turned read-only in a failover)", Object.assign(new Error("cannot execute UPDATE in a read-only transaction"), { code: "25006" })],
+    ["an UNAVAILABLE raised without a delay", apiError("UNAVAILABLE", "the database is unreachable")],
+  ])("%s is UNAVAILABLE with a retry delay of STORE_RETRY_AFTER_SECONDS", (_, err) => {
+    const error = toPublicError(err, "r1");
+    expect(describeError(error).reason).toBe("UNAVAILABLE");
+    expect(describeError(error).detail.metadata).toMatchObject({ retry_after_seconds: String(STORE_RETRY_AFTER_SECONDS) });
+    expect(error.findDetails(RetryInfoSchema)[0]?.retryDelay).toMatchObject({ seconds: BigInt(STORE_RETRY_AFTER_SECONDS), nanos: 0 });
   });
 });
