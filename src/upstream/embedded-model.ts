@@ -36,6 +36,8 @@ export interface EmbeddedModel extends LlmClient {
   /** The prompt's tokens under the model's chat template, as metering counts them. */
   promptTokens(messages: readonly ChatMessage[]): Token[];
   describe(): { file: string; contextTokens: number; sequences: number };
+  /** Tokens run through llama.cpp since the model loaded: what a call really cost the engine. */
+  tokensEvaluated(): number;
   dispose(): Promise<void>;
 }
 
@@ -76,6 +78,7 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
   const free = new Set(sequences);
   const slots = createFairSemaphore(settings.sequences);
   const noParty = {};
+  let evaluated = 0;
 
   function promptTokens(messages: readonly ChatMessage[]): Token[] {
     const chatHistory: ChatHistoryItem[] = messages.map((m) =>
@@ -132,11 +135,13 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
     let at = kept;
     for (; prompt.length - at > EVALUATION_CHUNK_TOKENS; at += EVALUATION_CHUNK_TOKENS) {
       throwIfAborted(signal);
+      evaluated += EVALUATION_CHUNK_TOKENS;
       await sequence.evaluateWithoutGeneratingNewTokens(prompt.slice(at, at + EVALUATION_CHUNK_TOKENS));
     }
     throwIfAborted(signal);
     const firsts = [...new Set(labels.flat().map((t) => t[0]!))];
     const rest = prompt.slice(at);
+    evaluated += rest.length;
     const outputs = await sequence.controlledEvaluate([
       ...rest.slice(0, -1),
       // includeTop: 1 brings the largest logit, which the probabilities are relative to.
@@ -156,6 +161,7 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
   async function continuation(sequence: LlamaContextSequence, promptLength: number, tokens: Token[], signal: AbortSignal): Promise<number> {
     throwIfAborted(signal);
     const head = tokens.slice(0, -1);
+    evaluated += head.length;
     try {
       const outputs = await sequence.controlledEvaluate(
         head.map((token, i) => [token, { generateNext: { logits: { filter: { tokens: [tokens[i + 1]!], includeTop: 1 } }, totalLogitWeight: true } }]),
@@ -205,6 +211,7 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
       }
     },
     describe: () => ({ file, contextTokens: settings.contextTokens, sequences: settings.sequences }),
+    tokensEvaluated: () => evaluated,
     async dispose() {
       await context.dispose();
       await model.dispose();
