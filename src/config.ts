@@ -146,7 +146,7 @@ export interface EmbeddedModelConfig {
   contextTokens: number;
   /** Questions evaluated side by side; memory grows with contextTokens × sequences. */
   sequences: number;
-  /** CPU threads for llama.cpp; 0 lets it choose. */
+  /** CPU threads for llama.cpp; 0: the machine's physical cores. */
   threads: number;
 }
 
@@ -300,7 +300,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
         modelFileName: DEFAULT_EMBEDDED_MODEL.fileName,
         contextTokens: int("TYPESAFE_LLM_CONTEXT_TOKENS", 8_192, 512, 131_072),
         sequences: int("TYPESAFE_LLM_SEQUENCES", 2, 1, 64),
-        threads: int("TYPESAFE_LLM_THREADS", 2, 0, 256),
+        threads: int("TYPESAFE_LLM_THREADS", 0, 0, 256),
       },
     },
     search: {
@@ -407,7 +407,7 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_LLM_MODEL_URL: "a mirror of the pinned model file (default: the pinned address); the pinned size and SHA-256 still apply",
   TYPESAFE_LLM_CONTEXT_TOKENS: "tokens one sequence holds: the longest prompt of one question on the embedded model",
   TYPESAFE_LLM_SEQUENCES: "questions the embedded model evaluates side by side",
-  TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0 lets it choose",
+  TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0: the machine's physical cores (default); set fewer to leave cores to other work",
   TYPESAFE_SEARCH_SOURCES: "comma list of enabled ids, or `none` (keyed ones also need their key)",
   TYPESAFE_SEARCH_CONTACT: "e-mail or URL in the User-Agent (Wikimedia and GDELT ask for one)",
   TYPESAFE_SEARCH_REQUEST_TIMEOUT_MS: "deadline of one search",
