@@ -40,6 +40,8 @@ const FORTY_ROUNDS = Number(process.env.BENCH_FORTY_ROUNDS ?? 1);
 const CALLERS = Number(process.env.BENCH_CALLERS ?? 4);
 const BATCH_TOKENS = 512;
 const DECODE_STEPS = 8;
+/** About one question's own tokens. */
+const QUESTION_TOKENS = 40;
 
 /** About 600 tokens of support-ticket prose; `nonce` makes each state new from its first token. */
 function stateText(nonce: string): string {
@@ -99,6 +101,8 @@ interface EngineRate {
   promptTokensPerS: number;
   /** CPU time per prompt token (all threads): the floor that a busy machine's wall time hides. */
   promptCpuMsPerToken: number;
+  /** The same for a question-sized batch after a held 512-token prefix. */
+  questionCpuMsPerToken: number;
   decodeStepMs: number;
 }
 
@@ -126,13 +130,23 @@ async function engineRate(file: string, threads: number): Promise<EngineRate & {
       const used = process.cpuUsage(cpu);
       batchCpuMs.push((used.user + used.system) / 1000);
     }
+    // A question's own tokens after a held prefix: the batches a decision sends once its state is evaluated.
+    const questionCpuMs: number[] = [];
+    const question = tokens.slice(0, QUESTION_TOKENS);
+    for (let round = 0; round < 3; round++) {
+      await sequence.eraseContextTokenRanges([{ start: BATCH_TOKENS, end: sequence.nextTokenIndex }]);
+      const cpu = process.cpuUsage();
+      await sequence.controlledEvaluate(question.map((t, i) => (i === question.length - 1 ? [t, read] : t)));
+      const used = process.cpuUsage(cpu);
+      questionCpuMs.push((used.user + used.system) / 1000);
+    }
     const stepMs: number[] = [];
     for (let i = 0; i < DECODE_STEPS; i++) {
       const started = performance.now();
       await sequence.controlledEvaluate([[tokens[i]!, read]]);
       stepMs.push(performance.now() - started);
     }
-    return { promptTokensPerS: BATCH_TOKENS / (median(batchMs) / 1000), promptCpuMsPerToken: median(batchCpuMs) / BATCH_TOKENS, decodeStepMs: median(stepMs), threadsUsed: context.currentThreads };
+    return { promptTokensPerS: BATCH_TOKENS / (median(batchMs) / 1000), promptCpuMsPerToken: median(batchCpuMs) / BATCH_TOKENS, questionCpuMsPerToken: median(questionCpuMs) / QUESTION_TOKENS, decodeStepMs: median(stepMs), threadsUsed: context.currentThreads };
   } finally {
     await context.dispose();
     await model.dispose();
@@ -165,7 +179,7 @@ async function main() {
 
   const engine = await engineRate(file, threads);
   console.log(
-    `engine (node-llama-cpp alone, ${engine.threadsUsed} threads): ${engine.promptTokensPerS.toFixed(1)} prompt tokens/s on a ${BATCH_TOKENS}-token batch (${engine.promptCpuMsPerToken.toFixed(2)} ms CPU per token); one-token step ${engine.decodeStepMs.toFixed(1)} ms`,
+    `engine (node-llama-cpp alone, ${engine.threadsUsed} threads): ${engine.promptTokensPerS.toFixed(1)} prompt tokens/s on a ${BATCH_TOKENS}-token batch (${engine.promptCpuMsPerToken.toFixed(2)} ms CPU per token; ${engine.questionCpuMsPerToken.toFixed(2)} ms in a ${QUESTION_TOKENS}-token batch after it); one-token step ${engine.decodeStepMs.toFixed(1)} ms`,
   );
   const counter = await promptCounter(file);
 

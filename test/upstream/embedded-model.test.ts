@@ -169,6 +169,18 @@ describe("decide on the embedded model", () => {
     expectNear(after.probabilities[0]!, (await reference.labelProbabilities(buildMessages(STATE, noulBlock("Is it?").text), NOUL_LABELS.spellings))[0]!);
   });
 
+  it("answers a question whose prompt nearly fills a sequence, as the reference reads it", async () => {
+    const long = buildMessages(renderState(fromJson(ValueSchema, "word ".repeat(330))), noulBlock("Is it?").text);
+    const length = model.promptTokens(long).length;
+    expect(length).toBeGreaterThan(1900);
+    expect(length + 8).toBeLessThanOrEqual(2048);
+    // Two one-token spellings keep the reference's work (a full evaluation per spelling) short.
+    const spellings = [["yes"], ["no"]];
+    const scored = await model.scoreLabels({ messages: long, spellings }, call());
+    const expected = await reference.labelProbabilities(long, spellings);
+    scored.probabilities.forEach((p, i) => expectNear(p, expected[i]!));
+  }, 120_000);
+
   it("refuses a prompt longer than a sequence holds, without evaluating it", async () => {
     const huge = buildMessages(renderState(fromJson(ValueSchema, "word ".repeat(3000))), noulBlock("Is it?").text);
     await expect(model.scoreLabels({ messages: huge, spellings: NOUL_LABELS.spellings }, call())).rejects.toEqual(new LlmCallError("rejected", false));

@@ -1,0 +1,15 @@
+import fs from "node:fs";
+import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+const file = "/tmp/typesafe-bench-models/qwen2.5-0.5b-instruct-q4_k_m-shape-random-r1.gguf";
+const rss = () => { const s = fs.readFileSync("/proc/self/status", "utf8"); const g = (k: string) => Number(new RegExp(k + ":\\s+(\\d+)").exec(s)![1]) / 1024; return `RSS ${g("VmRSS").toFixed(0)} (anon ${g("RssAnon").toFixed(0)}, file ${g("RssFile").toFixed(0)})`; };
+const opts = JSON.parse(process.argv[2] ?? "{}");
+console.log("start", rss());
+const llama = await getLlama({ gpu: false, build: "never", progressLogs: false, logLevel: LlamaLogLevel.error });
+const model = await llama.loadModel({ modelPath: file, ...(opts.model ?? {}) });
+console.log("model", rss());
+const ctx = await model.createContext({ contextSize: opts.ctx ?? 8192, sequences: opts.seqs ?? 2, threads: 1, ...(opts.context ?? {}) });
+console.log("context", rss(), "batch", ctx.batchSize);
+const seq = ctx.getSequence();
+const toks = model.tokenize("The customer writes that the invoice arrived twice. ".repeat(60)).slice(0, 600);
+await seq.controlledEvaluate(toks.map((t, i) => (i === toks.length - 1 ? [t, { generateNext: { logits: { filter: { tokens: [1], includeTop: 1 } }, totalLogitWeight: true } }] : t)) as any);
+console.log("evaluated", rss());
