@@ -8,6 +8,7 @@
  *
  *   npm run bench:embedded
  *   BENCH_THREADS=1 BENCH_ONE_ROUNDS=3 BENCH_FORTY_ROUNDS=1 npm run bench:embedded
+ *   BENCH_ONLY=engine BENCH_THREADS=2 npm run bench:embedded   # llama.cpp's rates alone, at a thread count
  *
  * Efficiency is (the fewest tokens the questions need ÷ the engine's prompt
  * rate) ÷ the service's latency: 1.0 means the service costs exactly what
@@ -181,6 +182,8 @@ async function main() {
   console.log(
     `engine (node-llama-cpp alone, ${engine.threadsUsed} threads): ${engine.promptTokensPerS.toFixed(1)} prompt tokens/s on a ${BATCH_TOKENS}-token batch (${engine.promptCpuMsPerToken.toFixed(2)} ms CPU per token; ${engine.questionCpuMsPerToken.toFixed(2)} ms in a ${QUESTION_TOKENS}-token batch after it); one-token step ${engine.decodeStepMs.toFixed(1)} ms`,
   );
+  // `BENCH_ONLY=engine`: the engine's rates alone, e.g. to compare thread counts.
+  if (process.env.BENCH_ONLY === "engine") return;
   const counter = await promptCounter(file);
 
   await buildService();
