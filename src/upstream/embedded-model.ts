@@ -193,7 +193,17 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
       const copies = copiesFrom.get(donor) ?? new Set<Promise<void>>();
       copiesFrom.set(donor, copies.add(copy));
       try {
-        await inFlight.get(donor)?.evaluated;
+        const donorEvaluated = inFlight.get(donor)!.evaluated;
+        // A cancelled call stops waiting at once.
+        await new Promise<void>((resolve) => {
+          const stop = () => {
+            options.signal.removeEventListener("abort", stop);
+            resolve();
+          };
+          if (options.signal.aborted) return stop();
+          options.signal.addEventListener("abort", stop, { once: true });
+          void donorEvaluated.then(stop);
+        });
         throwIfAborted(options.signal);
         const shared = donor.compareContextTokens(prompt as Token[]).firstDifferentIndex;
         if (shared > bestShared + COPY_MIN_TOKENS) {
