@@ -95,7 +95,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     onRecorded: () => deliverer.wake(),
   });
   const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
-  const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()) }) : undefined;
+  const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()), embeddedTokensEvaluated: () => embedded?.model()?.tokensEvaluated() }) : undefined;
   // Without an upstream, decisions run on a model in this process, fetched and loaded while the service already serves.
   const embedded =
     config.llm.baseUrl === undefined && config.llm.embedded.enabled ? startEmbeddedModel(config.llm.embedded, config.dataDir, logger, { clock: overrides.modelClock, pace: overrides.modelPace }) : undefined;

@@ -148,7 +148,7 @@ export interface EmbeddedModelConfig {
   contextTokens: number;
   /** Questions evaluated side by side; memory grows with contextTokens × sequences. */
   sequences: number;
-  /** CPU threads for llama.cpp; 0 lets it choose. */
+  /** CPU threads for llama.cpp; 0: the machine's physical cores. */
   threads: number;
   /** The longest a decision may be given while its tokens and those queued ahead are evaluated; a call estimated longer is refused at once. */
   maxWaitMs: number;
@@ -313,7 +313,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
         modelFileName: DEFAULT_EMBEDDED_MODEL.fileName,
         contextTokens: int("TYPESAFE_LLM_CONTEXT_TOKENS", 8_192, 512, 131_072),
         sequences: int("TYPESAFE_LLM_SEQUENCES", 2, 1, 64),
-        threads: int("TYPESAFE_LLM_THREADS", 2, 0, 256),
+        threads: int("TYPESAFE_LLM_THREADS", 0, 0, 256),
         maxWaitMs: int("TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS", 300_000, 1_000, 3_600_000),
       },
     },
@@ -457,7 +457,7 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_LLM_MODEL_URL: "a mirror of the pinned model file (default: the pinned address); the pinned size and SHA-256 still apply",
   TYPESAFE_LLM_CONTEXT_TOKENS: "tokens one sequence holds: the longest prompt of one question on the embedded model",
   TYPESAFE_LLM_SEQUENCES: "questions the embedded model evaluates side by side",
-  TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0 lets it choose",
+  TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0: the machine's physical cores (default); set fewer to leave cores to other work",
   TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS:
     "the longest a decision on the embedded model may run: its deadline grows past `TYPESAFE_LLM_REQUEST_TIMEOUT_MS` to what its tokens and those queued ahead need at the measured rate, up to this; a call estimated longer is refused at once with 503 `MODEL_BUSY`",
   TYPESAFE_SEARCH_SOURCES: "comma list of enabled ids, or `none` (keyed ones also need their key)",

@@ -62,6 +62,8 @@ export function createMetrics(deps: {
   db: Knex;
   /** Account-area sessions live now, read from the database at scrape time. */
   liveSessions?: () => Promise<number>;
+  /** Tokens the embedded model has evaluated since it loaded (undefined while none is loaded). */
+  embeddedTokensEvaluated?: () => number | undefined;
 }): Metrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });
@@ -97,6 +99,18 @@ export function createMetrics(deps: {
     help: "Tokens of answered decisions by kind: input (cached included), cached_input, output.",
     labelNames: ["kind"] as const,
     registers: [registry],
+  });
+  const { embeddedTokensEvaluated } = deps;
+  new Counter({
+    name: "typesafe_embedded_model_tokens_evaluated_total",
+    help: "Tokens the embedded model ran through llama.cpp: prompt tokens it did not already hold, and label continuations.",
+    registers: [registry],
+    collect() {
+      const count = embeddedTokensEvaluated?.();
+      if (count === undefined) return;
+      this.reset();
+      this.inc(count);
+    },
   });
   const decisionAnswers = new Counter({
     name: "typesafe_decision_answers_total",

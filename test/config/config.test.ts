@@ -53,7 +53,7 @@ describe("the embedded model's settings", () => {
       modelFileName: "qwen2.5-0.5b-instruct-q4_k_m.gguf",
       contextTokens: 8192,
       sequences: 2,
-      threads: 2,
+      threads: 0,
       maxWaitMs: 300_000,
     });
   });

@@ -17,6 +17,8 @@ const N_FF = 64;
 const N_LAYER = 2;
 const CONTEXT = 4096;
 const ALIGNMENT = 32;
+/** The alignment every GGUF file here uses (the format's default). */
+export const GGUF_ALIGNMENT = ALIGNMENT;
 
 /** The ChatML template (as Qwen2.5 ships it, without tool calls). */
 export const TINY_CHAT_TEMPLATE =
@@ -104,7 +106,7 @@ const enum GgufType {
   ARRAY = 9,
 }
 
-type Kv =
+export type Kv =
   | [string, "u32", number]
   | [string, "f32", number]
   | [string, "bool", boolean]
@@ -113,8 +115,79 @@ type Kv =
   | [string, "f32s", number[]]
   | [string, "i32s", number[]];
 
+/** A tensor as the header describes it: its GGML type (0 is F32) and its size in bytes. */
+export interface GgufTensorInfo {
+  name: string;
+  dims: number[];
+  type: number;
+  bytes: number;
+}
+
+/**
+ * The header of a GGUF v3 file up to its tensor data: magic, counts, the
+ * key-value pairs and the tensor infos, each tensor's data at the next
+ * multiple of ALIGNMENT. The data follows, each tensor padded to ALIGNMENT.
+ */
+export function ggufHeader(kvs: readonly Kv[], tensors: readonly GgufTensorInfo[]): Buffer {
+  const w = new Writer();
+  w.raw(Buffer.from("GGUF", "ascii"));
+  w.u32(3);
+  w.u64(tensors.length);
+  w.u64(kvs.length);
+  for (const [key, kind, value] of kvs) {
+    w.str(key);
+    switch (kind) {
+      case "u32":
+        w.u32(GgufType.U32);
+        w.u32(value);
+        break;
+      case "f32":
+        w.u32(GgufType.F32);
+        w.f32(value);
+        break;
+      case "bool":
+        w.u32(GgufType.BOOL);
+        w.bool(value);
+        break;
+      case "str":
+        w.u32(GgufType.STRING);
+        w.str(value);
+        break;
+      case "strs":
+        w.u32(GgufType.ARRAY);
+        w.u32(GgufType.STRING);
+        w.u64(value.length);
+        for (const s of value) w.str(s);
+        break;
+      case "f32s":
+        w.u32(GgufType.ARRAY);
+        w.u32(GgufType.F32);
+        w.u64(value.length);
+        for (const v of value) w.f32(v);
+        break;
+      case "i32s":
+        w.u32(GgufType.ARRAY);
+        w.u32(GgufType.I32);
+        w.u64(value.length);
+        for (const v of value) w.i32(v);
+        break;
+    }
+  }
+  let offset = 0;
+  for (const t of tensors) {
+    w.str(t.name);
+    w.u32(t.dims.length);
+    for (const d of t.dims) w.u64(d);
+    w.u32(t.type);
+    w.u64(offset);
+    offset += Math.ceil(t.bytes / GGUF_ALIGNMENT) * GGUF_ALIGNMENT;
+  }
+  w.pad(GGUF_ALIGNMENT);
+  return w.buffer();
+}
+
 /** A fixed generator (mulberry32), so every run writes the same bytes. */
-function prng(seed: number) {
+export function prng(seed: number) {
   let a = seed >>> 0;
   return () => {
     a = (a + 0x6d2b79f5) >>> 0;
@@ -180,58 +253,7 @@ export function tinyGgufBytes(): Buffer {
   }
 
   const w = new Writer();
-  w.raw(Buffer.from("GGUF", "ascii"));
-  w.u32(3);
-  w.u64(tensors.length);
-  w.u64(kvs.length);
-  for (const [key, kind, value] of kvs) {
-    w.str(key);
-    switch (kind) {
-      case "u32":
-        w.u32(GgufType.U32);
-        w.u32(value);
-        break;
-      case "f32":
-        w.u32(GgufType.F32);
-        w.f32(value);
-        break;
-      case "bool":
-        w.u32(GgufType.BOOL);
-        w.bool(value);
-        break;
-      case "str":
-        w.u32(GgufType.STRING);
-        w.str(value);
-        break;
-      case "strs":
-        w.u32(GgufType.ARRAY);
-        w.u32(GgufType.STRING);
-        w.u64(value.length);
-        for (const s of value) w.str(s);
-        break;
-      case "f32s":
-        w.u32(GgufType.ARRAY);
-        w.u32(GgufType.F32);
-        w.u64(value.length);
-        for (const v of value) w.f32(v);
-        break;
-      case "i32s":
-        w.u32(GgufType.ARRAY);
-        w.u32(GgufType.I32);
-        w.u64(value.length);
-        for (const v of value) w.i32(v);
-        break;
-    }
-  }
-  let offset = 0;
-  for (const t of tensors) {
-    w.str(t.name);
-    w.u32(t.dims.length);
-    for (const d of t.dims) w.u64(d);
-    w.u32(0); // GGML_TYPE_F32
-    w.u64(offset);
-    offset += Math.ceil(t.data.byteLength / ALIGNMENT) * ALIGNMENT;
-  }
+  w.raw(ggufHeader(kvs, tensors.map((t) => ({ name: t.name, dims: t.dims, type: 0, bytes: t.data.byteLength }))));
   w.pad(ALIGNMENT);
   for (const t of tensors) {
     w.raw(Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength));
