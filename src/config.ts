@@ -32,6 +32,15 @@ export interface Config {
   llm: LlmConfig;
   search: SearchConfig;
   webhooks: WebhookConfig;
+  evaluations: EvaluationConfig;
+}
+
+/** How this replica runs evaluations in the background. */
+export interface EvaluationConfig {
+  /** Examples this replica asks at once, over every evaluation: the API's calls keep the rest of the upstream's slots. */
+  examplesInFlight: number;
+  /** How often the runner looks for examples to run when nothing woke it. */
+  pollIntervalMs: number;
 }
 
 /** How the account's events are delivered to its webhook endpoints. */
@@ -315,6 +324,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       pollIntervalMs: int("TYPESAFE_WEBHOOK_POLL_MS", 1_000, 10, 60_000),
       keyExpiryCheckMs: int("TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS", 60_000, 10, 3_600_000),
       dnsServers: (str("TYPESAFE_WEBHOOK_DNS_SERVERS") ?? "").split(",").map((s) => s.trim()).filter((s) => s !== ""),
+    },
+    evaluations: {
+      examplesInFlight: int("TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT", 4, 0, 64),
+      pollIntervalMs: int("TYPESAFE_EVALUATION_POLL_MS", 1_000, 10, 60_000),
     },
   };
   if (problems.length > 0) throw new ConfigError(problems);

@@ -441,6 +441,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           requestId: call.requestId,
           endpoint: call.endpoint,
           keyId: call.keyId,
+          evaluationId: call.evaluationId,
           funding: call.funding,
           reservedCredits: unitsToCredits(call.reservedUnits),
           chargedCredits: unitsToCredits(call.chargedUnits),
