@@ -2,7 +2,8 @@ import { setMaxListeners } from "node:events";
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
-import { createDecisionService } from "./decision/service.js";
+import { createDecisionEngines, createDecisionService } from "./decision/service.js";
+import { createEvaluationRunner, type EvaluationRunner } from "./evaluation/runner.js";
 import { createGateway, type DecisionsStatus } from "./gateway/gateway.js";
 import { startEmbeddedModel, type EmbeddedModelHost } from "./upstream/embedded-supervisor.js";
 import { prepareStatementsOn } from "./metering/ledger.js";
@@ -42,6 +43,7 @@ export interface App {
   database: Database;
   meter: Meter;
   deliverer: Deliverer;
+  evaluationRunner: EvaluationRunner;
   /** Graceful stop: drain in-flight calls within the grace period, then close the store. */
   stop(): Promise<void>;
 }
@@ -93,7 +95,16 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   // Without an upstream, decisions run on a model in this process, fetched and loaded while the service already serves.
   const embedded =
     config.llm.baseUrl === undefined && config.llm.embedded.enabled ? startEmbeddedModel(config.llm.embedded, config.dataDir, logger) : undefined;
-  const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics, embedded });
+  const engines = createDecisionEngines({ llm: config.llm, logger, metrics, embedded });
+  const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics, embedded, engines });
+  const evaluationRunner = createEvaluationRunner({
+    db,
+    engines,
+    config: config.evaluations,
+    requestTimeoutMs: config.llm.requestTimeoutMs,
+    leaseMarginMs: config.metering.leaseMarginMs,
+    logger,
+  });
   const search = createSearchService({ db, meter, config: config.search, logger, metrics });
 
   const observer = { logger, metrics };
@@ -112,6 +123,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     maxKeysPerAccount: config.account.maxKeysPerAccount,
     publicUrl: config.account.publicUrl,
     webhooks: { allowLoopback: config.webhooks.allowLoopback, wake: () => deliverer.wake() },
+    wakeEvaluationRunner: () => evaluationRunner.wake(),
   });
   const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
 
@@ -172,6 +184,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   usageRollup.start();
   deliverer.start();
   keyExpiryWatch.start();
+  evaluationRunner.start();
   logger.info("listening", { url: server.url, database: database.kind });
   logger.info("enabled", enabledSummary(config));
 
@@ -180,11 +193,12 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     database,
     meter,
     deliverer,
+    evaluationRunner,
     async stop() {
       logger.info("shutting down", { grace_ms: config.shutdownGraceMs });
       meter.beginShutdown();
       // A webhook in flight is abandoned and its lease given back: another replica sends it with the same webhook-id.
-      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop(), keyExpiryWatch.stop(), usageRollup.stop()]);
+      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop(), keyExpiryWatch.stop(), usageRollup.stop(), evaluationRunner.stop()]);
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();
       await meter.stop();

@@ -1632,7 +1632,7 @@ export interface components {
             /** @description The expected answer and the most probable one. */
             expected: string;
             predicted: string;
-            /** @description The example's error in the question's metric (noul and choice: its Brier term; score: its distance in label steps). */
+            /** @description How wrong the answer was: noul |P(true) - label|; choice 1 - P(expected); score the expected distance in label steps. */
             error: number;
         };
         "typesafe.account.v1.GetEvaluationResultsRequest": {

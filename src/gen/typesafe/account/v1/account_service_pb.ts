@@ -2772,8 +2772,8 @@ export type ExampleError = Message<"typesafe.account.v1.ExampleError"> & {
   predicted: string;
 
   /**
-   * The example's error in the question's metric (noul and choice: its Brier
-   * term; score: its distance in label steps).
+   * How wrong the answer was: noul |P(true) - label|; choice 1 - P(expected);
+   * score the expected distance in label steps.
    *
    * @generated from field: double error = 4;
    */
