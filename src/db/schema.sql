@@ -289,10 +289,11 @@ CREATE FUNCTION public.evaluation_admit_example(p_evaluation_id uuid, p_request_
     SELECT status INTO v_status FROM requests WHERE id = p_request_id;
     IF FOUND THEN
       res.outcome := CASE WHEN v_status = 'active' THEN 'admitted' ELSE 'finished' END;
+    -- While the evaluation's own holds are out, a refusal only waits: they may give money back.
     ELSIF e.charged_units + e.held_units + p_reserve > e.cap_units THEN
-      res.outcome := 'credit_cap';
+      res.outcome := CASE WHEN e.held_units > 0 THEN 'wait' ELSE 'credit_cap' END;
     ELSIF a.balance - a.reserved < p_reserve THEN
-      res.outcome := 'insufficient_balance';
+      res.outcome := CASE WHEN e.held_units > 0 THEN 'wait' ELSE 'insufficient_balance' END;
     ELSE
       UPDATE accounts SET reserved = reserved + p_reserve WHERE id = a.id RETURNING * INTO a;
       INSERT INTO requests (id, account_id, endpoint, funding, reserved, status, created_at, lease_expires_at, evaluation_id)
@@ -340,7 +341,7 @@ CREATE FUNCTION public.evaluation_resolve_example(p_request_id uuid, p_success b
     RETURNING r.* INTO req;
     IF NOT FOUND THEN
       SELECT * INTO req FROM requests WHERE id = p_request_id;
-      RETURN QUERY SELECT 'not_active'::text, req.charged;
+      RETURN QUERY SELECT 'not_active'::text, req.charged::bigint;
       RETURN;
     END IF;
     UPDATE accounts
@@ -356,7 +357,7 @@ CREATE FUNCTION public.evaluation_resolve_example(p_request_id uuid, p_success b
     UPDATE evaluations
        SET held_units = held_units - req.reserved, charged_units = charged_units + req.charged
      WHERE id = req.evaluation_id;
-    RETURN QUERY SELECT req.status, req.charged;
+    RETURN QUERY SELECT req.status::text, req.charged::bigint;
   END
   $$;
 

@@ -1,4 +1,5 @@
 import crypto from "node:crypto";
+import { setMaxListeners } from "node:events";
 import { create, fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import type { Knex } from "knex";
@@ -52,6 +53,8 @@ export function createEvaluationRunner(deps: EvaluationRunnerDeps): EvaluationRu
   const leaseMs = deps.requestTimeoutMs + deps.leaseMarginMs;
   const party = {};
   const stopping = new AbortController();
+  // Every example in flight listens for the stop.
+  setMaxListeners(0, stopping.signal);
   const running = new Set<Promise<void>>();
   let wakeNow: (() => void) | undefined;
   let loop: Promise<void> | undefined;

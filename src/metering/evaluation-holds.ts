@@ -11,6 +11,8 @@ export type ExampleAdmission =
   | { outcome: "admitted"; requestId: string; reservedUnits: number }
   /** The hold was already settled or released: the example's outcome was recorded with it. */
   | { outcome: "finished"; requestId: string }
+  /** Refused for now, while the evaluation's own holds are out: they may give money back. */
+  | { outcome: "wait" }
   | { outcome: "credit_cap"; capLeftUnits: number; reservedUnits: number }
   | { outcome: "insufficient_balance"; availableUnits: number; reservedUnits: number }
   | { outcome: "not_found" };
@@ -43,6 +45,8 @@ export async function admitExampleHold(
       return { outcome: "admitted", requestId: row.request_id, reservedUnits: Number(row.reserved) };
     case "finished":
       return { outcome: "finished", requestId: row.request_id };
+    case "wait":
+      return { outcome: "wait" };
     case "credit_cap":
       return { outcome: "credit_cap", capLeftUnits: Number(row.cap_left), reservedUnits: Number(row.reserved) };
     case "insufficient_balance":

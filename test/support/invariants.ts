@@ -80,12 +80,12 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     )
   ).rows;
 
-  // I7: the most admissions in any rolling window ending at an admission.
+  // I7: the most admissions of calls in any rolling window ending at an admission (an evaluation's examples are outside the rolling minute).
   const busiest = (
     await db.raw<{ rows: { most: number }[] }>(
       `SELECT coalesce(max(c), 0)::int AS most FROM (
          SELECT count(*) OVER (ORDER BY created_at RANGE BETWEEN ?::interval PRECEDING AND CURRENT ROW) AS c
-           FROM requests WHERE account_id = ?) w`,
+           FROM requests WHERE account_id = ? AND evaluation_id IS NULL) w`,
       [`${account.rate_window_ms - 1} milliseconds`, accountId],
     )
   ).rows[0]!;

@@ -17,8 +17,9 @@ import type { SchemaMigration } from "./schema-migration.js";
  *
  * - evaluation_admit_example: the hold, under the account's and then the
  *   evaluation's row lock, refused by the evaluation's credit cap or the
- *   account's available balance; admitting an id that already holds answers
- *   `admitted` again and holds nothing more;
+ *   account's available balance (`wait` instead while the evaluation's own
+ *   holds are out, since they may give money back); admitting an id that
+ *   already holds answers `admitted` again and holds nothing more;
  * - evaluation_resolve_example: the settle or release of such a hold, which
  *   also moves it from the evaluation's held units to its charged units.
  */
@@ -111,10 +112,11 @@ const SQL = `
     SELECT status INTO v_status FROM requests WHERE id = p_request_id;
     IF FOUND THEN
       res.outcome := CASE WHEN v_status = 'active' THEN 'admitted' ELSE 'finished' END;
+    -- While the evaluation's own holds are out, a refusal only waits: they may give money back.
     ELSIF e.charged_units + e.held_units + p_reserve > e.cap_units THEN
-      res.outcome := 'credit_cap';
+      res.outcome := CASE WHEN e.held_units > 0 THEN 'wait' ELSE 'credit_cap' END;
     ELSIF a.balance - a.reserved < p_reserve THEN
-      res.outcome := 'insufficient_balance';
+      res.outcome := CASE WHEN e.held_units > 0 THEN 'wait' ELSE 'insufficient_balance' END;
     ELSE
       UPDATE accounts SET reserved = reserved + p_reserve WHERE id = a.id RETURNING * INTO a;
       INSERT INTO requests (id, account_id, endpoint, funding, reserved, status, created_at, lease_expires_at, evaluation_id)
@@ -157,7 +159,7 @@ const SQL = `
     RETURNING r.* INTO req;
     IF NOT FOUND THEN
       SELECT * INTO req FROM requests WHERE id = p_request_id;
-      RETURN QUERY SELECT 'not_active'::text, req.charged;
+      RETURN QUERY SELECT 'not_active'::text, req.charged::bigint;
       RETURN;
     END IF;
     UPDATE accounts
@@ -173,7 +175,7 @@ const SQL = `
     UPDATE evaluations
        SET held_units = held_units - req.reserved, charged_units = charged_units + req.charged
      WHERE id = req.evaluation_id;
-    RETURN QUERY SELECT req.status, req.charged;
+    RETURN QUERY SELECT req.status::text, req.charged::bigint;
   END
   $fn$;
 `;
