@@ -408,6 +408,8 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_WEBHOOK_POLL_MS: "how often each replica looks for webhook deliveries that are due",
   TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS: "how often each replica records `key.expiring` for keys that expire within 7 days (each key once per expiry)",
   TYPESAFE_WEBHOOK_DNS_SERVERS: "DNS servers asked for webhook endpoint names (`host` or `host:port`, comma-separated); the system resolver when unset",
+  TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT: "evaluation examples this replica asks at once, over every evaluation (0: this replica runs none); the API's calls keep the rest of the upstream's slots ([evaluations.md](evaluations.md))",
+  TYPESAFE_EVALUATION_POLL_MS: "how often each replica looks for evaluation examples to run when nothing woke it",
   TYPESAFE_LLM_BASE_URL: "for example `http://127.0.0.1:8000/v1`; wins over the embedded model; unset: the embedded model answers",
   TYPESAFE_LLM_API_KEY: "sent as `Authorization: Bearer` to the upstream only",
   TYPESAFE_LLM_MODEL: "the upstream's model name",
