@@ -189,15 +189,18 @@ export async function claimExamples(db: Knex, input: { max: number; leaseMs: num
       const free = Math.min(e.examples_in_flight - live[0]!.n, input.max - claimed.length);
       if (free <= 0) return [];
       const { rows } = await tx.raw<{ rows: Array<{ position: number; state: unknown; labels: Record<string, boolean | string>; request_id: string; attempts: number }> }>(
-        `UPDATE evaluation_examples x
+        // Materialized: a subquery under IN may be run again by the plan, and SKIP LOCKED would then pick more rows.
+        `WITH picked AS MATERIALIZED (
+           SELECT position FROM evaluation_examples
+            WHERE evaluation_id = ? AND (status = 'pending' OR (status = 'running' AND lease_until <= clock_timestamp()))
+            ORDER BY position LIMIT ? FOR UPDATE SKIP LOCKED)
+         UPDATE evaluation_examples x
             SET status = 'running', lease_until = clock_timestamp() + make_interval(secs => ?::float8 / 1000),
                 lease_token = ?::uuid, attempts = x.attempts + 1, request_id = coalesce(x.request_id, gen_random_uuid())
-          WHERE x.evaluation_id = ? AND x.position IN (
-            SELECT position FROM evaluation_examples
-             WHERE evaluation_id = ? AND (status = 'pending' OR (status = 'running' AND lease_until <= clock_timestamp()))
-             ORDER BY position LIMIT ? FOR UPDATE SKIP LOCKED)
+           FROM picked
+          WHERE x.evaluation_id = ? AND x.position = picked.position
           RETURNING x.position, x.state, x.labels, x.request_id, x.attempts`,
-        [input.leaseMs, input.token, id, id, free],
+        [id, free, input.leaseMs, input.token, id],
       );
       return rows.map(
         (r): ClaimedExample => ({
