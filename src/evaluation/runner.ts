@@ -57,10 +57,17 @@ export function createEvaluationRunner(deps: EvaluationRunnerDeps): EvaluationRu
   setMaxListeners(0, stopping.signal);
   const running = new Set<Promise<void>>();
   let wakeNow: (() => void) | undefined;
+  /** Set by a wake that came while a tick ran: the loop looks again at once instead of waiting. */
+  let woken = false;
+  const wake = () => {
+    woken = true;
+    wakeNow?.();
+  };
   let loop: Promise<void> | undefined;
   let ticks = 0;
 
-  async function runExample(claimed: ClaimedExample): Promise<void> {
+  /** Runs one example; true when it ended (answered, failed or stopped), so that the next one may start at once. */
+  async function runExample(claimed: ClaimedExample): Promise<boolean> {
     const log = logger.child({ evaluation_id: claimed.evaluationId, position: claimed.position });
     const outcome = await attempt(claimed).catch((err: unknown): ExampleOutcome => {
       log.warn("evaluation example failed", { err });
@@ -73,6 +80,8 @@ export function createEvaluationRunner(deps: EvaluationRunnerDeps): EvaluationRu
       // The lease runs out and the example is taken again, with the same hold.
       log.warn("could not record an evaluation example", { err });
     }
+    // An example put back (waiting for money, no engine yet) is looked at again at the next poll, not at once.
+    return outcome.kind !== "retry";
   }
 
   async function attempt(claimed: ClaimedExample): Promise<ExampleOutcome> {
@@ -108,10 +117,12 @@ export function createEvaluationRunner(deps: EvaluationRunnerDeps): EvaluationRu
     if (free <= 0 || !engines.current()) return;
     const claimed = await claimExamples(db, { max: free, leaseMs, token: crypto.randomUUID() });
     for (const example of claimed) {
-      const task = runExample(example).finally(() => {
-        running.delete(task);
-        wakeNow?.();
-      });
+      const task = runExample(example)
+        .catch(() => false)
+        .then((ended) => {
+          running.delete(task);
+          if (ended) wake();
+        });
       running.add(task);
     }
   }
@@ -124,10 +135,15 @@ export function createEvaluationRunner(deps: EvaluationRunnerDeps): EvaluationRu
         logger.warn("evaluation runner tick failed", { err });
       }
       if (stopping.signal.aborted) break;
+      if (woken) {
+        woken = false;
+        continue;
+      }
       await new Promise<void>((resolve) => {
         const timer = setTimeout(done, config.pollIntervalMs);
         function done() {
           clearTimeout(timer);
+          woken = false;
           wakeNow = undefined;
           stopping.signal.removeEventListener("abort", done);
           resolve();
@@ -143,9 +159,7 @@ export function createEvaluationRunner(deps: EvaluationRunnerDeps): EvaluationRu
       if (loop || config.examplesInFlight === 0) return;
       loop = run();
     },
-    wake() {
-      wakeNow?.();
-    },
+    wake,
     async stop() {
       stopping.abort();
       await loop;

@@ -180,7 +180,7 @@ export async function claimExamples(db: Knex, input: { max: number; leaseMs: num
   for (const { id } of running as Array<{ id: string }>) {
     if (claimed.length >= input.max) break;
     const taken = await db.transaction(async (tx) => {
-      const e = await tx("evaluations").where({ id, state: "running" }).forUpdate().skipLocked().first("account_id", "questions", "examples_in_flight");
+      const e = await tx("evaluations").where({ id, state: "running" }).forUpdate().first("account_id", "questions", "examples_in_flight");
       if (!e) return [];
       const { rows: live } = await tx.raw<{ rows: Array<{ n: number }> }>(
         "SELECT count(*)::int AS n FROM evaluation_examples WHERE evaluation_id = ? AND status = 'running' AND lease_until > clock_timestamp()",
