@@ -20,14 +20,14 @@ let fake: FakeLlm;
 let dir: string;
 
 beforeAll(async () => {
-  database = await createTestDatabase();
+  database = await createTestDatabase(10, { runsEvaluations: true });
   // The documented response shape (fake-llm.ts); P(yes) is 0.8 for "refund" states, 0.3 otherwise.
   fake = await startFakeLlm((request) => {
     if (isProbe(request.body)) return PROBE_OK;
     const p = userContent(request).includes("refund") ? 0.8 : 0.3;
     return logprobsReply({ yes: p, no: 1 - p }, { prompt: 90 });
   });
-  service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "fake-model", TYPESAFE_EVALUATION_POLL_MS: "50" });
+  service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "fake-model", TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT: "4", TYPESAFE_EVALUATION_POLL_MS: "50" });
   dir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-evals-"));
   await fs.writeFile(path.join(dir, "questions.json"), JSON.stringify({ "=refund": { type: "noul", instructions: "Does the customer want their money back?" } }));
 });
@@ -69,7 +69,7 @@ describe("operator CLI: evals", () => {
     expect(header).toBe("question,type,labelled,answered,accuracy,brier,log_loss,ece,auroc,macro_f1,mae_steps,model,upstream,prompt_version");
     // A key starting with "=" would be a formula in a spreadsheet: quoted with a leading apostrophe, as usage.csv does.
     expect(row!.startsWith(`"'=refund",noul,3,3,0.666`)).toBe(true);
-  });
+  }, 120_000);
 
   it("creates from CSV (an empty cell labels nothing) and refuses a bad file whole, naming every bad line", async () => {
     const { accountId } = await createTestAccount(database.db, { units: 5_000_000 });
@@ -92,5 +92,5 @@ describe("operator CLI: evals", () => {
     expect(third.stderr).toContain("line 1: labels[\"=refund\"]: a noul label must be true or false");
     expect(third.stderr).toContain("line 2: state: must not be empty");
     expect(await database.db("evaluations").where({ account_id: accountId })).toHaveLength(1);
-  });
+  }, 120_000);
 });

@@ -29,13 +29,13 @@ const pageErrors: string[] = [];
 
 beforeAll(async () => {
   bundleAccountPage();
-  database = await createTestDatabase();
+  database = await createTestDatabase(10, { runsEvaluations: true });
   fake = await startFakeLlm((request) => {
     if (isProbe(request.body)) return PROBE_OK;
     const p = userContent(request).includes("refund") ? 0.95 : 0.05;
     return logprobsReply({ yes: p, no: 1 - p }, { prompt: 100 });
   });
-  service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "fake-model", TYPESAFE_EVALUATION_POLL_MS: "50" });
+  service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "fake-model", TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT: "4", TYPESAFE_EVALUATION_POLL_MS: "50" });
   browser = await launchChromium();
   context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
   context.setDefaultTimeout(15_000);

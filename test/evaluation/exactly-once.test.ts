@@ -23,7 +23,7 @@ let database: TestDatabase;
 const RESERVE = decisionReserveUnits(1);
 
 beforeAll(async () => {
-  database = await createTestDatabase();
+  database = await createTestDatabase(10, { runsEvaluations: true });
 });
 afterAll(async () => {
   await database?.close();

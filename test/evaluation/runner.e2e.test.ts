@@ -39,7 +39,7 @@ function seeded(seed: number): () => number {
 }
 
 beforeAll(async () => {
-  database = await createTestDatabase();
+  database = await createTestDatabase(10, { runsEvaluations: true });
   fake = await startFakeLlm((request) => {
     if (isProbe(request.body)) return PROBE_OK;
     const match = /true probability (0\.\d+)/.exec(userContent(request));
@@ -91,7 +91,7 @@ async function finished(client: AccountClient, evaluationId: string, states = ["
       return states.includes(last);
     },
     `the evaluation to reach ${states.join(" or ")}`,
-    60_000,
+    100_000,
   );
   return (await client.getEvaluation({ evaluationId })).evaluation!;
 }
@@ -132,7 +132,7 @@ describe("an evaluation of a deliberately miscalibrated upstream", () => {
     const usage = await client.listUsage({ pageSize: 500 });
     const ofEvaluation = usage.records.filter((r) => r.evaluationId === evaluation!.id);
     expect(ofEvaluation).toHaveLength(300);
-  });
+  }, 120_000);
 
   it("waits while its own holds are out, stops at its credit cap with reason CREDIT_CAP, and finishes after a resume with a higher cap", async () => {
     const { accountId, client } = await owner(100_000_000);
