@@ -1,4 +1,4 @@
-import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import type { ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
 import { recordActivity } from "../accounts/activity.js";
 import { isUuid } from "../accounts/store.js";
@@ -36,7 +36,7 @@ const DEFAULT_EVALUATIONS_PAGE = 20;
 export function createEvaluationMethods(deps: EvaluationMethodsDeps): EvaluationMethods {
   const { db, now } = deps;
 
-  async function evaluationOf(ctx: HandlerContext, accountId: string, id: string): Promise<EvaluationView> {
+  async function evaluationOf(accountId: string, id: string): Promise<EvaluationView> {
     throwIfInvalid(id === "" ? [{ field: "evaluation_id", rule: "required" }] : []);
     const found = isUuid(id) ? await findEvaluation(db, accountId, id) : undefined;
     if (!found) throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
@@ -75,22 +75,22 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
 
     async getEvaluation(req, ctx) {
       const member = allowed(ctx, "read");
-      return { evaluation: evaluationMessage(await evaluationOf(ctx, member.accountId, req.evaluationId)) };
+      return { evaluation: evaluationMessage(await evaluationOf(member.accountId, req.evaluationId)) };
     },
 
     async cancelEvaluation(req, ctx) {
       const member = allowed(ctx, "run_evaluations");
-      await evaluationOf(ctx, member.accountId, req.evaluationId);
+      await evaluationOf(member.accountId, req.evaluationId);
       const { row, changed } = await cancelEvaluation(db, member.accountId, req.evaluationId);
       if (!row) throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (!changed) throw stateError(row.state, "cancel", "only a running or stopped evaluation can be cancelled");
       await recordActivity(db, { accountId: member.accountId, kind: "evaluation_cancelled", actor: member.email, detail: row.id, at: now() });
-      return { evaluation: evaluationMessage(await evaluationOf(ctx, member.accountId, row.id)) };
+      return { evaluation: evaluationMessage(await evaluationOf(member.accountId, row.id)) };
     },
 
     async resumeEvaluation(req, ctx) {
       const member = allowed(ctx, "run_evaluations");
-      const current = await evaluationOf(ctx, member.accountId, req.evaluationId);
+      const current = await evaluationOf(member.accountId, req.evaluationId);
       const capUnits = req.creditCapCredits === 0 ? undefined : creditsToUnits(req.creditCapCredits);
       if (capUnits !== undefined) {
         throwIfInvalid(
@@ -104,12 +104,12 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
       if (!changed) throw stateError(row.state, "resume", "only a stopped evaluation can be resumed");
       await recordActivity(db, { accountId: member.accountId, kind: "evaluation_resumed", actor: member.email, detail: row.id, at: now() });
       deps.wakeRunner();
-      return { evaluation: evaluationMessage(await evaluationOf(ctx, member.accountId, row.id)) };
+      return { evaluation: evaluationMessage(await evaluationOf(member.accountId, row.id)) };
     },
 
     async deleteEvaluation(req, ctx) {
       const member = allowed(ctx, "run_evaluations");
-      const current = await evaluationOf(ctx, member.accountId, req.evaluationId);
+      const current = await evaluationOf(member.accountId, req.evaluationId);
       const outcome = await deleteEvaluation(db, member.accountId, req.evaluationId);
       if (outcome === "not_found") throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (outcome === "busy") throw stateError(current.state, "delete", "a running evaluation, or one with examples still in flight, cannot be deleted: cancel it first");
@@ -125,7 +125,7 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
 
     async getEvaluationResults(req, ctx) {
       const member = allowed(ctx, "read");
-      const evaluation = await evaluationOf(ctx, member.accountId, req.evaluationId);
+      const evaluation = await evaluationOf(member.accountId, req.evaluationId);
       const results = await evaluationResults(db, evaluation);
       return { evaluation: evaluationMessage(evaluation), ...results };
     },
