@@ -146,7 +146,7 @@ export function reliability(confidences: readonly number[], outcomes: readonly b
 
 /** Noul metrics over the examples that label the question. */
 export function noulMetrics(points: readonly NoulPoint[], options: MetricsOptions = {}): NoulMetrics {
-  points.forEach((point, i) => checkProbability(point.probabilityTrue, `points[${i}].probabilityTrue`));
+  checkNoulPoints(points);
   const count = points.length;
   const p = points.map((point) => point.probabilityTrue);
   const y = points.map((point) => point.label);
@@ -226,11 +226,7 @@ export function scoreMetrics(points: readonly DistributionPoint[], labels: reado
 
 /** The metrics every distribution shares, with the predicted index (the first most probable). */
 function distributionMetrics(points: readonly DistributionPoint[], k: number) {
-  points.forEach((point, i) => {
-    if (point.probabilities.length !== k) throw new RangeError(`points[${i}].probabilities: expected ${k} probabilities, got ${point.probabilities.length}`);
-    point.probabilities.forEach((q, j) => checkProbability(q, `points[${i}].probabilities[${j}]`));
-    if (!Number.isInteger(point.label) || point.label < 0 || point.label >= k) throw new RangeError(`points[${i}].label: expected an index below ${k}, got ${point.label}`);
-  });
+  checkDistributionPoints(points, k);
   const count = points.length;
   const predicted = points.map((point) => argmax(point.probabilities));
   let right = 0;
@@ -340,6 +336,20 @@ function largestErrors(points: readonly { exampleId?: string }[], errors: readon
 
 function mean(sum: number, count: number): number | null {
   return count === 0 ? null : sum / count;
+}
+
+/** Throws a RangeError naming the first point whose probability is not in [0, 1]. */
+export function checkNoulPoints(points: readonly Pick<NoulPoint, "probabilityTrue">[]): void {
+  points.forEach((point, i) => checkProbability(point.probabilityTrue, `points[${i}].probabilityTrue`));
+}
+
+/** Throws a RangeError naming the first point with the wrong number of probabilities, one outside [0, 1], or a label that is no index below k. */
+export function checkDistributionPoints(points: readonly Pick<DistributionPoint, "probabilities" | "label">[], k: number): void {
+  points.forEach((point, i) => {
+    if (point.probabilities.length !== k) throw new RangeError(`points[${i}].probabilities: expected ${k} probabilities, got ${point.probabilities.length}`);
+    point.probabilities.forEach((q, j) => checkProbability(q, `points[${i}].probabilities[${j}]`));
+    if (!Number.isInteger(point.label) || point.label < 0 || point.label >= k) throw new RangeError(`points[${i}].label: expected an index below ${k}, got ${point.label}`);
+  });
 }
 
 function checkProbability(p: number, field: string): void {
