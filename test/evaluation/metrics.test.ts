@@ -75,7 +75,8 @@ describe("noulMetrics", () => {
     { name: "a tie across classes counts a half", points: noul([[0.2, false], [0.2, true], [0.8, true]]), auroc: 0.75 },
     { name: "perfect ranking", points: noul([[0.4, false], [0.45, true]]), auroc: 1 },
     { name: "inverted ranking", points: noul([[0.9, false], [0.1, true]]), auroc: 0 },
-    { name: "one class only", points: noul([[0.9, true], [0.2, true]]), auroc: null },
+    { name: "true only", points: noul([[0.9, true], [0.2, true]]), auroc: null },
+    { name: "false only", points: noul([[0.9, false], [0.2, false]]), auroc: null },
   ])("AUROC, $name", ({ points, auroc: expected }) => {
     expect(noulMetrics(points).auroc).toBe(expected);
   });
@@ -154,6 +155,7 @@ describe("choiceMetrics", () => {
     { name: "wrong length", point: { probabilities: [0.5, 0.5], label: 0 }, message: "points[0].probabilities: expected 3" },
     { name: "label out of range", point: { probabilities: [0.5, 0.5, 0], label: 3 }, message: "points[0].label" },
     { name: "fractional label", point: { probabilities: [0.5, 0.5, 0], label: 0.5 }, message: "points[0].label" },
+    { name: "negative label", point: { probabilities: [0.5, 0.5, 0], label: -1 }, message: "points[0].label" },
     { name: "negative probability", point: { probabilities: [0.5, -0.5, 1], label: 0 }, message: "points[0].probabilities[1]" },
   ])("refuses $name", ({ point, message }) => {
     expect(() => choiceMetrics([point], ["x", "y", "z"])).toThrow(message);
@@ -172,6 +174,13 @@ describe("scoreMetrics", () => {
     const m = metrics();
     expect(m.exactAccuracy).toBeCloseTo(1 / 3, 12);
     expect(m.meanAbsoluteError).toBeCloseTo((1 + 0 + 3) / 3, 12);
+  });
+
+  it("multi-class Brier and log loss (a zero for the label is clipped)", () => {
+    const m = metrics();
+    // Σ (p_k − onehot_k)²: 0.01 + 0.36 + 0.49 = 0.86; 0.04 + 0.04 = 0.08; 0.25 + 0.25 + 1 = 1.5.
+    expect(m.brier).toBeCloseTo((0.86 + 0.08 + 1.5) / 3, 12);
+    expect(m.logLoss).toBeCloseTo(-(Math.log(0.3) + Math.log(0.8) + Math.log(clippedRow([0.5, 0.5, 0, 0, 0])[3]!)) / 3, 12);
   });
 
   it("top-label ECE, and the drill-down by expected distance in steps", () => {
