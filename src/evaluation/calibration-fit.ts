@@ -17,7 +17,7 @@ import {
   type TemperatureParams,
   type VectorParams,
 } from "./calibration-apply.js";
-import { choiceMetrics, noulMetrics, type DistributionPoint, type NoulPoint } from "./metrics.js";
+import { checkDistributionPoints, checkNoulPoints, choiceMetrics, noulMetrics, type DistributionPoint, type NoulPoint } from "./metrics.js";
 import { seededPermutation } from "./seeded-random.js";
 
 /** Fewer labelled answers than this give a fit that measures nothing. */
@@ -74,6 +74,8 @@ export type FitRequest =
 export function fitCalibration(request: FitRequest): CalibrationFit {
   if (request.method === "contextual") {
     const params = contextualParams(request.probes, request.labelCount);
+    if (request.type === "noul") checkNoulPoints(request.points as readonly NoulPoint[]);
+    else checkDistributionPoints(request.points as readonly DistributionPoint[], request.labelCount);
     const rows = request.points.map((point) => asRow(point));
     return {
       params,
@@ -95,6 +97,8 @@ export function fitCalibration(request: FitRequest): CalibrationFit {
     throw new RangeError(`points: a fit needs at least ${Math.max(MIN_CALIBRATION_EXAMPLES, folds)} labelled answers, got ${request.points.length}`);
   }
   const labelCount = request.type === "noul" ? 2 : request.labelCount;
+  if (request.type === "noul") checkNoulPoints(request.points);
+  else checkDistributionPoints(request.points, labelCount);
   const rows = request.points.map((point) => asRow(point));
   const fit = (subset: readonly Row[]): CalibrationParams => {
     switch (request.method) {

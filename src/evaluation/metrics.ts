@@ -112,10 +112,10 @@ export interface MetricsOptions {
   largestErrors?: number;
 }
 
-/** The bin of a probability: the number of inner edges k/10 strictly below it, so 0.1 is in the first bin and 1.0 in the last. */
+/** The bin of a probability in [0, 1]: the number of inner edges k/10 strictly below it, so 0.1 is in the first bin and 1.0 in the last. */
 export function binIndex(p: number): number {
   let bin = 0;
-  while (bin < RELIABILITY_BIN_COUNT - 1 && (bin + 1) / RELIABILITY_BIN_COUNT < p) bin++;
+  while ((bin + 1) / RELIABILITY_BIN_COUNT < p) bin++;
   return bin;
 }
 
@@ -146,7 +146,7 @@ export function reliability(confidences: readonly number[], outcomes: readonly b
 
 /** Noul metrics over the examples that label the question. */
 export function noulMetrics(points: readonly NoulPoint[], options: MetricsOptions = {}): NoulMetrics {
-  points.forEach((point, i) => checkProbability(point.probabilityTrue, `points[${i}].probabilityTrue`));
+  checkNoulPoints(points);
   const count = points.length;
   const p = points.map((point) => point.probabilityTrue);
   const y = points.map((point) => point.label);
@@ -226,11 +226,7 @@ export function scoreMetrics(points: readonly DistributionPoint[], labels: reado
 
 /** The metrics every distribution shares, with the predicted index (the first most probable). */
 function distributionMetrics(points: readonly DistributionPoint[], k: number) {
-  points.forEach((point, i) => {
-    if (point.probabilities.length !== k) throw new RangeError(`points[${i}].probabilities: expected ${k} probabilities, got ${point.probabilities.length}`);
-    point.probabilities.forEach((q, j) => checkProbability(q, `points[${i}].probabilities[${j}]`));
-    if (!Number.isInteger(point.label) || point.label < 0 || point.label >= k) throw new RangeError(`points[${i}].label: expected an index below ${k}, got ${point.label}`);
-  });
+  checkDistributionPoints(points, k);
   const count = points.length;
   const predicted = points.map((point) => argmax(point.probabilities));
   let right = 0;
@@ -259,7 +255,9 @@ function distributionMetrics(points: readonly DistributionPoint[], k: number) {
 /** The first index of the largest probability. */
 export function argmax(probabilities: readonly number[]): number {
   let best = 0;
-  for (let i = 1; i < probabilities.length; i++) if (probabilities[i]! > probabilities[best]!) best = i;
+  probabilities.forEach((q, i) => {
+    if (q > probabilities[best]!) best = i;
+  });
   return best;
 }
 
@@ -283,7 +281,8 @@ export function auroc(scores: readonly number[], labels: readonly boolean[]): nu
   let start = 0;
   while (start < order.length) {
     let end = start;
-    while (end + 1 < order.length && scores[order[end + 1]!] === scores[order[start]!]) end++;
+    // Past the end, scores[undefined] is undefined, which equals no score.
+    while (scores[order[end + 1]!] === scores[order[start]!]) end++;
     const averageRank = (start + end) / 2 + 1;
     for (let i = start; i <= end; i++) if (labels[order[i]!]) rankSum += averageRank;
     start = end + 1;
@@ -329,17 +328,31 @@ export function quantile(sorted: readonly number[], q: number): number {
   return sorted[below]! + (position - below) * (sorted[above]! - sorted[below]!);
 }
 
-/** The `limit` largest errors, largest first; equal errors keep input order. */
+/** The `limit` largest errors, largest first; equal errors keep input order (the sort is stable). */
 function largestErrors(points: readonly { exampleId?: string }[], errors: readonly number[], options: MetricsOptions): LargestError[] {
   const limit = options.largestErrors ?? LARGEST_ERRORS_DEFAULT;
   return errors
     .map((error, index) => ({ exampleId: points[index]!.exampleId ?? null, index, error }))
-    .sort((a, b) => b.error - a.error || a.index - b.index)
+    .sort((a, b) => b.error - a.error)
     .slice(0, limit);
 }
 
 function mean(sum: number, count: number): number | null {
   return count === 0 ? null : sum / count;
+}
+
+/** Throws a RangeError naming the first point whose probability is not in [0, 1]. */
+export function checkNoulPoints(points: readonly Pick<NoulPoint, "probabilityTrue">[]): void {
+  points.forEach((point, i) => checkProbability(point.probabilityTrue, `points[${i}].probabilityTrue`));
+}
+
+/** Throws a RangeError naming the first point with the wrong number of probabilities, one outside [0, 1], or a label that is no index below k. */
+export function checkDistributionPoints(points: readonly Pick<DistributionPoint, "probabilities" | "label">[], k: number): void {
+  points.forEach((point, i) => {
+    if (point.probabilities.length !== k) throw new RangeError(`points[${i}].probabilities: expected ${k} probabilities, got ${point.probabilities.length}`);
+    point.probabilities.forEach((q, j) => checkProbability(q, `points[${i}].probabilities[${j}]`));
+    if (!Number.isInteger(point.label) || point.label < 0 || point.label >= k) throw new RangeError(`points[${i}].label: expected an index below ${k}, got ${point.label}`);
+  });
 }
 
 function checkProbability(p: number, field: string): void {

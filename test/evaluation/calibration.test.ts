@@ -258,7 +258,26 @@ describe("folds and fitCalibration", () => {
     { name: "too few points", request: { type: "noul" as const, method: "platt" as const, points: noulPoints.slice(0, MIN_CALIBRATION_EXAMPLES - 1) }, message: "points: a fit needs at least 20" },
     { name: "more folds than points", request: { type: "noul" as const, method: "platt" as const, points: noulPoints.slice(0, 25), folds: 30 }, message: "points: a fit needs at least 30" },
     { name: "one fold", request: { type: "noul" as const, method: "platt" as const, points: noulPoints, folds: 1 }, message: "folds: expected an integer of at least 2" },
+    { name: "a fractional fold count", request: { type: "noul" as const, method: "platt" as const, points: noulPoints, folds: 2.5 }, message: "folds: expected an integer of at least 2" },
+    {
+      name: "a probability above 1",
+      request: { type: "noul" as const, method: "isotonic" as const, points: noulPoints.map((p, i) => (i === 7 ? { ...p, probabilityTrue: 1.5 } : p)) },
+      message: "points[7].probabilityTrue",
+    },
   ])("refuses $name", ({ request, message }) => {
     expect(() => fitCalibration(request)).toThrow(message);
+  });
+
+  it.each([
+    { name: "a label out of range", point: { probabilities: [0.5, 0.5], label: 2 }, message: "points[20].label" },
+    { name: "too few probabilities", point: { probabilities: [1], label: 0 }, message: "points[20].probabilities: expected 2" },
+  ])("refuses a distribution with $name, before any fit", ({ point, message }) => {
+    const points = [...Array.from({ length: 20 }, (_, i) => ({ probabilities: [0.6, 0.4], label: i % 2 })), point];
+    expect(() => fitCalibration({ type: "choice", method: "temperature", points, labelCount: 2 })).toThrow(message);
+    expect(() => fitCalibration({ type: "choice", method: "contextual", probes: [[0.5, 0.5]], points, labelCount: 2 })).toThrow(message);
+  });
+
+  it("refuses a contextual noul point that is no probability", () => {
+    expect(() => fitCalibration({ type: "noul", method: "contextual", probes: [[0.5, 0.5]], points: [{ probabilityTrue: -1, label: true }], labelCount: 2 })).toThrow("points[0].probabilityTrue");
   });
 });

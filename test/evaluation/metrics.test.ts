@@ -75,7 +75,8 @@ describe("noulMetrics", () => {
     { name: "a tie across classes counts a half", points: noul([[0.2, false], [0.2, true], [0.8, true]]), auroc: 0.75 },
     { name: "perfect ranking", points: noul([[0.4, false], [0.45, true]]), auroc: 1 },
     { name: "inverted ranking", points: noul([[0.9, false], [0.1, true]]), auroc: 0 },
-    { name: "one class only", points: noul([[0.9, true], [0.2, true]]), auroc: null },
+    { name: "true only", points: noul([[0.9, true], [0.2, true]]), auroc: null },
+    { name: "false only", points: noul([[0.9, false], [0.2, false]]), auroc: null },
   ])("AUROC, $name", ({ points, auroc: expected }) => {
     expect(noulMetrics(points).auroc).toBe(expected);
   });
@@ -110,9 +111,11 @@ describe("choiceMetrics", () => {
     // A tie predicts the first option, as numpy's argmax does.
     { probabilities: [0.4, 0.4, 0.2], label: 1, labelMass: 1, exampleId: "d" },
   ];
-  const m = choiceMetrics(points, ["red", "green", "blue"]);
+  // Computed inside each test, so mutation testing runs only the tests that reach a mutant.
+  const metrics = () => choiceMetrics(points, ["red", "green", "blue"]);
 
   it("accuracy and the confusion matrix (rows: labelled, columns: predicted)", () => {
+    const m = metrics();
     expect(m.accuracy).toBe(0.5);
     expect(m.options).toEqual(["red", "green", "blue"]);
     expect(m.confusion).toEqual([
@@ -123,14 +126,17 @@ describe("choiceMetrics", () => {
   });
 
   it("macro-F1: F1 per option 2/3, 0, 2/3", () => {
+    const m = metrics();
     expect(m.macroF1).toBeCloseTo(4 / 9, 12);
   });
 
   it("multi-class Brier sums the squared error over the options", () => {
+    const m = metrics();
     expect(m.brier).toBeCloseTo((0.14 + 0.78 + 0.26 + 0.56) / 4, 12);
   });
 
   it("log loss and top-label ECE", () => {
+    const m = metrics();
     expect(m.logLoss).toBeCloseTo(-(Math.log(0.7) + Math.log(0.3) + Math.log(0.6) + Math.log(0.4)) / 4, 12);
     // Confidences 0.7 (right), 0.5 (wrong), 0.6 (right), 0.4 (wrong), one bin each.
     expect(m.topLabelEce).toBeCloseTo((0.3 + 0.5 + 0.4 + 0.4) / 4, 12);
@@ -138,6 +144,7 @@ describe("choiceMetrics", () => {
   });
 
   it("label mass and the drill-down (error = 1 − p of the labelled option)", () => {
+    const m = metrics();
     expect(m.labelMass!.count).toBe(4);
     expect(m.labelMass!.mean).toBeCloseTo(0.775, 12);
     expect(m.largestErrors.map((e) => e.exampleId)).toEqual(["b", "d", "c", "a"]);
@@ -148,6 +155,7 @@ describe("choiceMetrics", () => {
     { name: "wrong length", point: { probabilities: [0.5, 0.5], label: 0 }, message: "points[0].probabilities: expected 3" },
     { name: "label out of range", point: { probabilities: [0.5, 0.5, 0], label: 3 }, message: "points[0].label" },
     { name: "fractional label", point: { probabilities: [0.5, 0.5, 0], label: 0.5 }, message: "points[0].label" },
+    { name: "negative label", point: { probabilities: [0.5, 0.5, 0], label: -1 }, message: "points[0].label" },
     { name: "negative probability", point: { probabilities: [0.5, -0.5, 1], label: 0 }, message: "points[0].probabilities[1]" },
   ])("refuses $name", ({ point, message }) => {
     expect(() => choiceMetrics([point], ["x", "y", "z"])).toThrow(message);
@@ -160,14 +168,23 @@ describe("scoreMetrics", () => {
     { probabilities: [0, 0, 0, 0.2, 0.8], label: 4 },
     { probabilities: [0.5, 0.5, 0, 0, 0], label: 3 },
   ];
-  const m = scoreMetrics(points, ["0", "1", "2", "3", "4"]);
+  const metrics = () => scoreMetrics(points, ["0", "1", "2", "3", "4"]);
 
   it("exact accuracy and mean absolute error in label steps (the most probable level)", () => {
+    const m = metrics();
     expect(m.exactAccuracy).toBeCloseTo(1 / 3, 12);
     expect(m.meanAbsoluteError).toBeCloseTo((1 + 0 + 3) / 3, 12);
   });
 
+  it("multi-class Brier and log loss (a zero for the label is clipped)", () => {
+    const m = metrics();
+    // Σ (p_k − onehot_k)²: 0.01 + 0.36 + 0.49 = 0.86; 0.04 + 0.04 = 0.08; 0.25 + 0.25 + 1 = 1.5.
+    expect(m.brier).toBeCloseTo((0.86 + 0.08 + 1.5) / 3, 12);
+    expect(m.logLoss).toBeCloseTo(-(Math.log(0.3) + Math.log(0.8) + Math.log(clippedRow([0.5, 0.5, 0, 0, 0])[3]!)) / 3, 12);
+  });
+
   it("top-label ECE, and the drill-down by expected distance in steps", () => {
+    const m = metrics();
     // Confidences 0.6 (wrong, bin 5), 0.8 (right, bin 7), 0.5 (wrong, bin 4).
     expect(m.topLabelEce).toBeCloseTo((0.6 + 0.2 + 0.5) / 3, 12);
     expect(m.largestErrors.map((e) => e.index)).toEqual([2, 0, 1]);
