@@ -1,15 +1,15 @@
 import { fromJson } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createKnex, migrate } from "../../src/db/database.js";
-import { createEvaluation } from "../../src/evaluation/evaluations.js";
-import { QuestionSchema } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
-import { balanceUnits, createTestAccount } from "../support/app.js";
-import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
-import { assertInvariants } from "../support/invariants.js";
-import { startPrivateCluster, type PrivateCluster } from "../support/private-cluster.js";
-import { startServiceProcess, type ServiceProcess } from "../support/process.js";
-import { waitFor } from "../support/wait.js";
+import { createKnex, migrate } from "../../../src/db/database.js";
+import { createEvaluation } from "../../../src/evaluation/evaluations.js";
+import { QuestionSchema } from "../../../src/gen/typesafe/decision/v1/decision_service_pb.js";
+import { balanceUnits, createTestAccount } from "../../support/app.js";
+import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, type FakeLlm } from "../../support/fake-llm.js";
+import { assertInvariants } from "../../support/invariants.js";
+import { startPrivateCluster, type PrivateCluster } from "../../support/private-cluster.js";
+import { startServiceProcess, type ServiceProcess } from "../../support/process.js";
+import { waitFor } from "../../support/wait.js";
 
 /**
  * Chaos for the evaluation runner: 500 examples run by a service process

@@ -1,15 +1,15 @@
 import { fromJson } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createEvaluation } from "../../src/evaluation/evaluations.js";
-import { cancelEvaluation, claimExamples, finishExample, releaseOrphanedExamples, type ClaimedExample } from "../../src/evaluation/store.js";
-import { QuestionSchema } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
-import { admitExampleHold } from "../../src/metering/evaluation-holds.js";
-import { decisionReserveUnits } from "../../src/metering/meter.js";
-import { balanceUnits, createTestAccount } from "../support/app.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { assertInvariants } from "../support/invariants.js";
-import { waitFor } from "../support/wait.js";
+import { createEvaluation } from "../../../src/evaluation/evaluations.js";
+import { cancelEvaluation, claimExamples, finishExample, releaseOrphanedExamples, type ClaimedExample } from "../../../src/evaluation/store.js";
+import { QuestionSchema } from "../../../src/gen/typesafe/decision/v1/decision_service_pb.js";
+import { admitExampleHold } from "../../../src/metering/evaluation-holds.js";
+import { decisionReserveUnits } from "../../../src/metering/meter.js";
+import { balanceUnits, createTestAccount } from "../../support/app.js";
+import { createTestDatabase, type TestDatabase } from "../../support/database.js";
+import { assertInvariants } from "../../support/invariants.js";
+import { waitFor } from "../../support/wait.js";
 
 /**
  * The runner's exactly-once rule on the store itself, with two replicas

@@ -1,11 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { balanceUnits, createTestAccount } from "../support/app.js";
-import { assertInvariants } from "../support/invariants.js";
-import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../support/fake-llm.js";
-import { waitFor } from "../support/wait.js";
-import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../account/support.js";
-import { decisionReserveUnits } from "../../src/metering/meter.js";
+import { createTestDatabase, type TestDatabase } from "../../support/database.js";
+import { balanceUnits, createTestAccount } from "../../support/app.js";
+import { assertInvariants } from "../../support/invariants.js";
+import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../../support/fake-llm.js";
+import { waitFor } from "../../support/wait.js";
+import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../../account/support.js";
+import { decisionReserveUnits } from "../../../src/metering/meter.js";
 
 /**
  * An evaluation end to end: the real service, a real fake upstream (the
