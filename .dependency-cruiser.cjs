@@ -32,6 +32,8 @@ const UPSTREAM = "^src/upstream/";
 const CALL = "^src/call/";
 /** The OpenAPI document describes the gateway, so it reads the gateway's path table. */
 const OPENAPI = "^src/openapi/";
+/** The evaluation math: pure functions of numbers, run by the evaluation runner and on the decision path alike. */
+const EVALUATION_MATH = "^src/evaluation/(metrics|calibration-fit|calibration-apply|seeded-random)\\.ts$";
 
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
@@ -93,6 +95,13 @@ module.exports = {
       comment: "upstream/ talks to the outside; what the answers mean is the features' business.",
       from: { path: UPSTREAM },
       to: { path: [FEATURES, METERING, STORE] },
+    },
+    {
+      name: "evaluation-math-pure",
+      severity: "error",
+      comment: "Metrics and calibration are pure math: they import only each other, so any room may use them and mutation testing covers them alone.",
+      from: { path: EVALUATION_MATH },
+      to: { pathNot: EVALUATION_MATH },
     },
     {
       name: "src-not-tests",

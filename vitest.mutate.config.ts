@@ -12,6 +12,9 @@ export default defineConfig({
       "test/db/{pooled-statement,statement-batcher}.test.ts",
       "test/decision/answer-math*.test.ts",
       "test/upstream/logprob-window.test.ts",
+      // The evaluation math: hand-worked tables, the synthetic proof and the docs' worked example (the scikit-learn comparison needs python, so it stays in the polyglot suite).
+      "test/evaluation/*.test.ts",
+      "test/docs/evaluations-doc.test.ts",
       // The account area's rules: in-process servers, so every mutant is live in them (the CLI's tests spawn processes, where none is).
       "test/account/{rules,account.security,account.surfaces,account.happy,team,two-factor,defects.security,keys-bounds,keys.limits,password-work,store,account.gateway,key-limits.rules,two-factor.store,member-removal}.test.ts",
     ],

@@ -3,7 +3,8 @@ import type { ConnectRouter } from "@connectrpc/connect";
 import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
 import { reachesWritableNode } from "./db/primary-client.js";
-import { createDecisionService } from "./decision/service.js";
+import { createDecisionEngines, createDecisionService } from "./decision/service.js";
+import { createEvaluationRunner, type EvaluationRunner } from "./evaluation/runner.js";
 import { createGateway, type DecisionsStatus } from "./gateway/gateway.js";
 import type { ModelPace } from "./upstream/model-pace.js";
 import { retryAfterSeconds, startEmbeddedModel, type EmbeddedModelHost, type SupervisorClock } from "./upstream/embedded-supervisor.js";
@@ -44,6 +45,7 @@ export interface App {
   database: Database;
   meter: Meter;
   deliverer: Deliverer;
+  evaluationRunner: EvaluationRunner;
   /** Graceful stop: drain in-flight calls within the grace period, then close the store. */
   stop(): Promise<void>;
 }
@@ -99,7 +101,16 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   // Without an upstream, decisions run on a model in this process, fetched and loaded while the service already serves.
   const embedded =
     config.llm.baseUrl === undefined && config.llm.embedded.enabled ? startEmbeddedModel(config.llm.embedded, config.dataDir, logger, { clock: overrides.modelClock, pace: overrides.modelPace }) : undefined;
-  const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics, embedded });
+  const engines = createDecisionEngines({ llm: config.llm, logger, metrics, embedded });
+  const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics, embedded, engines });
+  const evaluationRunner = createEvaluationRunner({
+    db,
+    engines,
+    config: config.evaluations,
+    requestTimeoutMs: config.llm.requestTimeoutMs,
+    leaseMarginMs: config.metering.leaseMarginMs,
+    logger,
+  });
   const search = createSearchService({ db, meter, config: config.search, logger, metrics });
 
   const observer = { logger, metrics };
@@ -118,6 +129,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     maxKeysPerAccount: config.account.maxKeysPerAccount,
     publicUrl: config.account.publicUrl,
     webhooks: { allowLoopback: config.webhooks.allowLoopback, wake: () => deliverer.wake() },
+    wakeEvaluationRunner: () => evaluationRunner.wake(),
   });
   const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
 
@@ -176,6 +188,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   usageRollup.start();
   deliverer.start();
   keyExpiryWatch.start();
+  evaluationRunner.start();
   logger.info("listening", { url: server.url, database: database.kind });
   logger.info("enabled", enabledSummary(config));
   // A development setting left on in production would let webhooks reach this machine's own services.
@@ -188,11 +201,12 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     database,
     meter,
     deliverer,
+    evaluationRunner,
     async stop() {
       logger.info("shutting down", { grace_ms: config.shutdownGraceMs });
       meter.beginShutdown();
       // A webhook in flight is abandoned and its lease given back: another replica sends it with the same webhook-id.
-      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop(), keyExpiryWatch.stop(), usageRollup.stop()]);
+      await Promise.all([server.close(config.shutdownGraceMs), deliverer.stop(), keyExpiryWatch.stop(), usageRollup.stop(), evaluationRunner.stop()]);
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();
       await meter.stop();

@@ -34,6 +34,15 @@ export interface Config {
   llm: LlmConfig;
   search: SearchConfig;
   webhooks: WebhookConfig;
+  evaluations: EvaluationConfig;
+}
+
+/** How this replica runs evaluations in the background. */
+export interface EvaluationConfig {
+  /** Examples this replica asks at once, over every evaluation: the API's calls keep the rest of the upstream's slots. */
+  examplesInFlight: number;
+  /** How often the runner looks for examples to run when nothing woke it. */
+  pollIntervalMs: number;
 }
 
 /** How the account's events are delivered to its webhook endpoints. */
@@ -331,6 +340,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, cwd = process.c
       keyExpiryCheckMs: int("TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS", 60_000, 10, 3_600_000),
       dnsServers: (str("TYPESAFE_WEBHOOK_DNS_SERVERS") ?? "").split(",").map((s) => s.trim()).filter((s) => s !== ""),
     },
+    evaluations: {
+      examplesInFlight: int("TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT", 4, 0, 64),
+      pollIntervalMs: int("TYPESAFE_EVALUATION_POLL_MS", 1_000, 10, 60_000),
+    },
   };
   if (problems.length > 0) throw new ConfigError(problems);
   return config;
@@ -445,6 +458,8 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_WEBHOOK_POLL_MS: "how often each replica looks for webhook deliveries that are due",
   TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS: "how often each replica records `key.expiring` for keys that expire within 7 days (each key once per expiry)",
   TYPESAFE_WEBHOOK_DNS_SERVERS: "DNS servers asked for webhook endpoint names (`host` or `host:port`, comma-separated); the system resolver when unset",
+  TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT: "evaluation examples this replica asks at once, over every evaluation (0: this replica runs none); the API's calls keep the rest of the upstream's slots ([evaluations.md](evaluations.md))",
+  TYPESAFE_EVALUATION_POLL_MS: "how often each replica looks for evaluation examples to run when nothing woke it",
   TYPESAFE_LLM_BASE_URL: "for example `http://127.0.0.1:8000/v1`; wins over the embedded model; unset: the embedded model answers",
   TYPESAFE_LLM_API_KEY: "sent as `Authorization: Bearer` to the upstream only",
   TYPESAFE_LLM_MODEL: "the upstream's model name",

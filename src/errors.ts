@@ -31,6 +31,7 @@ export const REASONS = {
   METHOD_NOT_ALLOWED: { grpc: Code.Unimplemented, http: 405, envelope: 40501, meaning: "The path does not accept this HTTP method." },
   IDEMPOTENCY_IN_PROGRESS: { grpc: Code.Aborted, http: 409, envelope: 40901, meaning: "A request with this Idempotency-Key is still in flight." },
   KEY_LIMIT_REACHED: { grpc: Code.FailedPrecondition, http: 409, envelope: 40902, meaning: "Account area: the account has as many live keys as it may; revoke one first." },
+  EVALUATION_STATE: { grpc: Code.FailedPrecondition, http: 409, envelope: 40903, meaning: "Account area: the evaluation's state does not allow this (resume a stopped one; delete one that is not running)." },
   INVITE_INVALID: { grpc: Code.FailedPrecondition, http: 410, envelope: 41001, meaning: "Account area: the invite is unknown, used or expired; ask an owner, an admin or the operator for a new one." },
   PAYLOAD_TOO_LARGE: { grpc: Code.ResourceExhausted, http: 413, envelope: 41301, meaning: "The body exceeds 96 KB." },
   UNSUPPORTED_MEDIA_TYPE: { grpc: Code.InvalidArgument, http: 415, envelope: 41501, meaning: "The body must be application/json." },
@@ -71,6 +72,7 @@ export const ACCOUNT_AREA_REASONS: ReadonlySet<Reason> = new Set<Reason>([
   "SIGN_IN_THROTTLED",
   "PASSWORD_CHECKS_BUSY",
   "KEY_LIMIT_REACHED",
+  "EVALUATION_STATE",
 ]);
 
 /**

@@ -72,6 +72,7 @@ import { addEndpoint, enableEndpoint, findEndpoint, listEndpoints, MAX_ENDPOINTS
 import { endpointUrlViolations } from "../webhooks/endpoint-url.js";
 import { readAlertSettings, setAlertSettings, type AlertSettings } from "../webhooks/events.js";
 import { thresholdViolations } from "../webhooks/thresholds.js";
+import { createEvaluationMethods } from "./evaluations.js";
 
 /** The longest key name. */
 export const MAX_KEY_NAME_CHARS = 64;
@@ -95,6 +96,8 @@ export interface AccountServiceDeps {
   maxKeysPerAccount: number;
   /** Whether endpoints may be on loopback (development only), and a nudge to the deliverer when something is due now. */
   webhooks: { allowLoopback: boolean; wake: () => void };
+  /** Tells this replica's evaluation runner that there is work now. */
+  wakeEvaluationRunner?: () => void;
 }
 
 /**
@@ -117,6 +120,8 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
   };
 
   return withStorableText({
+    ...createEvaluationMethods({ db, now, wakeRunner: deps.wakeEvaluationRunner ?? (() => {}) }),
+
     async acceptInvite(req, ctx) {
       const problem = passwordProblem(req.password);
       throwIfInvalid(problem ? [{ field: "password", rule: problem }] : []);
@@ -441,6 +446,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
           requestId: call.requestId,
           endpoint: call.endpoint,
           keyId: call.keyId,
+          evaluationId: call.evaluationId,
           funding: call.funding,
           reservedCredits: unitsToCredits(call.reservedUnits),
           chargedCredits: unitsToCredits(call.chargedUnits),

@@ -11,6 +11,7 @@ import { allowedMember } from "./access.js";
 import { kMember, openAccountDoor, type AccountDoorOptions } from "./door.js";
 import { checkedTime, usageFilter } from "./usage-query.js";
 import { createContextValues } from "@connectrpc/connect";
+import { csvField } from "../csv-field.js";
 
 /** Where the CSV download of ListUsage's rows is served. */
 export const USAGE_CSV_PATH = "/account/v1/usage.csv";
@@ -104,17 +105,8 @@ function csvLine(call: FinishedCall): string {
   return fields.map(csvField).join(",") + "\r\n";
 }
 
-/**
- * One field as RFC 4180 writes it: quoted when it holds a comma, semicolon
- * (some spreadsheets' separator), quote or line break, quotes doubled. Every
- * field a spreadsheet could read as a formula (=, +, -, @, tab or CR first)
- * is quoted with a leading apostrophe, as OWASP's CSV injection page says:
- * without exceptions, since "-1+1|cmd" starts like a number.
- */
-export function csvField(value: string): string {
-  const safe = /^[=+\-@\t\r]/.test(value) ? `'${value}` : value;
-  return /[",;\r\n]/.test(safe) || safe !== value ? `"${safe.replaceAll('"', '""')}"` : safe;
-}
+/** The usage CSV and the evaluation results CSV share one formula guard. */
+export { csvField };
 
 function queryDate(query: URLSearchParams, name: string): Date | undefined {
   const raw = query.get(name);

@@ -24,6 +24,10 @@ export const ACTIVITY_KINDS = [
   "webhook_secret_rotated",
   "webhook_endpoint_disabled",
   "webhook_endpoint_enabled",
+  "evaluation_created",
+  "evaluation_cancelled",
+  "evaluation_resumed",
+  "evaluation_deleted",
 ] as const;
 export type ActivityKind = (typeof ACTIVITY_KINDS)[number];
 

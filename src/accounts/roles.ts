@@ -1,7 +1,7 @@
 /**
  * A member's role decides what they may do in the account area. Owners do
  * everything; admins run the team (invite, remove, change roles) and keys;
- * members manage keys; viewers only read. Owners and admins set balance
+ * members manage keys and run evaluations; viewers only read. Owners and admins set balance
  * alerts and webhook endpoints. One table, read by the account
  * area and the operator CLI alike.
  */
@@ -9,7 +9,7 @@ export const ROLES = ["owner", "admin", "member", "viewer"] as const;
 export type Role = (typeof ROLES)[number];
 
 /** What a call of the account area asks to do. */
-export type Action = "read" | "manage_keys" | "manage_members" | "manage_alerts" | "require_two_factor";
+export type Action = "read" | "manage_keys" | "manage_members" | "manage_alerts" | "require_two_factor" | "run_evaluations";
 
 /** The roles allowed each action. */
 export const ALLOWED_ROLES: Readonly<Record<Action, readonly Role[]>> = {
@@ -18,6 +18,7 @@ export const ALLOWED_ROLES: Readonly<Record<Action, readonly Role[]>> = {
   manage_members: ["owner", "admin"],
   manage_alerts: ["owner", "admin"],
   require_two_factor: ["owner"],
+  run_evaluations: ["owner", "admin", "member"],
 };
 
 /** Each action's rule, as a refusal names it. */
@@ -27,6 +28,7 @@ export const ACTION_RULES: Readonly<Record<Action, string>> = {
   manage_members: "owners and admins invite, remove and change the roles of members",
   manage_alerts: "owners and admins set balance alerts and webhook endpoints",
   require_two_factor: "only owners require two-factor sign-in for the account",
+  run_evaluations: "owners, admins and members create, cancel, resume and delete evaluations (they spend the account's credits, as keys do); viewers only read",
 };
 
 /** The rule that keeps the owner role in owners' hands. */

@@ -24,6 +24,8 @@ import { addEndpoint, enableEndpoint, findEndpoint, listEndpoints, MAX_ENDPOINTS
 import { endpointUrlViolations } from "../webhooks/endpoint-url.js";
 import { readAlertSettings, setAlertSettings, type AlertSettings } from "../webhooks/events.js";
 import { thresholdViolations } from "../webhooks/thresholds.js";
+import { runEvals } from "./evals.js";
+import { UsageError } from "./usage-error.js";
 
 const USAGE = `usage: npm run --silent admin -- <command>
 
@@ -48,14 +50,16 @@ const USAGE = `usage: npm run --silent admin -- <command>
   webhooks remove|rotate|enable|test --account ID --endpoint ENDPOINT_ID
   webhooks deliveries --account ID [--limit N]
   webhooks replay --account ID --delivery DELIVERY_ID
+  evals create --account ID --questions FILE.json --file EXAMPLES.jsonl|.csv --cap C [--in-flight N] [--name N]
+  evals show --evaluation EVALUATION_ID       (or --account ID: the account's evaluations)
+  evals results --evaluation EVALUATION_ID [--csv]
+  evals cancel|resume|delete --evaluation EVALUATION_ID
 
 LIMITS: [--expires-at ISO-8601] [--scopes decisions,search] [--budget C --budget-period day|week|month|total]
         [--rate CALLS_PER_MINUTE]
 
 Prints one JSON object on stdout. Credits are decimals (1 credit = 1,000,000 input tokens).`;
 
-/** A mistake in the command line: exit code 2 and the message alone on stderr. */
-class UsageError extends Error {}
 
 /** The largest count the integer columns behind --free-requests and --limit hold. */
 const MAX_INTEGER_OPTION = 2_147_483_647;
@@ -82,7 +86,7 @@ async function main(argv: string[]): Promise<number> {
       publicUrlIsGuessed: !config.account.publicUrlConfigured,
       allowLoopbackWebhooks: config.webhooks.allowLoopback,
     });
-    process.stdout.write(JSON.stringify(output) + "\n");
+    process.stdout.write(typeof output === "string" ? output : JSON.stringify(output) + "\n");
     return 0;
   } finally {
     await store.close();
@@ -122,6 +126,12 @@ function parseCommandLine(argv: string[]) {
         url: { type: "string" },
         endpoint: { type: "string" },
         delivery: { type: "string" },
+        questions: { type: "string" },
+        file: { type: "string" },
+        cap: { type: "string" },
+        "in-flight": { type: "string" },
+        evaluation: { type: "string" },
+        csv: { type: "boolean" },
         help: { type: "boolean", short: "h" },
       },
     });
@@ -143,6 +153,7 @@ async function run(
   settings: { defaultFreeRequests: number; publicUrl: string; publicUrlIsGuessed: boolean; allowLoopbackWebhooks: boolean },
 ): Promise<unknown> {
   const now = new Date();
+  if (command.startsWith("evals ")) return runEvals(db, command, options, now);
   switch (command) {
     case "accounts create": {
       const account = await createAccount(db, {

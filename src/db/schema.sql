@@ -6,6 +6,18 @@
 --
 
 --
+-- Name: evaluation_admission; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.evaluation_admission AS (
+	outcome text,
+	request_id uuid,
+	reserved bigint,
+	available bigint,
+	cap_left bigint
+);
+
+--
 -- Name: metering_admission; Type: TYPE; Schema: public; Owner: -
 --
 
@@ -243,6 +255,111 @@ CREATE FUNCTION public.api_key_budget_events_v1() RETURNS trigger
         RETURN NEW;
       END
       $$;
+
+--
+-- Name: evaluation_admit_example(uuid, uuid, bigint, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.evaluation_admit_example(p_evaluation_id uuid, p_request_id uuid, p_reserve bigint, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS public.evaluation_admission
+    LANGUAGE plpgsql
+    AS $$
+  DECLARE
+    res evaluation_admission;
+    a accounts%ROWTYPE;
+    e evaluations%ROWTYPE;
+    v_account_id uuid;
+    v_now timestamptz;
+    v_status text;
+  BEGIN
+    IF p_reserve IS NULL OR p_reserve < 0 THEN
+      RAISE EXCEPTION 'evaluation_admit_example: reserve must be >= 0, got %', p_reserve USING ERRCODE = '22023';
+    END IF;
+    res.request_id := p_request_id;
+    SELECT account_id INTO v_account_id FROM evaluations WHERE id = p_evaluation_id;
+    IF NOT FOUND THEN
+      res.outcome := 'not_found';
+      RETURN res;
+    END IF;
+    SELECT * INTO a FROM accounts WHERE id = v_account_id FOR UPDATE;
+    SELECT * INTO e FROM evaluations WHERE id = p_evaluation_id FOR UPDATE;
+    v_now := coalesce(p_now, clock_timestamp());
+    PERFORM metering_expire_account(a.id, v_now);
+    SELECT * INTO a FROM accounts WHERE id = v_account_id;
+
+    SELECT status INTO v_status FROM requests WHERE id = p_request_id;
+    IF FOUND THEN
+      res.outcome := CASE WHEN v_status = 'active' THEN 'admitted' ELSE 'finished' END;
+    -- While the evaluation's own holds are out, a refusal only waits: they may give money back.
+    ELSIF e.charged_units + e.held_units + p_reserve > e.cap_units THEN
+      res.outcome := CASE WHEN e.held_units > 0 THEN 'wait' ELSE 'credit_cap' END;
+    ELSIF a.balance - a.reserved < p_reserve THEN
+      res.outcome := CASE WHEN e.held_units > 0 THEN 'wait' ELSE 'insufficient_balance' END;
+    ELSE
+      UPDATE accounts SET reserved = reserved + p_reserve WHERE id = a.id RETURNING * INTO a;
+      INSERT INTO requests (id, account_id, endpoint, funding, reserved, status, created_at, lease_expires_at, evaluation_id)
+      VALUES (p_request_id, a.id, 'decide', 'paid', p_reserve, 'active', v_now, 'infinity', e.id);
+      INSERT INTO ledger (account_id, request_id, kind, amount, free_units, at)
+      VALUES (a.id, p_request_id, 'hold', p_reserve, 0, v_now);
+      UPDATE evaluations SET held_units = held_units + p_reserve WHERE id = e.id RETURNING * INTO e;
+      res.outcome := 'admitted';
+    END IF;
+    res.reserved := p_reserve;
+    res.available := a.balance - a.reserved;
+    res.cap_left := e.cap_units - e.charged_units - e.held_units;
+    RETURN res;
+  END
+  $$;
+
+--
+-- Name: evaluation_resolve_example(uuid, boolean, bigint, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.evaluation_resolve_example(p_request_id uuid, p_success boolean, p_actual bigint, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(outcome text, charged bigint)
+    LANGUAGE plpgsql
+    AS $$
+  DECLARE
+    a accounts%ROWTYPE;
+    req requests%ROWTYPE;
+    v_now timestamptz;
+  BEGIN
+    IF p_success IS NULL OR p_actual IS NULL OR p_actual < 0 THEN
+      RAISE EXCEPTION 'evaluation_resolve_example: success and a charge >= 0 are required' USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO req FROM requests r WHERE r.id = p_request_id AND r.evaluation_id IS NOT NULL;
+    IF NOT FOUND THEN
+      RETURN QUERY SELECT 'not_found'::text, 0::bigint;
+      RETURN;
+    END IF;
+    PERFORM 1 FROM accounts WHERE id = req.account_id FOR UPDATE;
+    PERFORM 1 FROM evaluations WHERE id = req.evaluation_id FOR UPDATE;
+    v_now := coalesce(p_now, clock_timestamp());
+    UPDATE requests r
+       SET status = CASE WHEN p_success THEN 'settled' ELSE 'released' END,
+           charged = CASE WHEN p_success THEN least(p_actual, r.reserved) ELSE 0 END,
+           resolved_at = v_now
+     WHERE r.id = p_request_id AND r.status = 'active'
+    RETURNING r.* INTO req;
+    IF NOT FOUND THEN
+      SELECT * INTO req FROM requests WHERE id = p_request_id;
+      RETURN QUERY SELECT 'not_active'::text, req.charged::bigint;
+      RETURN;
+    END IF;
+    UPDATE accounts
+       SET reserved = reserved - req.reserved,
+           balance = balance - req.charged
+     WHERE id = req.account_id
+    RETURNING * INTO a;
+    INSERT INTO ledger (account_id, request_id, kind, amount, free_units, at,
+                        balance_after, available_after, free_remaining_after, free_available_after)
+    VALUES (a.id, req.id, CASE WHEN p_success THEN 'settle' ELSE 'release' END,
+            CASE WHEN p_success THEN req.charged ELSE req.reserved END, 0, v_now,
+            a.balance, a.balance - a.reserved, a.free_remaining, a.free_remaining - a.free_reserved);
+    UPDATE evaluations
+       SET held_units = held_units - req.reserved, charged_units = charged_units + req.charged
+     WHERE id = req.evaluation_id;
+    RETURN QUERY SELECT req.status::text, req.charged::bigint;
+  END
+  $$;
 
 --
 -- Name: metering_abandon(uuid, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
@@ -1216,6 +1333,60 @@ CREATE TABLE public.api_keys (
 );
 
 --
+-- Name: evaluation_examples; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.evaluation_examples (
+    evaluation_id uuid NOT NULL,
+    "position" integer NOT NULL,
+    state jsonb NOT NULL,
+    labels jsonb NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    request_id uuid,
+    lease_until timestamp with time zone,
+    lease_token uuid,
+    answers jsonb,
+    charged_units bigint,
+    error text DEFAULT ''::text NOT NULL,
+    upstream text,
+    prompt_version text,
+    finished_at timestamp with time zone,
+    CONSTRAINT evaluation_examples_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text])))
+);
+
+--
+-- Name: evaluations; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.evaluations (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    account_id uuid NOT NULL,
+    name text DEFAULT ''::text NOT NULL,
+    questions jsonb NOT NULL,
+    question_keys text[] NOT NULL,
+    state text DEFAULT 'running'::text NOT NULL,
+    stop_reason text DEFAULT ''::text NOT NULL,
+    cap_units bigint NOT NULL,
+    charged_units bigint DEFAULT 0 NOT NULL,
+    held_units bigint DEFAULT 0 NOT NULL,
+    examples_in_flight integer NOT NULL,
+    total integer NOT NULL,
+    done integer DEFAULT 0 NOT NULL,
+    failed integer DEFAULT 0 NOT NULL,
+    created_by text NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    running_since timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT evaluations_cap_units_check CHECK ((cap_units > 0)),
+    CONSTRAINT evaluations_charged_units_check CHECK ((charged_units >= 0)),
+    CONSTRAINT evaluations_examples_in_flight_check CHECK (((examples_in_flight >= 1) AND (examples_in_flight <= 8))),
+    CONSTRAINT evaluations_held_units_check CHECK ((held_units >= 0)),
+    CONSTRAINT evaluations_state_check CHECK ((state = ANY (ARRAY['running'::text, 'stopped'::text, 'cancelled'::text, 'finished'::text]))),
+    CONSTRAINT evaluations_total_check CHECK ((total > 0))
+);
+
+--
 -- Name: knex_migrations; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1399,6 +1570,7 @@ CREATE TABLE public.requests (
     request_hash bytea,
     response jsonb,
     key_id uuid,
+    evaluation_id uuid,
     CONSTRAINT requests_check CHECK (((charged)::bigint <= (reserved)::bigint)),
     CONSTRAINT requests_check1 CHECK ((((funding)::text = 'paid'::text) OR ((reserved)::bigint = 0)))
 );
@@ -1726,6 +1898,20 @@ ALTER TABLE public.api_keys
     ADD CONSTRAINT api_keys_scopes_known CHECK (((scopes <@ ARRAY['decisions'::text, 'search'::text]) AND (cardinality(scopes) > 0))) NOT VALID;
 
 --
+-- Name: evaluation_examples evaluation_examples_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.evaluation_examples
+    ADD CONSTRAINT evaluation_examples_pkey PRIMARY KEY (evaluation_id, "position");
+
+--
+-- Name: evaluations evaluations_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.evaluations
+    ADD CONSTRAINT evaluations_pkey PRIMARY KEY (id);
+
+--
 -- Name: knex_migrations_lock knex_migrations_lock_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1862,6 +2048,24 @@ CREATE INDEX api_keys_account_id ON public.api_keys USING btree (account_id);
 CREATE INDEX api_keys_expiring ON public.api_keys USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (revoked_at IS NULL));
 
 --
+-- Name: evaluation_examples_open; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX evaluation_examples_open ON public.evaluation_examples USING btree (evaluation_id, "position") WHERE (status = ANY (ARRAY['pending'::text, 'running'::text]));
+
+--
+-- Name: evaluations_account; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX evaluations_account ON public.evaluations USING btree (account_id, created_at DESC, id DESC);
+
+--
+-- Name: evaluations_running; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX evaluations_running ON public.evaluations USING btree (running_since) WHERE (state = 'running'::text);
+
+--
 -- Name: ledger_account_at; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1926,6 +2130,12 @@ CREATE INDEX requests_active_lease ON public.requests USING btree (lease_expires
 --
 
 CREATE INDEX requests_created_brin ON public.requests USING brin (created_at) WITH (autosummarize='on');
+
+--
+-- Name: requests_evaluation; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX requests_evaluation ON public.requests USING btree (evaluation_id) WHERE (evaluation_id IS NOT NULL);
 
 --
 -- Name: requests_idempotency; Type: INDEX; Schema: public; Owner: -
@@ -2025,6 +2235,20 @@ ALTER TABLE ONLY public.account_events
 
 ALTER TABLE ONLY public.api_keys
     ADD CONSTRAINT api_keys_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
+
+--
+-- Name: evaluation_examples evaluation_examples_evaluation_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.evaluation_examples
+    ADD CONSTRAINT evaluation_examples_evaluation_id_fkey FOREIGN KEY (evaluation_id) REFERENCES public.evaluations(id) ON DELETE CASCADE;
+
+--
+-- Name: evaluations evaluations_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.evaluations
+    ADD CONSTRAINT evaluations_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
 
 --
 -- Name: ledger ledger_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -160,8 +160,8 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
     const ask: Asker = {
       stateBlock: input.stateBlock,
       cacheKey,
-      // This request is one party of the fair share of upstream slots.
-      options: { signal: request.signal, deadlineMs: options.deadlineMs, party: {} },
+      // This request is one party of the fair share of upstream slots, unless the caller names one (the evaluation runner: all its examples are one).
+      options: { signal: request.signal, deadlineMs: options.deadlineMs, party: options.party ?? {} },
       labelsPerCall: Math.min(MAX_LABELS_PER_CALL, caps.topLogprobs),
     };
     const results = await Promise.all(

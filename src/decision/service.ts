@@ -39,6 +39,53 @@ export interface DecisionServiceDeps {
   /** The in-process model, used when `llm.baseUrl` is unset. */
   embedded?: EmbeddedModelHost;
   metrics?: Pick<Metrics, "recordLlmCall" | "recordDecision">;
+  /** The engines to answer with; built from `llm` / `llmClient` / `embedded` when absent (the app shares one with the evaluation runner). */
+  engines?: DecisionEngines;
+}
+
+/** The engine that answers decisions now, and what it runs on. */
+export interface DecisionEngines {
+  /** The engine over the upstream, or over the embedded model once it is loaded; undefined while there is none. */
+  current(): DecisionEngine | undefined;
+  /** The upstream model's name, or "embedded". */
+  upstream: string;
+  /** Whether decisions run on the model inside this process (whose deadline follows its queue). */
+  onEmbeddedModel: boolean;
+}
+
+/** One engine per process, shared by the API's decisions and the evaluation runner (one fair share of upstream slots). */
+export function createDecisionEngines(deps: Pick<DecisionServiceDeps, "llm" | "logger" | "llmClient" | "embedded" | "metrics">): DecisionEngines {
+  const { llm, logger, metrics, embedded } = deps;
+  const client = deps.llmClient ?? (llm.baseUrl !== undefined ? createLlmClient({ config: llm, logger, metrics }) : undefined);
+  const httpEngine = client ? createDecisionEngine({ llm: client, logger }) : undefined;
+  let embeddedEngine: { model: LlmClient; engine: DecisionEngine } | undefined;
+  return {
+    upstream: client ? llm.model : "embedded",
+    onEmbeddedModel: !client && embedded !== undefined,
+    current() {
+      if (httpEngine || !embedded) return httpEngine;
+      const model = embedded.model();
+      if (!model) return undefined;
+      if (embeddedEngine?.model !== model) embeddedEngine = { model, engine: createDecisionEngine({ llm: model, logger }) };
+      return embeddedEngine.engine;
+    },
+  };
+}
+
+/** The first question whose prompt (state included) is above the question budget: a decision refuses it before anything is held. */
+export function promptTooLong(stateBlock: string, questions: readonly QuestionSpec[]): { field: string; rule: string; message: string; tokens: number } | undefined {
+  for (const q of questions) {
+    const tokens = estimateTokens(firstCallMessages(stateBlock, q));
+    if (tokens > QUESTION_BUDGET_TOKENS) {
+      return {
+        field: pathOf("questions", q.key),
+        rule: `prompt at most ${QUESTION_BUDGET_TOKENS} tokens`,
+        message: `its prompt (state included) is about ${tokens} tokens, above ${QUESTION_BUDGET_TOKENS}`,
+        tokens,
+      };
+    }
+  }
+  return undefined;
 }
 
 /**
@@ -49,17 +96,8 @@ export interface DecisionServiceDeps {
  */
 export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<typeof DecisionService> {
   const { db, meter, llm, logger, metrics, embedded } = deps;
-  const client = deps.llmClient ?? (llm.baseUrl !== undefined ? createLlmClient({ config: llm, logger, metrics }) : undefined);
-  const httpEngine = client ? createDecisionEngine({ llm: client, logger }) : undefined;
-  let embeddedEngine: { model: LlmClient; engine: DecisionEngine } | undefined;
-  /** The engine over the upstream, or over the embedded model once it is loaded. */
-  const currentEngine = (): DecisionEngine | undefined => {
-    if (httpEngine || !embedded) return httpEngine;
-    const model = embedded.model();
-    if (!model) return undefined;
-    if (embeddedEngine?.model !== model) embeddedEngine = { model, engine: createDecisionEngine({ llm: model, logger }) };
-    return embeddedEngine.engine;
-  };
+  const engines = deps.engines ?? createDecisionEngines(deps);
+  const currentEngine = engines.current;
 
   return {
     async decide(request, ctx: HandlerContext) {
@@ -67,16 +105,13 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
       throwIfInvalid(validateDecideRequest(request));
       const questions = questionSpecs(request);
       const stateBlock = renderState(request.state!);
-      for (const q of questions) {
-        const tokens = estimateTokens(firstCallMessages(stateBlock, q));
-        if (tokens > QUESTION_BUDGET_TOKENS) {
-          const field = pathOf("questions", q.key);
-          throw apiError("INVALID_ARGUMENT", `${field}: its prompt (state included) is about ${tokens} tokens, above ${QUESTION_BUDGET_TOKENS}`, {
-            field,
-            rule: `prompt at most ${QUESTION_BUDGET_TOKENS} tokens`,
-            metadata: { estimated_tokens: String(tokens), max_tokens: String(QUESTION_BUDGET_TOKENS) },
-          });
-        }
+      const tooLong = promptTooLong(stateBlock, questions);
+      if (tooLong) {
+        throw apiError("INVALID_ARGUMENT", `${tooLong.field}: ${tooLong.message}`, {
+          field: tooLong.field,
+          rule: tooLong.rule,
+          metadata: { estimated_tokens: String(tooLong.tokens), max_tokens: String(QUESTION_BUDGET_TOKENS) },
+        });
       }
       const engine = currentEngine();
       if (!engine && embedded) {
@@ -95,7 +130,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
       // On the embedded model, the deadline is what the call's tokens and those queued ahead need (embedded-deadline.ts).
       let timeoutMs = llm.requestTimeoutMs;
       let giveBack: (() => void) | undefined;
-      const model = httpEngine ? undefined : embedded?.model();
+      const model = engines.onEmbeddedModel ? embedded?.model() : undefined;
       if (model && embedded) {
         const ownTokens = plannedTokens(
           questions.map((q) => model.promptTokens(firstCallMessages(stateBlock, q))),
@@ -182,7 +217,7 @@ function modelBusy(plan: Extract<EmbeddedDeadline, { run: false }>, ownTokens: n
 }
 
 /** The validated request as engine input, options in the documented canonical order. */
-function questionSpecs(request: DecideRequest): QuestionSpec[] {
+export function questionSpecs(request: DecideRequest): QuestionSpec[] {
   return Object.entries(request.questions).map(([key, q]): QuestionSpec => {
     const criteria = q.criteria?.kind;
     // Validation has refused every other type; one that slips past is a bug, never read as some other type.

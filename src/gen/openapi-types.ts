@@ -531,6 +531,109 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/account/v1/evaluations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** ListEvaluations lists the account's evaluations, newest first. */
+        get: operations["AccountService_ListEvaluations"];
+        put?: never;
+        /** CreateEvaluation stores a question set and its labelled examples (all or nothing; every bad example is named) and starts running them in the background, each as a metered decision charged to the account. */
+        post: operations["AccountService_CreateEvaluation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/evaluations/get": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** GetEvaluation reads one evaluation: its state and progress. */
+        post: operations["AccountService_GetEvaluation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/evaluations/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** CancelEvaluation stops an evaluation for good; examples in flight finish (and are charged), no new one starts. */
+        post: operations["AccountService_CancelEvaluation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/evaluations/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** ResumeEvaluation runs a stopped evaluation again from where it stopped, optionally with a new credit cap. */
+        post: operations["AccountService_ResumeEvaluation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/evaluations/delete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** DeleteEvaluation removes an evaluation that is not running, with its examples and results. What it was charged stays in the usage. */
+        post: operations["AccountService_DeleteEvaluation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/evaluations/results": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** GetEvaluationResults computes the metrics of each question over the examples that label it. */
+        post: operations["AccountService_GetEvaluationResults"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -1086,6 +1189,8 @@ export interface components {
             started_at?: string;
             /** Format: date-time */
             finished_at?: string;
+            /** @description The evaluation whose example this call was (no key then); empty for the API's calls. */
+            evaluation_id: string;
         };
         /** @description Also refused: `since` at or after `until`, and a `page_token` this service did not give. */
         "typesafe.account.v1.ListUsageRequest": {
@@ -1159,7 +1264,7 @@ export interface components {
         /** @description Something that happened to the account. */
         "typesafe.account.v1.ActivityEvent": {
             id: string;
-            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "key_limits_changed", "key_rolled", "credits_granted", "member_invited", "member_removed", "member_role_changed", "two_factor_enabled", "two_factor_disabled", "two_factor_required_changed", "alerts_set", "webhook_endpoint_added", "webhook_endpoint_removed", "webhook_secret_rotated", "webhook_endpoint_disabled", "webhook_endpoint_enabled". */
+            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "key_limits_changed", "key_rolled", "credits_granted", "member_invited", "member_removed", "member_role_changed", "two_factor_enabled", "two_factor_disabled", "two_factor_required_changed", "alerts_set", "webhook_endpoint_added", "webhook_endpoint_removed", "webhook_secret_rotated", "webhook_endpoint_disabled", "webhook_endpoint_enabled", "evaluation_created", "evaluation_cancelled", "evaluation_resumed", "evaluation_deleted". */
             kind: string;
             /** @description Who did it: a member's email, or "operator" for the CLI. */
             actor: string;
@@ -1386,6 +1491,195 @@ export interface components {
         "typesafe.account.v1.ReplayWebhookDeliveryResponse": Record<string, never>;
         "typesafe.account.v1.ReplayWebhookDeliveryRequest": {
             delivery_id?: string | null;
+        };
+        "typesafe.account.v1.CreateEvaluationResponse": {
+            evaluation?: components["schemas"]["typesafe.account.v1.Evaluation"];
+        };
+        /** @description An evaluation: a question set asked of labelled examples in the background. */
+        "typesafe.account.v1.Evaluation": {
+            id: string;
+            /** @description Optional, at most 100 characters. */
+            name: string;
+            /** @description "running", "stopped" (resume it), "cancelled" or "finished". */
+            state: string;
+            /** @description Why a stopped evaluation stopped: "INSUFFICIENT_BALANCE" or "CREDIT_CAP"; empty otherwise. */
+            stop_reason: string;
+            progress?: components["schemas"]["typesafe.account.v1.EvaluationProgress"];
+            /** @description The most its examples may be charged together. */
+            credit_cap_credits: number;
+            /** @description Charged so far. */
+            charged_credits: number;
+            /**
+             * Format: int32
+             * @description Examples asked at the same time (1 to 8).
+             */
+            examples_in_flight: number;
+            /** @description The question keys, in the order given. */
+            question_keys: string[];
+            /** @description Who created it: a member's email, or "operator" for the CLI. */
+            created_by: string;
+            /** Format: date-time */
+            created_at?: string;
+            /**
+             * Format: date-time
+             * @description When the last example finished or it was cancelled; absent before.
+             */
+            finished_at?: string;
+        };
+        /** @description How far an evaluation got. */
+        "typesafe.account.v1.EvaluationProgress": {
+            /** Format: int32 */
+            total: number;
+            /**
+             * Format: int32
+             * @description Examples answered and charged, failed ones included.
+             */
+            done: number;
+            /**
+             * Format: int32
+             * @description Examples whose decision failed (nothing charged for them).
+             */
+            failed: number;
+            /** @description Over the last minute of work; 0 before the first example. */
+            examples_per_second: number;
+            /** @description At that rate; absent while the rate is unknown or the evaluation is not running. */
+            seconds_left?: number;
+        };
+        "typesafe.account.v1.CreateEvaluationRequest": {
+            /** @description Optional, at most 100 characters. */
+            name?: string | null;
+            /** @description The questions, exactly as a decision's (1 to 40). */
+            questions?: {
+                [key: string]: components["schemas"]["typesafe.decision.v1.Question"];
+            } | null;
+            /** @description 1 to 10,000 examples. The JSON body is bounded (96 KB); larger sets go through the operator CLI. */
+            examples?: components["schemas"]["typesafe.account.v1.EvaluationExample"][] | null;
+            /** @description The most the examples may be charged together, above 0. */
+            credit_cap_credits?: (number | string) | null;
+            /** @description Examples asked at the same time, 1 to 8; 0 means 2. */
+            examples_in_flight?: (number | string) | null;
+        };
+        /** @description One labelled example. */
+        "typesafe.account.v1.EvaluationExample": {
+            /** @description The situation to judge, as a decision's state: a text or a JSON object. */
+            state?: unknown;
+            /** @description Question key -> the expected answer: true or false for noul, an option name for choice, a label for score. Any subset of the question keys. */
+            labels?: {
+                [key: string]: unknown;
+            } | null;
+        };
+        "typesafe.account.v1.ListEvaluationsResponse": {
+            /** @description Newest first. */
+            evaluations: components["schemas"]["typesafe.account.v1.Evaluation"][];
+            /** @description Empty on the last page. */
+            next_page_token: string;
+        };
+        "typesafe.account.v1.GetEvaluationResponse": {
+            evaluation?: components["schemas"]["typesafe.account.v1.Evaluation"];
+        };
+        "typesafe.account.v1.GetEvaluationRequest": {
+            evaluation_id?: string | null;
+        };
+        "typesafe.account.v1.CancelEvaluationResponse": {
+            evaluation?: components["schemas"]["typesafe.account.v1.Evaluation"];
+        };
+        "typesafe.account.v1.CancelEvaluationRequest": {
+            evaluation_id?: string | null;
+        };
+        "typesafe.account.v1.ResumeEvaluationResponse": {
+            evaluation?: components["schemas"]["typesafe.account.v1.Evaluation"];
+        };
+        "typesafe.account.v1.ResumeEvaluationRequest": {
+            evaluation_id?: string | null;
+            /** @description A new cap, at least what was charged; 0 keeps the cap. */
+            credit_cap_credits?: (number | string) | null;
+        };
+        "typesafe.account.v1.DeleteEvaluationResponse": Record<string, never>;
+        "typesafe.account.v1.DeleteEvaluationRequest": {
+            evaluation_id?: string | null;
+        };
+        "typesafe.account.v1.GetEvaluationResultsResponse": {
+            evaluation?: components["schemas"]["typesafe.account.v1.Evaluation"];
+            /** @description Question key -> its results. */
+            questions: {
+                [key: string]: components["schemas"]["typesafe.account.v1.QuestionResults"];
+            };
+            /** @description What answered: the model name of the contract, the upstream model (or "embedded"), and the prompt version; several joined by ", " when they changed mid-run. */
+            model: string;
+            upstream: string;
+            prompt_version: string;
+        };
+        /** @description The metrics of one question over the examples that label it and were answered. */
+        "typesafe.account.v1.QuestionResults": {
+            /** @description "noul", "choice" or "score". */
+            type: string;
+            /**
+             * Format: int32
+             * @description Examples that label this question.
+             */
+            labelled: number;
+            /**
+             * Format: int32
+             * @description Of those, answered (the metrics' count).
+             */
+            answered: number;
+            /** @description Metric name -> value; docs/evaluations.md names and defines each (accuracy, brier, log_loss, ece, auroc, macro_f1, mae_steps). */
+            metrics: {
+                [key: string]: number;
+            };
+            /** @description Reliability table (10 equal-width bins of the predicted probability: noul's P(true), the top label's otherwise). */
+            reliability: components["schemas"]["typesafe.account.v1.ReliabilityBin"][];
+            /** @description choice and score: the labels, in the order of the confusion matrix. */
+            labels: string[];
+            /** @description choice and score: one row per expected label, one count per predicted label. */
+            confusion: components["schemas"]["typesafe.account.v1.ConfusionRow"][];
+            /** @description How much of the model's probability the labels held (x_label_mass); absent when no answer reported it. */
+            label_mass?: components["schemas"]["typesafe.account.v1.LabelMassSummary"];
+            /** @description The examples with the largest errors, largest first (at most 20). */
+            largest_errors: components["schemas"]["typesafe.account.v1.ExampleError"][];
+        };
+        /** @description One bin of a reliability table: predictions with lower < p <= upper (the first bin also holds 0). */
+        "typesafe.account.v1.ReliabilityBin": {
+            lower: number;
+            upper: number;
+            /** Format: int32 */
+            count: number;
+            /** @description Mean predicted probability in the bin; absent when it is empty. */
+            mean_predicted?: number;
+            /** @description How often the predicted outcome was right in the bin; absent when it is empty. */
+            observed?: number;
+        };
+        "typesafe.account.v1.ConfusionRow": {
+            /** @description The expected label. */
+            label: string;
+            /** @description Counts per predicted label, in QuestionResults.labels order. */
+            counts: number[];
+        };
+        /** @description The spread of x_label_mass over the answers that reported it. */
+        "typesafe.account.v1.LabelMassSummary": {
+            /** Format: int32 */
+            count: number;
+            mean: number;
+            min: number;
+            p10: number;
+            median: number;
+            p90: number;
+            max: number;
+        };
+        "typesafe.account.v1.ExampleError": {
+            /**
+             * Format: int32
+             * @description 1-based position of the example in the uploaded set.
+             */
+            line: number;
+            /** @description The expected answer and the most probable one. */
+            expected: string;
+            predicted: string;
+            /** @description How wrong the answer was: noul |P(true) - label|; choice 1 - P(expected); score the expected distance in label steps. */
+            error: number;
+        };
+        "typesafe.account.v1.GetEvaluationResultsRequest": {
+            evaluation_id?: string | null;
         };
         /** @description ErrorDetail is attached to every error the service returns: as a typed detail on gRPC/Connect errors, and as `data` of the JSON envelope. */
         "typesafe.error.v1.ErrorDetail": {
@@ -1804,7 +2098,7 @@ export interface components {
                 };
             };
         };
-        /** @description KEY_LIMIT_REACHED: Account area: the account has as many live keys as it may; revoke one first. */
+        /** @description KEY_LIMIT_REACHED: Account area: the account has as many live keys as it may; revoke one first. EVALUATION_STATE: Account area: the evaluation's state does not allow this (resume a stopped one; delete one that is not running). */
         AccountError409: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1816,11 +2110,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 40902;
+                    code: 40902 | 40903;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "KEY_LIMIT_REACHED";
+                        reason?: "KEY_LIMIT_REACHED" | "EVALUATION_STATE";
                     };
                 };
             };
@@ -3573,6 +3867,331 @@ export interface operations {
                         /** @constant */
                         message: "ok";
                         data: components["schemas"]["typesafe.account.v1.ReplayWebhookDeliveryResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ListEvaluations: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The ListEvaluationsResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ListEvaluationsResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_CreateEvaluation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.CreateEvaluationRequest"];
+            };
+        };
+        responses: {
+            /** @description The CreateEvaluationResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.CreateEvaluationResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_GetEvaluation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.GetEvaluationRequest"];
+            };
+        };
+        responses: {
+            /** @description The GetEvaluationResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.GetEvaluationResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_CancelEvaluation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.CancelEvaluationRequest"];
+            };
+        };
+        responses: {
+            /** @description The CancelEvaluationResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.CancelEvaluationResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ResumeEvaluation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.ResumeEvaluationRequest"];
+            };
+        };
+        responses: {
+            /** @description The ResumeEvaluationResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ResumeEvaluationResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_DeleteEvaluation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.DeleteEvaluationRequest"];
+            };
+        };
+        responses: {
+            /** @description The DeleteEvaluationResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.DeleteEvaluationResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_GetEvaluationResults: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.GetEvaluationResultsRequest"];
+            };
+        };
+        responses: {
+            /** @description The GetEvaluationResultsResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.GetEvaluationResultsResponse"];
                     };
                 };
             };

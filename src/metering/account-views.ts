@@ -70,6 +70,8 @@ export interface FinishedCall {
   endpoint: Endpoint;
   /** Empty for calls admitted before keys were recorded on them. */
   keyId: string;
+  /** The evaluation whose example this call was; empty for the API's calls. */
+  evaluationId: string;
   funding: Funding;
   reservedUnits: number;
   chargedUnits: number;
@@ -103,7 +105,7 @@ export async function listFinishedCalls(
   page: { size: number; after?: CallCursor },
 ): Promise<{ calls: FinishedCall[]; more: boolean }> {
   const query = db("requests")
-    .select("id", "endpoint", "key_id", "funding", "reserved", "charged", "status", "created_at", "resolved_at")
+    .select("id", "endpoint", "key_id", "evaluation_id", "funding", "reserved", "charged", "status", "created_at", "resolved_at")
     .where({ account_id: accountId })
     .whereIn("status", FINISHED_STATUSES as unknown as string[]);
   applyFilter(query, filter);
@@ -117,6 +119,7 @@ export async function listFinishedCalls(
       requestId: row.id,
       endpoint: row.endpoint,
       keyId: row.key_id ?? "",
+      evaluationId: row.evaluation_id ?? "",
       funding: row.funding,
       reservedUnits: Number(row.reserved),
       chargedUnits: Number(row.charged),

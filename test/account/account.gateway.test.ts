@@ -272,6 +272,13 @@ describe("the OpenAPI document's account section", () => {
         "POST /account/v1/webhooks/test",
         "POST /account/v1/webhooks/deliveries",
         "POST /account/v1/webhooks/deliveries/replay",
+        "POST /account/v1/evaluations",
+        "GET /account/v1/evaluations",
+        "POST /account/v1/evaluations/get",
+        "POST /account/v1/evaluations/cancel",
+        "POST /account/v1/evaluations/resume",
+        "POST /account/v1/evaluations/delete",
+        "POST /account/v1/evaluations/results",
       ].sort(),
     );
     expect(document.components.securitySchemes.sessionCookie).toMatchObject({ type: "apiKey", in: "cookie", name: "typesafe_session" });

@@ -47,6 +47,8 @@ export async function startAccountApp(
     TYPESAFE_DB_POOL_MAX: database.isExternal ? "10" : "4",
     TYPESAFE_SEARCH_SOURCES: "none",
     TYPESAFE_LLM_EMBEDDED: "off",
+    // Nor run evaluations: on the shared embedded store, a runner would take other files' evaluations. A test that wants one says so.
+    TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT: "0",
     ...env,
     DATABASE_URL: database.url,
   });

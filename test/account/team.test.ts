@@ -86,6 +86,21 @@ const ACTIONS: Record<string, (client: AccountClient, t: Team) => Promise<unknow
   rotateWebhookSecret: async (c, t) => c.rotateWebhookSecret({ endpointId: await ownersEndpoint(t) }),
   enableWebhookEndpoint: async (c, t) => c.enableWebhookEndpoint({ endpointId: await ownersEndpoint(t) }),
   sendTestWebhook: async (c, t) => c.sendTestWebhook({ endpointId: await ownersEndpoint(t) }),
+  createEvaluation: (c) => c.createEvaluation(SMALL_EVALUATION),
+  listEvaluations: (c) => c.listEvaluations({}),
+  getEvaluation: async (c, t) => c.getEvaluation({ evaluationId: await ownersEvaluation(t) }),
+  getEvaluationResults: async (c, t) => c.getEvaluationResults({ evaluationId: await ownersEvaluation(t) }),
+  cancelEvaluation: async (c, t) => c.cancelEvaluation({ evaluationId: await ownersEvaluation(t) }),
+  deleteEvaluation: async (c, t) => c.deleteEvaluation({ evaluationId: await ownersEvaluation(t, true) }),
+  // A running evaluation cannot be resumed: an allowed role gets past the role check to EVALUATION_STATE.
+  resumeEvaluation: async (c, t) => {
+    const evaluationId = await ownersEvaluation(t);
+    return c.resumeEvaluation({ evaluationId }).catch(async (err: unknown) => {
+      const refused = await refusal(Promise.reject(err));
+      if (refused.reason === "EVALUATION_STATE") return "past the role check";
+      throw err;
+    });
+  },
   // No finished delivery to replay: an allowed role gets past the role check to NOT_FOUND.
   replayWebhookDelivery: (c) =>
     c.replayWebhookDelivery({ deliveryId: "1" }).catch(async (err: unknown) => {
@@ -93,6 +108,19 @@ const ACTIONS: Record<string, (client: AccountClient, t: Team) => Promise<unknow
       if (refused.reason === "NOT_FOUND") return "past the role check";
       throw err;
     }),
+};
+
+/** An owner's evaluation, cancelled when asked (so that it may be deleted); nothing runs it here (no upstream). */
+async function ownersEvaluation(t: Team, cancelled = false): Promise<string> {
+  const { evaluation } = await t.actors.owner.client.createEvaluation(SMALL_EVALUATION);
+  if (cancelled) await t.actors.owner.client.cancelEvaluation({ evaluationId: evaluation!.id });
+  return evaluation!.id;
+}
+
+const SMALL_EVALUATION = {
+  questions: { urgent: { type: "noul", instructions: "Is it urgent?" } },
+  examples: [{ state: { kind: { case: "stringValue" as const, value: "the site is down" } }, labels: { urgent: { kind: { case: "boolValue" as const, value: true } } } }],
+  creditCapCredits: 1,
 };
 
 /** A loopback address where nothing listens (the discard port). */
@@ -129,6 +157,13 @@ const ALLOWED: Record<string, readonly Role[]> = {
   enableWebhookEndpoint: ["owner", "admin"],
   sendTestWebhook: ["owner", "admin"],
   replayWebhookDelivery: ["owner", "admin"],
+  createEvaluation: ["owner", "admin", "member"],
+  listEvaluations: ROLES,
+  getEvaluation: ROLES,
+  getEvaluationResults: ROLES,
+  cancelEvaluation: ["owner", "admin", "member"],
+  resumeEvaluation: ["owner", "admin", "member"],
+  deleteEvaluation: ["owner", "admin", "member"],
 };
 
 /** The methods outside the matrix, and why: how a session starts or ends, and a member's own second factor. */
@@ -163,6 +198,10 @@ const ASKS_FOR: Record<string, string> = {
   enableWebhookEndpoint: "manage_alerts",
   sendTestWebhook: "manage_alerts",
   replayWebhookDelivery: "manage_alerts",
+  createEvaluation: "run_evaluations",
+  cancelEvaluation: "run_evaluations",
+  resumeEvaluation: "run_evaluations",
+  deleteEvaluation: "run_evaluations",
 };
 
 /** The rule each action's refusal names (docs/account-area.md). */
@@ -171,6 +210,7 @@ const RULE_OF: Record<string, string> = {
   manage_members: "owners and admins invite, remove and change the roles of members",
   manage_alerts: "owners and admins set balance alerts and webhook endpoints",
   require_two_factor: "only owners require two-factor sign-in for the account",
+  run_evaluations: "owners, admins and members create, cancel, resume and delete evaluations (they spend the account's credits, as keys do); viewers only read",
 };
 
 const MATRIX = Object.keys(ACTIONS).flatMap((action) => ROLES.map((role) => [action, role, ALLOWED[action]!.includes(role)] as const));

@@ -28,6 +28,8 @@ export async function startTestApp(
     TYPESAFE_SEARCH_SOURCES: "none",
     // Nor a model download: a test that wants the embedded model names its file.
     TYPESAFE_LLM_EMBEDDED: "off",
+    // Nor run evaluations: on the shared embedded store, a runner would take other files' evaluations. A test that wants one says so.
+    TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT: "0",
     ...env,
     DATABASE_URL: database.url,
   });

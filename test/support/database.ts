@@ -29,6 +29,8 @@ export interface TestDatabaseOptions {
   sweepsEveryAccount?: boolean;
   /** The file changes the schema's bookkeeping (knex's migration tables): a store of its own, as above. */
   changesSchema?: boolean;
+  /** The file runs or claims evaluations, and a runner takes those of every account on its store: a store of its own, as above. */
+  runsEvaluations?: boolean;
 }
 
 /**
@@ -38,7 +40,7 @@ export interface TestDatabaseOptions {
  */
 export async function createTestDatabase(poolMax = 10, options: TestDatabaseOptions = {}): Promise<TestDatabase> {
   const serverUrl = process.env.DATABASE_URL;
-  if (!serverUrl && (options.sweepsEveryAccount || options.changesSchema)) return createPrivateEmbeddedDatabase();
+  if (!serverUrl && (options.sweepsEveryAccount || options.changesSchema || options.runsEvaluations)) return createPrivateEmbeddedDatabase();
   if (!serverUrl) {
     const url = inject("embeddedDatabaseUrl");
     const db = createKnex(url, 1);

@@ -7,7 +7,7 @@ import { expect } from "vitest";
  * fails when any code path lets them drift:
  *   I1 balance = Σ grants − Σ settled charges (ledger and requests agree)
  *   I2 nothing negative; reserved ≤ balance; free held ≤ free remaining
- *   I3 reserved / free_reserved / in_flight = the sums over active holds; in_flight ≤ max
+ *   I3 reserved / free_reserved = the sums over active holds; in_flight = the active holds of calls (an evaluation example's hold counts in reserved only); in_flight ≤ max
  *   I4 each request: one hold entry, one terminal entry matching its status, charged ≤ reserved
  *   I5 a settle or release entry records the balance and free requests the ledger sums to up to it
  *   I6 free_remaining = Σ free grants − settled free requests
@@ -34,7 +34,7 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     await db.raw<{ rows: { reserved: number; free_held: number; active: number; charged: number; free_settled: number }[] }>(
       `SELECT coalesce(sum(reserved) FILTER (WHERE status = 'active' AND funding = 'paid'), 0)::bigint AS reserved,
               count(*) FILTER (WHERE status = 'active' AND funding = 'free')::int AS free_held,
-              count(*) FILTER (WHERE status = 'active')::int AS active,
+              count(*) FILTER (WHERE status = 'active' AND evaluation_id IS NULL)::int AS active,
               coalesce(sum(charged) FILTER (WHERE status = 'settled'), 0)::bigint AS charged,
               count(*) FILTER (WHERE status = 'settled' AND funding = 'free')::int AS free_settled
          FROM requests WHERE account_id = ?`,
@@ -80,12 +80,12 @@ export async function assertInvariants(db: Knex | Knex.Transaction, accountId: s
     )
   ).rows;
 
-  // I7: the most admissions in any rolling window ending at an admission.
+  // I7: the most admissions of calls in any rolling window ending at an admission (an evaluation's examples are outside the rolling minute).
   const busiest = (
     await db.raw<{ rows: { most: number }[] }>(
       `SELECT coalesce(max(c), 0)::int AS most FROM (
          SELECT count(*) OVER (ORDER BY created_at RANGE BETWEEN ?::interval PRECEDING AND CURRENT ROW) AS c
-           FROM requests WHERE account_id = ?) w`,
+           FROM requests WHERE account_id = ? AND evaluation_id IS NULL) w`,
       [`${account.rate_window_ms - 1} milliseconds`, accountId],
     )
   ).rows[0]!;

@@ -20,6 +20,9 @@ import { recordKeyEvents } from "./20261127141000_record_key_events.js";
 import { indexExpiringKeys } from "./20261127141100_index_expiring_keys.js";
 import { createUsageRollup } from "./20261127142000_create_usage_rollup.js";
 import { indexRequestsByCreation } from "./20261127142100_index_requests_by_creation.js";
+import { recordEvaluationOfEachCall } from "./20261128015900_record_evaluation_of_each_call.js";
+import { createEvaluations } from "./20261128020000_create_evaluations.js";
+import { indexRequestsByEvaluation } from "./20261128020100_index_requests_by_evaluation.js";
 
 /**
  * The migrations applied and recorded by knex, in order; frozen. Listed statically so that they load the same way
@@ -67,4 +70,7 @@ export const schemaMigrations: readonly SchemaMigration[] = [
   indexExpiringKeys,
   createUsageRollup,
   indexRequestsByCreation,
+  recordEvaluationOfEachCall,
+  createEvaluations,
+  indexRequestsByEvaluation,
 ];

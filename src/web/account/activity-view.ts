@@ -23,6 +23,10 @@ const KIND_TEXT: Record<string, string> = {
   webhook_secret_rotated: "rotated a webhook secret",
   webhook_endpoint_disabled: "disabled a webhook endpoint",
   webhook_endpoint_enabled: "enabled a webhook endpoint",
+  evaluation_created: "started an evaluation",
+  evaluation_cancelled: "cancelled an evaluation",
+  evaluation_resumed: "resumed an evaluation",
+  evaluation_deleted: "deleted an evaluation",
 };
 
 /** What the activity view needs from the page. */

@@ -15,10 +15,11 @@ import { createSecurityView } from "./security-view.js";
 import { createTeamView } from "./team-view.js";
 import { createUsageView } from "./usage-view.js";
 import { createAlertsView } from "./alerts-view.js";
+import { createEvaluationsView } from "./evaluations-view.js";
 
-type SignedInView = "overview" | "keys" | "usage" | "alerts" | "activity" | "team" | "security";
+type SignedInView = "overview" | "keys" | "usage" | "alerts" | "evaluations" | "activity" | "team" | "security";
 type View = "loading" | "sign-in" | "second-step" | "invite" | SignedInView;
-const SIGNED_IN_VIEWS: SignedInView[] = ["overview", "keys", "usage", "alerts", "activity", "team", "security"];
+const SIGNED_IN_VIEWS: SignedInView[] = ["overview", "keys", "usage", "alerts", "evaluations", "activity", "team", "security"];
 const ALL_VIEWS: View[] = ["loading", "sign-in", "second-step", "invite", ...SIGNED_IN_VIEWS];
 const MIN_PASSWORD_CHARS = 12;
 
@@ -47,6 +48,7 @@ const securityView = createSecurityView({
   },
 });
 const alertsView = createAlertsView({ client, fail, onAccount: showAccount });
+const evaluationsView = createEvaluationsView({ client, fail });
 
 /** Shows one view, marks its nav link, and moves focus to its heading when the reader asked for it. */
 function show(view: View, focus: boolean): void {
@@ -93,6 +95,7 @@ async function route(focus: boolean): Promise<void> {
       await usageView.load();
     }
     if (view === "alerts") await alertsView.load();
+    if (view === "evaluations") await evaluationsView.load();
     if (view === "activity") await activityView.load();
     if (view === "team") await teamView.load();
     if (view === "security") await securityView.load();
@@ -136,6 +139,7 @@ function toSignIn(message: string): void {
   teamView.clear();
   securityView.clear();
   alertsView.clear();
+  evaluationsView.clear();
   byId("low-balance", HTMLElement).hidden = true;
   keyNames.clear();
   me = undefined;

@@ -1,0 +1,208 @@
+import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
+import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
+import { parse as parseCsv } from "csv-parse/sync";
+import { SUPPORTED_MODEL, validateDecideRequest } from "../decision/validate.js";
+import { promptTooLong, questionSpecs } from "../decision/service.js";
+import { renderState } from "../decision/prompt.js";
+import type { QuestionSpec } from "../decision/engine.js";
+import { DecideRequestSchema, type Question } from "../gen/typesafe/decision/v1/decision_service_pb.js";
+import { create } from "@bufbuild/protobuf";
+import { pathOf, type Violation } from "../validation.js";
+
+/** Examples one evaluation may hold. */
+export const MAX_EXAMPLES = 10_000;
+/** The longest line of an examples file (a state is at most a prompt's budget, far below this). */
+export const MAX_LINE_BYTES = 512 * 1024;
+
+/** One example as the caller sent it, with the 1-based line (or position) it came from. */
+export interface ExampleInput {
+  line: number;
+  state: Value | undefined;
+  labels: Record<string, Value>;
+}
+
+/** One example ready to store: the state as JSON, and each label as a boolean or a text. */
+export interface ValidExample {
+  position: number;
+  state: JsonValue;
+  labels: Record<string, boolean | string>;
+}
+
+/** A broken rule of an examples set: the line, the field on that line, the rule. */
+export interface ExampleViolation extends Violation {
+  /** 0 for the question set or the set as a whole. */
+  line: number;
+}
+
+/**
+ * Checks a question set and its examples as a decision would check them (the
+ * same validation, the same prompt-size rule, the same field names), plus the
+ * labels: each names a question key and holds an answer that question can
+ * give. Every violation is reported, each with its line; nothing is valid
+ * unless all are.
+ */
+export function validateEvaluation(
+  questions: Record<string, Question>,
+  examples: readonly ExampleInput[],
+): { questions: QuestionSpec[]; examples: ValidExample[]; violations: ExampleViolation[] } {
+  const violations: ExampleViolation[] = [];
+  const questionViolations = validateDecideRequest(create(DecideRequestSchema, { model: SUPPORTED_MODEL, questions, state: { kind: { case: "stringValue", value: "-" } } }));
+  for (const v of questionViolations) violations.push({ line: 0, ...v });
+  if (examples.length < 1 || examples.length > MAX_EXAMPLES) {
+    violations.push({ line: 0, field: "examples", rule: `must hold 1 to ${MAX_EXAMPLES} examples, got ${examples.length}` });
+  }
+  if (questionViolations.length > 0) return { questions: [], examples: [], violations };
+  const specs = questionSpecs(create(DecideRequestSchema, { questions }));
+  const byKey = new Map(specs.map((spec) => [spec.key, spec]));
+  const valid: ValidExample[] = [];
+  for (const example of examples) {
+    const before = violations.length;
+    for (const v of validateDecideRequest(create(DecideRequestSchema, { model: SUPPORTED_MODEL, questions, state: example.state }))) {
+      if (!v.field.startsWith("questions")) violations.push({ line: example.line, ...v });
+    }
+    if (violations.length === before) {
+      const tooLong = promptTooLong(renderState(example.state!), specs);
+      if (tooLong) violations.push({ line: example.line, field: "state", rule: `with ${tooLong.field}, ${tooLong.message}` });
+    }
+    const labels: Record<string, boolean | string> = {};
+    const keys = Object.keys(example.labels);
+    if (keys.length === 0) violations.push({ line: example.line, field: "labels", rule: "must label at least one question" });
+    for (const key of keys) {
+      const field = pathOf("labels", key);
+      const spec = byKey.get(key);
+      if (!spec) {
+        violations.push({ line: example.line, field, rule: `not a question key (${[...byKey.keys()].join(", ")})` });
+        continue;
+      }
+      const label = labelOf(spec, example.labels[key]!);
+      if (typeof label === "object") violations.push({ line: example.line, field, rule: label.rule });
+      else labels[key] = label;
+    }
+    if (violations.length === before) valid.push({ position: example.line, state: toJson(ValueSchema, example.state!), labels });
+  }
+  return { questions: specs, examples: violations.length === 0 ? valid : [], violations };
+}
+
+/** The expected answer a label gives, or the rule it breaks. */
+function labelOf(spec: QuestionSpec, value: Value): boolean | string | { rule: string } {
+  const kind = value.kind;
+  switch (spec.type) {
+    case "noul":
+      return kind.case === "boolValue" ? kind.value : { rule: "a noul label must be true or false" };
+    case "choice":
+      return kind.case === "stringValue" && spec.options.includes(kind.value) ? kind.value : { rule: `must be one of the options: ${listed(spec.options)}` };
+    case "score":
+      return kind.case === "stringValue" && spec.labels.includes(kind.value) ? kind.value : { rule: `must be one of the labels: ${listed(spec.labels)}` };
+  }
+}
+
+function listed(names: readonly string[]): string {
+  const shown = names.slice(0, 10).map((n) => JSON.stringify(n));
+  return names.length > 10 ? `${shown.join(", ")}, … (${names.length} in all)` : shown.join(", ");
+}
+
+/**
+ * Reads an examples file: JSON Lines (`{"state": …, "labels": {"key": …}}`
+ * per line) or CSV (a header `state,<key>,<key>…`; an empty cell labels
+ * nothing; `true`/`false` for noul; a state cell that is a JSON object is read
+ * as one). Blank lines are skipped; line numbers are the file's.
+ */
+export function parseExamplesFile(text: string, format: "jsonl" | "csv", questions: Record<string, Question>): { examples: ExampleInput[]; violations: ExampleViolation[] } {
+  return format === "jsonl" ? parseJsonLines(text) : parseCsvExamples(text, questions);
+}
+
+function parseJsonLines(text: string): { examples: ExampleInput[]; violations: ExampleViolation[] } {
+  const examples: ExampleInput[] = [];
+  const violations: ExampleViolation[] = [];
+  const lines = text.split("\n");
+  for (const [index, raw] of lines.entries()) {
+    const line = index + 1;
+    if (raw.trim() === "") continue;
+    if (examples.length + violations.length >= MAX_EXAMPLES + 1) {
+      violations.push({ line, field: "examples", rule: `at most ${MAX_EXAMPLES} examples` });
+      break;
+    }
+    if (Buffer.byteLength(raw) > MAX_LINE_BYTES) {
+      violations.push({ line, field: "", rule: `a line is at most ${MAX_LINE_BYTES} bytes` });
+      continue;
+    }
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(raw);
+    } catch {
+      violations.push({ line, field: "", rule: "must be one JSON object" });
+      continue;
+    }
+    const example = exampleFromJson(parsed, line);
+    if ("rule" in example) violations.push(example);
+    else examples.push(example);
+  }
+  return { examples, violations };
+}
+
+/** A JSON example (`{state, labels}`) as protobuf Values, or the rule its shape breaks. */
+export function exampleFromJson(parsed: unknown, line: number): ExampleInput | ExampleViolation {
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return { line, field: "", rule: "must be a JSON object with state and labels" };
+  const { state, labels, ...rest } = parsed as Record<string, unknown>;
+  const extra = Object.keys(rest)[0];
+  if (extra !== undefined) return { line, field: extra, rule: "unknown field: an example has state and labels" };
+  if (typeof labels !== "object" || labels === null || Array.isArray(labels)) return { line, field: "labels", rule: "must be an object of question key to expected answer" };
+  try {
+    const values: Record<string, Value> = {};
+    for (const [key, label] of Object.entries(labels)) values[key] = fromJson(ValueSchema, label as JsonValue);
+    return { line, state: state === undefined ? undefined : fromJson(ValueSchema, state as JsonValue), labels: values };
+  } catch {
+    return { line, field: "state", rule: "must be valid JSON values" };
+  }
+}
+
+function parseCsvExamples(text: string, questions: Record<string, Question>): { examples: ExampleInput[]; violations: ExampleViolation[] } {
+  let records: Array<{ record: string[]; info: { lines: number } }>;
+  try {
+    records = parseCsv(text, { info: true, relax_column_count: true, skip_empty_lines: true, bom: true }) as unknown as Array<{ record: string[]; info: { lines: number } }>;
+  } catch (err) {
+    const line = typeof err === "object" && err !== null && "lines" in err ? Number((err as { lines: number }).lines) : 0;
+    return { examples: [], violations: [{ line, field: "", rule: "not valid CSV (RFC 4180): check the quotes" }] };
+  }
+  const header = records[0]?.record;
+  if (!header || header[0] !== "state") return { examples: [], violations: [{ line: 1, field: "", rule: "the header must start with state, then question keys" }] };
+  const violations: ExampleViolation[] = [];
+  for (const key of header.slice(1)) {
+    if (!Object.hasOwn(questions, key)) violations.push({ line: 1, field: key, rule: "not a question key" });
+  }
+  if (records.length - 1 > MAX_EXAMPLES) violations.push({ line: records[MAX_EXAMPLES + 1]!.info.lines, field: "examples", rule: `at most ${MAX_EXAMPLES} examples` });
+  if (violations.length > 0) return { examples: [], violations };
+  const examples: ExampleInput[] = [];
+  for (const { record, info } of records.slice(1)) {
+    const line = info.lines;
+    if (record.length !== header.length) {
+      violations.push({ line, field: "", rule: `has ${record.length} cells; the header has ${header.length}` });
+      continue;
+    }
+    const labels: Record<string, Value> = {};
+    for (const [i, key] of header.entries()) {
+      if (i === 0 || record[i] === "") continue;
+      const cell = record[i]!;
+      const type = questions[key]!.type;
+      labels[key] = fromJson(ValueSchema, type === "noul" && (cell === "true" || cell === "false") ? cell === "true" : cell);
+    }
+    examples.push({ line, state: stateCell(record[0]!), labels });
+  }
+  return { examples, violations };
+}
+
+function stringValue(text: string): Value {
+  return fromJson(ValueSchema, text);
+}
+
+/** A state cell: a JSON object when it reads as one, the text otherwise. */
+function stateCell(cell: string): Value {
+  if (cell.trimStart().startsWith("{")) {
+    try {
+      return fromJson(ValueSchema, JSON.parse(cell) as JsonValue);
+    } catch {
+      return stringValue(cell);
+    }
+  }
+  return stringValue(cell);
+}
