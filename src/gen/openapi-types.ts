@@ -1578,25 +1578,25 @@ export interface components {
             evaluation?: components["schemas"]["typesafe.account.v1.Evaluation"];
         };
         "typesafe.account.v1.GetEvaluationRequest": {
-            evaluation_id?: string | null;
+            evaluation_id: string;
         };
         "typesafe.account.v1.CancelEvaluationResponse": {
             evaluation?: components["schemas"]["typesafe.account.v1.Evaluation"];
         };
         "typesafe.account.v1.CancelEvaluationRequest": {
-            evaluation_id?: string | null;
+            evaluation_id: string;
         };
         "typesafe.account.v1.ResumeEvaluationResponse": {
             evaluation?: components["schemas"]["typesafe.account.v1.Evaluation"];
         };
         "typesafe.account.v1.ResumeEvaluationRequest": {
-            evaluation_id?: string | null;
+            evaluation_id: string;
             /** @description A new cap, at least what was charged; 0 keeps the cap. */
             credit_cap_credits?: (number | string) | null;
         };
         "typesafe.account.v1.DeleteEvaluationResponse": Record<string, never>;
         "typesafe.account.v1.DeleteEvaluationRequest": {
-            evaluation_id?: string | null;
+            evaluation_id: string;
         };
         "typesafe.account.v1.GetEvaluationResultsResponse": {
             evaluation?: components["schemas"]["typesafe.account.v1.Evaluation"];
@@ -1679,7 +1679,7 @@ export interface components {
             error: number;
         };
         "typesafe.account.v1.GetEvaluationResultsRequest": {
-            evaluation_id?: string | null;
+            evaluation_id: string;
         };
         /** @description ErrorDetail is attached to every error the service returns: as a typed detail on gRPC/Connect errors, and as `data` of the JSON envelope. */
         "typesafe.error.v1.ErrorDetail": {

@@ -393,6 +393,9 @@ function scalarSchema(scalar: ScalarType): JsonSchema {
   }
 }
 
+/** A float or double sent as a string (protobuf-es reads it with Number() once it has no surrounding blanks). */
+const DECIMAL_STRING = "^(NaN|-?Infinity|[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?|0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+)$";
+
 /** A scalar as proto3 JSON reads it: numbers may also come as decimal strings. */
 function inputScalarSchema(scalar: ScalarType): JsonSchema {
   switch (scalar) {
@@ -402,7 +405,8 @@ function inputScalarSchema(scalar: ScalarType): JsonSchema {
       return scalarSchema(scalar);
     case ScalarType.DOUBLE:
     case ScalarType.FLOAT:
-      return { type: ["number", "string"] };
+      // The strings a decoder reads as a number: a JavaScript numeric literal, or the three named values.
+      return { type: ["number", "string"], pattern: DECIMAL_STRING };
     default:
       return { type: ["integer", "string"], pattern: "^-?[0-9]+$" };
   }

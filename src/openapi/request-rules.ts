@@ -26,6 +26,11 @@ import {
   ListUsageRequestSchema,
   RollKeyRequestSchema,
   SignInRequestSchema,
+  GetEvaluationRequestSchema,
+  CancelEvaluationRequestSchema,
+  ResumeEvaluationRequestSchema,
+  DeleteEvaluationRequestSchema,
+  GetEvaluationResultsRequestSchema,
 } from "../gen/typesafe/account/v1/account_service_pb.js";
 import { KEY_BUDGET_PERIODS, KEY_SCOPES, MAX_ROLL_GRACE_SECONDS } from "../accounts/key-limits.js";
 
@@ -186,6 +191,11 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
     fields: { page_size: PAGE_SIZE },
     alsoRefused: PAGE_TOKEN_RULE,
   },
+  [GetEvaluationRequestSchema.typeName]: { required: ["evaluation_id"] },
+  [CancelEvaluationRequestSchema.typeName]: { required: ["evaluation_id"] },
+  [ResumeEvaluationRequestSchema.typeName]: { required: ["evaluation_id"], fields: { credit_cap_credits: { minimum: 0 } } },
+  [DeleteEvaluationRequestSchema.typeName]: { required: ["evaluation_id"] },
+  [GetEvaluationResultsRequestSchema.typeName]: { required: ["evaluation_id"] },
 };
 
 /** A question is one shape per type of QUESTION_TYPES, told apart by `type`: criteria belong to choice and score only. */
