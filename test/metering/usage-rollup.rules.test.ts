@@ -116,6 +116,12 @@ describe("rolling", () => {
     expect(await hourly()).toEqual([]);
   });
 
+  it("when the oldest call is in an hour not yet closed, the first roll sets the watermark to the last closed hour", async () => {
+    await insertCalls([{ atMs: 6 * HOUR + 1 }]);
+    expect(await rollOneHour(db, timing(6 * HOUR + 5 * 60_000, 10 * 60_000))).toBe("caught_up");
+    expect(await readRolledUntil(db)).toEqual(at(5 * HOUR));
+  });
+
   it("an hour is closed once it ended `delayMs` ago, and not a millisecond before", async () => {
     await insertCalls([{ atMs: 2 * HOUR + 5, charged: 3 }]);
     expect(await rollOneHour(db, timing(3 * HOUR + 60_000 - 1))).toBe("caught_up");
@@ -252,6 +258,11 @@ describe("a usage summary", () => {
     expect(rows(await summarizeCalls(db, account, range(0, 3 * HOUR)))).toEqual([[HOUR, "decide", "", 1, 3]]);
     await rollClosedHours(db, timing(3 * HOUR, 1_000));
     await db("usage_hourly").update({ calls: 70 });
+    // Calls just outside the range, in the same hour, stay out.
+    await insertCalls([
+      { atMs: HOUR, charged: 20 },
+      { atMs: 2 * HOUR - 1, charged: 40 },
+    ]);
     expect(rows(await summarizeCalls(db, account, range(HOUR + 1, 2 * HOUR - 1)))).toEqual([[HOUR, "decide", "", 1, 3]]);
   });
 
@@ -299,6 +310,11 @@ describe("a usage summary", () => {
     const day = { granularity: "day" as const };
     // Day 1 is whole and rolled: usage_daily. Day 2 is rolled for two hours (usage_hourly), then counted from the calls.
     expect(rows(await summarizeCalls(db, account, range(0, 3 * DAY, day)))).toEqual([
+      [DAY, "decide", "", 200, 3],
+      [2 * DAY, "decide", "", 21, 12],
+    ]);
+    // Starting on day 1's first hour: the whole day from usage_daily.
+    expect(rows(await summarizeCalls(db, account, range(DAY, 3 * DAY, day)))).toEqual([
       [DAY, "decide", "", 200, 3],
       [2 * DAY, "decide", "", 21, 12],
     ]);
@@ -355,5 +371,28 @@ describe.runIf(sessionsCanRace)("refreshing the index while someone holds the ta
       await held;
     }
     await expect(summarizeNewPages(twoSessions)).resolves.toBeUndefined();
+  });
+
+  it("a replica that finds no hour closed since the last roll does not queue behind another replica's roll", async () => {
+    const twoSessions = racing();
+    const now = timing(Date.now() - T0, 1_000);
+    await rollClosedHours(twoSessions, now);
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    let locked!: () => void;
+    const isLocked = new Promise<void>((resolve) => (locked = resolve));
+    // Another replica rolling an hour holds the state row.
+    const held = twoSessions.transaction(async (tx) => {
+      await tx.raw("SELECT rolled_until FROM usage_rollup_state FOR UPDATE");
+      locked();
+      await released;
+    });
+    await isLocked;
+    try {
+      expect(await rollClosedHours(twoSessions, now)).toBe(0);
+    } finally {
+      release();
+      await held;
+    }
   });
 });
