@@ -8,9 +8,11 @@
  *   call/                                one call's context: request id, phases, the authenticated caller
  *   accounts/, db/                       rows, keys, the store
  * A room may import the rooms below it, never one above. upstream/ talks to
- * the outside (the LLM) and knows nothing of the work it serves. The
- * composition root (app.ts, main.ts, server.ts, build.mjs) wires the doors; nothing else
- * imports a door, and of the doors only the gateway builds on rpc/. Shared
+ * the LLM upstream or runs the in-process model; it knows nothing of the
+ * work it serves. The composition root (app.ts,
+ * main.ts, server.ts, build.mjs) wires the doors; nothing else imports a door
+ * but another door: the gateway and the account area's CSV download build on
+ * rpc/, and rpc/ on no other door. Shared
  * modules at the top of src/ (errors, logger, metrics, validation, ...) may be
  * imported from any room. No module imports itself back through others, and
  * nothing in src/ imports test/ or bench/.

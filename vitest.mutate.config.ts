@@ -8,7 +8,7 @@ export default defineConfig({
   test: {
     // The fast suites that pin the rules (crash: which commit may be lost in a crash); the HTTP, replica and shutdown suites reach the same code far more slowly.
     include: [
-      "test/metering/{ledger,meter,meter-rules,metered-rpc,lost-replies,abandon-race,batch-lock-order,crash,admission-refusal,finish-with-retry,sweeper,key-limits,key-limits.surfaces}.test.ts",
+      "test/metering/{ledger,meter,meter-rules,metered-rpc,lost-replies,abandon-race,batch-lock-order,crash,admission-refusal,finish-with-retry,sweeper,key-limits,key-limits.surfaces,usage-rollup.rules,account-views}.test.ts",
       "test/db/{pooled-statement,statement-batcher}.test.ts",
       "test/decision/answer-math*.test.ts",
       "test/upstream/logprob-window.test.ts",

@@ -98,7 +98,7 @@ export interface MeteringConfig {
   rollupDelayMs: number;
 }
 
-/** The upstream LLM that answers decisions, and how it is called. */
+/** The account area: where people reach it, its password work, keys and sessions. */
 export interface AccountAreaConfig {
   /**
    * Where people reach this service (TYPESAFE_PUBLIC_URL): invite links start
@@ -121,6 +121,7 @@ export interface AccountAreaConfig {
   sessionAbsoluteMs: number;
 }
 
+/** The model that answers decisions, and how it is called: the upstream at `baseUrl`, else the embedded one. */
 export interface LlmConfig {
   baseUrl: string | undefined;
   apiKey: string | undefined;

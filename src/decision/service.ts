@@ -31,7 +31,7 @@ const DEADLINE_MARGIN_MS = 250;
 export interface DecisionServiceDeps {
   db: Knex;
   meter: Meter;
-  /** Without `baseUrl`, Decide answers 503 NOT_CONFIGURED after authenticating. */
+  /** Without `baseUrl`, Decide uses `embedded` (503 MODEL_NOT_READY until its model is loaded), or answers 503 NOT_CONFIGURED when there is none; both after authenticating. */
   llm: LlmConfig;
   logger: Logger;
   /** Defaults to the OpenAI-compatible client built from `llm`. */

@@ -201,11 +201,6 @@ async function sendMetrics(res: NodeResponse, metrics: Metrics, requestId: strin
 }
 
 /**
- * The URL a call was sent to, with its host as connect-node's handler contexts
- * have it (Host, or HTTP/2's :authority), so doors that compare the host see
- * it on both surfaces; only the path when neither is there.
- */
-/**
  * A GET's request message from its query string: each parameter named as a
  * field of the message (snake_case or its JSON name) is that field's value
  * in proto JSON ("10" is an int32 there); other parameters are ignored, as
@@ -232,6 +227,11 @@ export function parseQuery(schema: DescMessage, url: string): MessageShape<DescM
   }
 }
 
+/**
+ * The URL a call was sent to, with its host as connect-node's handler contexts
+ * have it (Host, or HTTP/2's :authority), so doors that compare the host see
+ * it on both surfaces; only the path when neither is there.
+ */
 function requestUrl(req: NodeRequest): string {
   const path = req.url ?? "";
   const host = req.headers.host ?? req.headers[":authority"];

@@ -7,17 +7,18 @@ import { kCallPhases, phaseLogFields, type CallPhases } from "../call/call-phase
 import { kRequestId } from "../call/context.js";
 import { createRequestId } from "../request/request-id.js";
 
+/** Where a call's log line and its metrics go. */
+export interface CallObserver {
+  logger: Logger;
+  metrics?: Pick<Metrics, "recordCall">;
+}
+
 /**
  * Logs one line per call and makes every error safe to return: unknown
  * errors become a fixed INTERNAL message carrying the request id, and their
  * real cause goes only to the log. The gateway runs the same function, so
  * both surfaces log and hide errors alike.
  */
-export interface CallObserver {
-  logger: Logger;
-  metrics?: Pick<Metrics, "recordCall">;
-}
-
 export async function observeCall<T>(
   { logger, metrics }: CallObserver,
   call: { requestId: string; procedure: string; protocol: string; phases?: CallPhases },

@@ -8,19 +8,11 @@ import { SOURCE_IDS, type SourceId } from "./validate.js";
  * engine so a bad value is reported at start-up, all problems at once, rather
  * than on the first search.
  *
- * Per source (ID is the upper-case id, e.g. BRAVE):
- *   TYPESAFE_SEARCH_<ID>_KEY          API key (required for brave and exa; optional for github, stackoverflow)
- *   TYPESAFE_SEARCH_<ID>_URL          base URL (mirror, proxy, test server)
- *   TYPESAFE_SEARCH_<ID>_PRICE_UNITS  price per upstream call in integer units (1 credit = 1,000,000)
- *   TYPESAFE_SEARCH_<ID>_DEFAULT      true|false: searched when the request omits s
- *   TYPESAFE_SEARCH_<ID>_WEIGHT       fusion weight, > 0 (default 1)
- *   TYPESAFE_SEARCH_<ID>_TIMEOUT_MS   per-call timeout
- *   TYPESAFE_SEARCH_<ID>_RATE         process-wide call budget "<count>/<n><s|m|h|d>", e.g. 10/1m
- *   TYPESAFE_SEARCH_<ID>_CONCURRENCY  process-wide calls in flight at once
- * Global:
- *   TYPESAFE_SEARCH_SOURCES           comma list of enabled ids, or "none"; unset = all eight
- *   TYPESAFE_SEARCH_CONTACT           contact put in the User-Agent (Wikimedia and GDELT require one)
- *   TYPESAFE_SEARCH_CACHE_ENTRIES     cache size (answers kept), default 5000
+ * Each source reads TYPESAFE_SEARCH_<ID>_<SETTING> for the settings of
+ * PER_SOURCE_SETTINGS (ID is the upper-case id, e.g. BRAVE); all sources share
+ * TYPESAFE_SEARCH_SOURCES, _CONTACT and _CACHE_ENTRIES, read here, and
+ * _REQUEST_TIMEOUT_MS, read by config.ts. What each means is written once, in
+ * config.ts's SETTING_MEANINGS, from which docs/search.md's table is generated.
  */
 export type SourceKind = "web" | "reference" | "news" | "forum" | "code" | "papers";
 
@@ -123,7 +115,7 @@ const DEFAULTS: Record<SourceId, Defaults> = {
 const NEEDS_CONTACT = new Set<SourceId>(["wikipedia", "gdelt"]);
 
 const PER_SOURCE_SETTINGS = ["KEY", "URL", "PRICE_UNITS", "DEFAULT", "WEIGHT", "TIMEOUT_MS", "RATE", "CONCURRENCY"];
-/** Variables of the TYPESAFE_SEARCH_ namespace read elsewhere (config.ts). */
+/** The TYPESAFE_SEARCH_ variables that are not per source (REQUEST_TIMEOUT_MS and MIN_SAFE are read by config.ts). */
 const GLOBAL_SETTINGS = ["SOURCES", "CONTACT", "CACHE_ENTRIES", "REQUEST_TIMEOUT_MS", "MIN_SAFE"];
 
 /**

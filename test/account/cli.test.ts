@@ -18,7 +18,8 @@ afterAll(async () => {
   await database?.close();
 });
 
-describe("members from the CLI", () => {
+// Every test runs the CLI a few times, each a process that compiles its TypeScript first: seconds apiece on a busy machine.
+describe("members from the CLI", { timeout: 120_000 }, () => {
   it("the invite link is the service's TYPESAFE_PUBLIC_URL; without it, the command says which address it assumed", async () => {
     const { accountId } = await createTestAccount(database.db, { units: 1 });
     // PORT set on this command as an operator may have set it on the service only: the link can only follow what it is given.

@@ -47,7 +47,10 @@ async function enrolled() {
   const secret = newTotpSecret();
   await startTotpEnrollment(database.db, (await m.row()).id, secret);
   expect((await m.row()).totp_pending_secret).toBe(secret);
-  const codes = await database.db.transaction(async (tx) => confirmTotpEnrollment(tx, await m.row(), await codeAt(secret, now), now));
+  const pending = await m.row();
+  const code = await codeAt(secret, now);
+  // Everything the transaction needs is read before it: a read through the pool inside it would wait behind it on a one-connection store.
+  const codes = await database.db.transaction((tx) => confirmTotpEnrollment(tx, pending, code, now));
   return { ...m, secret, codes: codes! };
 }
 
@@ -91,7 +94,9 @@ describe("recovery codes", () => {
     expect(await countRecoveryCodes(database.db, id)).toBe(RECOVERY_CODES - 1);
     await startTotpEnrollment(database.db, id, secret);
     const later = new Date(now.getTime() + 90_000);
-    const fresh = await database.db.transaction(async (tx) => confirmTotpEnrollment(tx, await row(), await codeAt(secret, later), later));
+    const pending = await row();
+    const code = await codeAt(secret, later);
+    const fresh = await database.db.transaction((tx) => confirmTotpEnrollment(tx, pending, code, later));
     expect(fresh).toHaveLength(RECOVERY_CODES);
     expect(await useRecoveryCode(database.db, id, codes[1]!, later)).toBe(false);
     expect(await countRecoveryCodes(database.db, id)).toBe(RECOVERY_CODES);

@@ -1,4 +1,3 @@
-import { pathToFileURL } from "node:url";
 import { REASONS } from "../../src/errors.js";
 
 /** gRPC's canonical status names by number (grpc/grpc doc/statuscodes.md); Connect's enum spells CANCELLED differently. */
@@ -10,8 +9,8 @@ const GRPC_STATUS_NAMES = [
 
 /**
  * The README's error table, made from the one table of reasons: one row per
- * reason, in its order. `npm run docs:errors` prints it to paste into the
- * README; test/docs/docs.test.ts fails while the README's copy differs.
+ * reason, in its order. `npm run docs:generate` writes it into the README
+ * (generated.ts); test/docs/docs.test.ts fails while the README's copy differs.
  */
 export function renderErrorTable(): string {
   const rows = Object.entries(REASONS).map(
@@ -19,5 +18,3 @@ export function renderErrorTable(): string {
   );
   return ["| reason | HTTP | gRPC | code | meaning |", "|---|---|---|---|---|", ...rows].join("\n");
 }
-
-if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(renderErrorTable());

@@ -12,17 +12,22 @@ import { waitFor } from "../support/wait.js";
  * and a replica killed with SIGKILL while it holds calls gives the account's
  * balance and concurrency back after the lease, while the other keeps serving.
  * Leases are short here (2 s deadline + 1 s margin) so the test does not wait long.
+ * On the embedded store, which runs one statement at a time for both replicas
+ * and every other test file, admitting 40 calls can take longer than 2 s on a
+ * busy machine: the first calls would reach their deadline (502) while the
+ * last are admitted, so there the deadline is 10 s.
  */
 let database: TestDatabase;
 let fake: FakeLlm;
 let replicas: ServiceProcess[] = [];
 
+const deadlineMs = () => (database.isExternal ? 2_000 : 10_000);
 const replicaEnv = () => ({
   DATABASE_URL: database.url,
   TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`,
   TYPESAFE_LLM_MAX_RETRIES: "0",
-  TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "2000",
-  TYPESAFE_LLM_CALL_TIMEOUT_MS: "2000",
+  TYPESAFE_LLM_REQUEST_TIMEOUT_MS: String(deadlineMs()),
+  TYPESAFE_LLM_CALL_TIMEOUT_MS: String(deadlineMs()),
   TYPESAFE_LEASE_MARGIN_MS: "1000",
   TYPESAFE_SWEEP_INTERVAL_MS: "200",
   TYPESAFE_LOG_LEVEL: "info",
@@ -89,12 +94,12 @@ describe("two replicas on one database", () => {
     upstream.release();
     expect((await decide(survivor, other.apiKey)).status).toBe(200);
 
-    await waitFor(async () => (await accountRow(held.accountId)).in_flight === 0, "the lease to expire the dead replica's holds");
+    await waitFor(async () => (await accountRow(held.accountId)).in_flight === 0, "the lease to expire the dead replica's holds", deadlineMs() + 15_000);
     expect(await accountRow(held.accountId)).toMatchObject({ balance: 10 * 32_000, reserved: 0 });
     expect((await decide(survivor, held.apiKey)).status).toBe(200);
     await assertInvariants(database.db, held.accountId);
     await assertInvariants(database.db, other.accountId);
-  });
+  }, 60_000);
 });
 
 // Killing server sessions needs a real PostgreSQL server; CI always has one (DATABASE_URL).

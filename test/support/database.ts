@@ -1,13 +1,12 @@
 import crypto from "node:crypto";
 import fs from "node:fs/promises";
-import os from "node:os";
-import path from "node:path";
 import type { Knex } from "knex";
 import { afterAll, beforeAll, inject } from "vitest";
 import { createKnex, migrate } from "../../src/db/database.js";
 import { openEmbeddedStore } from "../../src/db/embedded.js";
 import { prepareStatementsOn } from "../../src/metering/ledger.js";
 import { createLogger } from "../../src/logger.js";
+import { copyEmbeddedStore } from "./global-setup.js";
 import { postgresBinaries, startPrivateCluster, type PrivateCluster } from "./private-cluster.js";
 
 export interface TestDatabase {
@@ -31,6 +30,13 @@ export interface TestDatabaseOptions {
   changesSchema?: boolean;
   /** The file runs or claims evaluations, and a runner takes those of every account on its store: a store of its own, as above. */
   runsEvaluations?: boolean;
+  /**
+   * The file counts what its services do with its webhook deliveries: a store
+   * of its own, as above, since every service on the shared store (other
+   * files', with other loopback and retry settings) delivers every account's
+   * due deliveries.
+   */
+  countsDeliveries?: boolean;
 }
 
 /**
@@ -40,7 +46,7 @@ export interface TestDatabaseOptions {
  */
 export async function createTestDatabase(poolMax = 10, options: TestDatabaseOptions = {}): Promise<TestDatabase> {
   const serverUrl = process.env.DATABASE_URL;
-  if (!serverUrl && (options.sweepsEveryAccount || options.changesSchema || options.runsEvaluations)) return createPrivateEmbeddedDatabase();
+  if (!serverUrl && (options.sweepsEveryAccount || options.changesSchema || options.runsEvaluations || options.countsDeliveries)) return createPrivateEmbeddedDatabase();
   if (!serverUrl) {
     const url = inject("embeddedDatabaseUrl");
     const db = createKnex(url, 1);
@@ -70,7 +76,8 @@ export async function createTestDatabase(poolMax = 10, options: TestDatabaseOpti
 }
 
 async function createPrivateEmbeddedDatabase(): Promise<TestDatabase> {
-  const dataDir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-test-"));
+  // A copy of the run's migrated template (global-setup.ts): a fresh store would initialize and migrate for seconds.
+  const dataDir = await copyEmbeddedStore(inject("embeddedTemplateDir"));
   const store = await openEmbeddedStore(dataDir, createLogger("silent"));
   const db = createKnex(store.url, 1);
   await migrate(db, { useAdvisoryLock: false });

@@ -24,7 +24,7 @@ const FLOOR = DECISION_RESERVE_UNITS_PER_QUESTION;
 const operator = () => ({ actor: "operator", at: new Date() });
 
 beforeAll(async () => {
-  database = await createTestDatabase(10);
+  database = await createTestDatabase(10, { countsDeliveries: true });
   service = await startTestApp(
     database,
     {

@@ -48,7 +48,7 @@ const startReplicas = () => Promise.all([startServiceProcess(replicaEnv()), star
 const running = (r: ServiceProcess) => r.child.exitCode === null && r.child.signalCode === null;
 
 beforeAll(async () => {
-  database = await createTestDatabase(10);
+  database = await createTestDatabase(10, { countsDeliveries: true });
   // Every decision charges exactly CHARGE units: its one question's prompt tokens.
   fake = await startFakeLlm((request) => (isProbe(request.body) ? PROBE_OK : logprobsReply({ yes: 0.9, no: 0.1 }, { prompt: CHARGE })));
   receiver = await startWebhookReceiver();

@@ -104,7 +104,7 @@ describe("end to end, loopback not allowed", () => {
   const guard = loopbackOnly();
 
   beforeAll(async () => {
-    database = await createTestDatabase(6);
+    database = await createTestDatabase(6, { countsDeliveries: true });
     dns = await startDnsServer({
       "loopback.hooks.test": ["127.0.0.1"],
       "private.hooks.test": ["10.0.0.7"],
@@ -161,7 +161,7 @@ describe("end to end, loopback allowed (development)", () => {
   const guard = loopbackOnly();
 
   beforeAll(async () => {
-    database = await createTestDatabase(6);
+    database = await createTestDatabase(6, { countsDeliveries: true });
     dns = await startDnsServer({ "loopback.hooks.test": ["127.0.0.1"] });
     service = await startTestApp(
       database,
