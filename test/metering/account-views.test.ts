@@ -117,9 +117,9 @@ describe("an account's finished calls", () => {
     expect(page).toEqual({
       more: false,
       calls: [
-        { requestId: expired, endpoint: "decide", keyId: "", funding: "paid", reservedUnits: 70, chargedUnits: 0, status: "expired", startedAt: at(3_000), finishedAt: at(3_010) },
-        { requestId: released, endpoint: "decide", keyId: "", funding: "free", reservedUnits: 0, chargedUnits: 0, status: "released", startedAt: at(2_000), finishedAt: at(2_040) },
-        { requestId: settled, endpoint: "search", keyId, funding: "paid", reservedUnits: 300, chargedUnits: 120, status: "settled", startedAt: at(1_000), finishedAt: at(1_250) },
+        { requestId: expired, endpoint: "decide", keyId: "", evaluationId: "", funding: "paid", reservedUnits: 70, chargedUnits: 0, status: "expired", startedAt: at(3_000), finishedAt: at(3_010) },
+        { requestId: released, endpoint: "decide", keyId: "", evaluationId: "", funding: "free", reservedUnits: 0, chargedUnits: 0, status: "released", startedAt: at(2_000), finishedAt: at(2_040) },
+        { requestId: settled, endpoint: "search", keyId, evaluationId: "", funding: "paid", reservedUnits: 300, chargedUnits: 120, status: "settled", startedAt: at(1_000), finishedAt: at(1_250) },
       ],
     });
   });
