@@ -83,10 +83,9 @@ export function safeLog(p: number): number {
   return Math.log(Math.max(p, LOGIT_EPS));
 }
 
+/** 1 / (1 + e^−x): for x below about −709, e^−x overflows to Infinity and the result is 0, as it should be. */
 export function sigmoid(x: number): number {
-  if (x >= 0) return 1 / (1 + Math.exp(-x));
-  const e = Math.exp(x);
-  return e / (1 + e);
+  return 1 / (1 + Math.exp(-x));
 }
 
 /** softmax, shifted by the largest value so no term overflows. */

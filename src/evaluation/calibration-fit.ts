@@ -26,8 +26,8 @@ export const DEFAULT_FOLDS = 5;
 export const DEFAULT_SEED = 1;
 /** The temperature stays within e^±10, as scikit-learn bounds its own search. */
 export const LOG_TEMPERATURE_BOUND = 10;
-/** Vector scaling's biases carry a Gaussian prior of unit variance, so a label the fit never saw keeps a finite bias. */
-export const VECTOR_BIAS_PRIOR = 1;
+/** Vector scaling's biases carry a Gaussian prior of this precision (unit variance), so a label the fit never saw keeps a finite bias. */
+export const VECTOR_BIAS_PRECISION = 1;
 
 /** x values closer than this count as one, as in scikit-learn (float64's resolution). */
 export const ISOTONIC_TIE = 1e-15;
@@ -82,8 +82,9 @@ export function fitCalibration(request: FitRequest): CalibrationFit {
       heldOut: {
         folds: 1,
         seed: 0,
-        before: summary(rows, request.labelCount),
+        before: summary(request.type, rows, request.labelCount),
         after: summary(
+          request.type,
           rows.map((row) => ({ ...row, probabilities: applyCalibration(params, row.probabilities) })),
           request.labelCount,
         ),
@@ -122,13 +123,13 @@ export function fitCalibration(request: FitRequest): CalibrationFit {
   }
   return {
     params: fit(rows),
-    heldOut: { folds, seed, before: summary(rows, labelCount), after: summary(calibrated, labelCount) },
+    heldOut: { folds, seed, before: summary(request.type, rows, labelCount), after: summary(request.type, calibrated, labelCount) },
   };
 }
 
 /** Fold numbers 0 … folds − 1, dealt in turn along a seeded permutation, so fold sizes differ by at most one. */
 export function foldOf(count: number, folds: number, seed: number): number[] {
-  const fold = new Array<number>(count).fill(0);
+  const fold: number[] = [];
   seededPermutation(count, seed).forEach((index, position) => (fold[index] = position % folds));
   return fold;
 }
@@ -197,12 +198,14 @@ export function fitPlatt(x: readonly number[], positive: readonly boolean[]): Pl
  * dropped (they change no interpolated value).
  */
 export function fitIsotonic(x: readonly number[], y: readonly number[]): IsotonicParams {
-  const order = x.map((_, i) => i).sort((a, b) => x[a]! - x[b]! || y[a]! - y[b]!);
+  // Equal x values are merged below, so their order among themselves does not matter.
+  const order = x.map((_, i) => i).sort((a, b) => x[a]! - x[b]!);
   const xs: number[] = [];
   const sums: number[] = [];
   const weights: number[] = [];
   for (const i of order) {
-    if (xs.length > 0 && x[i]! - xs[xs.length - 1]! < ISOTONIC_TIE) {
+    // On the first point xs is empty: x − undefined is NaN, never below the tie.
+    if (x[i]! - xs[xs.length - 1]! < ISOTONIC_TIE) {
       sums[sums.length - 1]! += y[i]!;
       weights[weights.length - 1]!++;
     } else {
@@ -211,22 +214,19 @@ export function fitIsotonic(x: readonly number[], y: readonly number[]): Isotoni
       weights.push(1);
     }
   }
-  // Blocks of pooled points: [first index, sum of y, weight].
-  const blocks: { first: number; sum: number; weight: number }[] = [];
+  // Blocks of pooled points: how many distinct x values, the sum of their y, their weight.
+  const blocks: { size: number; sum: number; weight: number }[] = [];
   xs.forEach((_, i) => {
-    let block = { first: i, sum: sums[i]!, weight: weights[i]! };
+    let block = { size: 1, sum: sums[i]!, weight: weights[i]! };
     while (blocks.length > 0 && blocks[blocks.length - 1]!.sum / blocks[blocks.length - 1]!.weight >= block.sum / block.weight) {
       const previous = blocks.pop()!;
-      block = { first: previous.first, sum: previous.sum + block.sum, weight: previous.weight + block.weight };
+      block = { size: previous.size + block.size, sum: previous.sum + block.sum, weight: previous.weight + block.weight };
     }
     blocks.push(block);
   });
-  const fitted = new Array<number>(xs.length);
-  blocks.forEach((block, b) => {
-    const end = b + 1 < blocks.length ? blocks[b + 1]!.first : xs.length;
-    for (let i = block.first; i < end; i++) fitted[i] = block.sum / block.weight;
-  });
-  const keep = xs.map((_, i) => i === 0 || i === xs.length - 1 || fitted[i] !== fitted[i - 1] || fitted[i] !== fitted[i + 1]);
+  const fitted = blocks.flatMap((block) => new Array<number>(block.size).fill(block.sum / block.weight));
+  // The ends always stay: fitted[−1] and fitted[length] are undefined, unequal to any value.
+  const keep = xs.map((_, i) => fitted[i] !== fitted[i - 1] || fitted[i] !== fitted[i + 1]);
   return { method: "isotonic", x: xs.filter((_, i) => keep[i]), y: fitted.filter((_, i) => keep[i]) };
 }
 
@@ -260,14 +260,14 @@ export function fitTemperature(points: readonly Pick<DistributionPoint, "probabi
 /**
  * Vector scaling: softmax(β · log p + b), β = 1/T, one bias per label, by
  * damped Newton steps on the log loss plus the biases' Gaussian prior
- * (VECTOR_BIAS_PRIOR), which also fixes the biases' free constant (they sum to
+ * (VECTOR_BIAS_PRECISION), which also fixes the biases' free constant (they sum to
  * zero at the optimum).
  */
 export function fitVectorScaling(points: readonly Pick<DistributionPoint, "probabilities" | "label">[], labelCount: number): VectorParams {
   const k = labelCount;
   const logits = points.map((point) => point.probabilities.map(safeLog));
   const size = k + 1;
-  const lambda = 1 / VECTOR_BIAS_PRIOR;
+  const lambda = VECTOR_BIAS_PRECISION;
   const minBeta = Math.exp(-LOG_TEMPERATURE_BOUND);
   const maxBeta = Math.exp(LOG_TEMPERATURE_BOUND);
   const loss = (theta: readonly number[]) => {
@@ -309,7 +309,7 @@ export function fitVectorScaling(points: readonly Pick<DistributionPoint, "proba
     }
     hessian[0]![0]! += 1e-9;
     if (gradient.every((g) => Math.abs(g) < 1e-9 * Math.max(points.length, 1))) break;
-    const step = solve(hessian, gradient.map((g) => -g));
+    const step = solveLinear(hessian, gradient.map((g) => -g));
     let scale = 1;
     let moved = false;
     while (scale > 1e-10) {
@@ -358,8 +358,9 @@ function asRow(point: NoulPoint | DistributionPoint): Row {
   return { probabilities: [...point.probabilities], label: point.label };
 }
 
-function summary(rows: readonly Row[], labelCount: number): HeldOutMetrics {
-  if (labelCount === 2 && rows.every((row) => row.probabilities.length === 2)) {
+/** The metrics the evaluation itself reports for the type: noul on p(true), choice and score on the top label. */
+function summary(type: FitRequest["type"], rows: readonly Row[], labelCount: number): HeldOutMetrics {
+  if (type === "noul") {
     const m = noulMetrics(rows.map((row) => ({ probabilityTrue: row.probabilities[0]!, label: row.label === 0 })));
     return { count: m.count, ece: m.ece, brier: m.brier, logLoss: m.logLoss, accuracy: m.accuracy };
   }
@@ -367,20 +368,20 @@ function summary(rows: readonly Row[], labelCount: number): HeldOutMetrics {
   return { count: m.count, ece: m.topLabelEce, brier: m.brier, logLoss: m.logLoss, accuracy: m.accuracy };
 }
 
-/** Gaussian elimination with partial pivoting; the systems here are at most 27 × 27. */
-function solve(matrix: readonly (readonly number[])[], rhs: readonly number[]): number[] {
+/**
+ * Solves matrix · x = rhs by Gaussian elimination. The matrices here are
+ * Hessians plus a ridge, symmetric positive definite, so no pivoting is needed.
+ */
+export function solveLinear(matrix: readonly (readonly number[])[], rhs: readonly number[]): number[] {
   const n = rhs.length;
   const a = matrix.map((row, i) => [...row, rhs[i]!]);
   for (let col = 0; col < n; col++) {
-    let pivot = col;
-    for (let row = col + 1; row < n; row++) if (Math.abs(a[row]![col]!) > Math.abs(a[pivot]![col]!)) pivot = row;
-    [a[col], a[pivot]] = [a[pivot]!, a[col]!];
     for (let row = col + 1; row < n; row++) {
       const factor = a[row]![col]! / a[col]![col]!;
       for (let c = col; c <= n; c++) a[row]![c]! -= factor * a[col]![c]!;
     }
   }
-  const x = new Array<number>(n).fill(0);
+  const x: number[] = [];
   for (let row = n - 1; row >= 0; row--) {
     let sum = a[row]![n]!;
     for (let c = row + 1; c < n; c++) sum -= a[row]![c]! * x[c]!;

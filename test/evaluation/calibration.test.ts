@@ -9,7 +9,9 @@ import {
   fitVectorScaling,
   foldOf,
   MIN_CALIBRATION_EXAMPLES,
+  solveLinear,
 } from "../../src/evaluation/calibration-fit.js";
+import { choiceMetrics } from "../../src/evaluation/metrics.js";
 import { seededPermutation, seededRandom } from "../../src/evaluation/seeded-random.js";
 
 const close = (values: readonly number[], expected: readonly number[], digits = 12) => {
@@ -51,6 +53,8 @@ describe("applyCalibration, by hand", () => {
     expect(sigmoid(Math.log(3))).toBeCloseTo(0.75, 12);
     expect(sigmoid(-Math.log(3))).toBeCloseTo(0.25, 12);
     close(softmax([1000, 1000 + Math.log(3)]), [0.25, 0.75]);
+    close(softmax([0, 800]), [0, 1]);
+    close(softmax([-800, 0]), [0, 1]);
     expect(interpolate([0, 1], [0, 1], Number.NaN)).toBe(0);
   });
 });
@@ -135,7 +139,7 @@ describe("fitTemperature and fitVectorScaling", () => {
     // Always wrong: the flatter the better, down to T = e^10.
     { name: "always wrong", points: [{ probabilities: [0.6, 0.4], label: 1 }, { probabilities: [0.3, 0.7], label: 0 }], temperature: Math.exp(10) },
   ])("a temperature at its bound: $name", ({ points, temperature }) => {
-    expect(fitTemperature(points).temperature).toBeCloseTo(temperature, 9);
+    expect(fitTemperature(points)).toEqual({ method: "temperature", temperature: expect.closeTo(temperature, 9) });
   });
 
   it("vector scaling: the gradient with the bias prior vanishes and the biases sum to zero", () => {
@@ -167,6 +171,7 @@ describe("contextualParams", () => {
     { name: "one probe", probes: [[0.8, 0.2]], probe: [0.8, 0.2] },
     { name: "probes are averaged", probes: [[0.6, 0.4], [0.8, 0.2]], probe: [0.7, 0.3] },
     { name: "each probe is normalised first", probes: [[3, 1], [0.5, 0.5]], probe: [0.625, 0.375] },
+    { name: "a label the probe never gave", probes: [[1, 0]], probe: [1, 0] },
   ])("$name", ({ probes, probe }) => {
     close(contextualParams(probes, 2).probe, probe);
   });
@@ -177,6 +182,28 @@ describe("contextualParams", () => {
     { name: "no label in the probe", probes: [[0, 0]], message: "probes[0]: no label" },
   ])("refuses $name", ({ probes, message }) => {
     expect(() => contextualParams(probes, 2)).toThrow(message);
+  });
+});
+
+describe("solveLinear", () => {
+  it.each([
+    { name: "diagonal", matrix: [[2, 0], [0, 4]], rhs: [2, 8], x: [1, 2] },
+    // 4x + y = 9, x + 3y = 5: x = 2, y = 1.
+    { name: "symmetric 2 × 2", matrix: [[4, 1], [1, 3]], rhs: [9, 5], x: [2, 1] },
+    // The solution (1, −2, 3) of a symmetric positive definite system.
+    { name: "symmetric 3 × 3", matrix: [[4, 1, 2], [1, 5, 1], [2, 1, 6]], rhs: [8, -6, 18], x: [1, -2, 3] },
+  ])("$name", ({ matrix, rhs, x }) => {
+    close(solveLinear(matrix, rhs), x);
+  });
+});
+
+describe("seededRandom", () => {
+  it("is mulberry32: the reference implementation's first draws for seed 1, and a fixed permutation", () => {
+    // Computed with mulberry32's published C/JavaScript form; stored fits name their seed, so these must never change.
+    const random = seededRandom(1);
+    expect([random(), random(), random()]).toEqual([0.6270739405881613, 0.002735721180215478, 0.5274470399599522]);
+    expect(seededPermutation(10, 1)).toEqual([7, 8, 3, 2, 1, 5, 9, 4, 0, 6]);
+    expect(seededPermutation(1, 1)).toEqual([0]);
   });
 });
 
@@ -233,6 +260,13 @@ describe("folds and fitCalibration", () => {
     const vector = fitCalibration({ type: "score", method: "vector", points, labelCount: 3 });
     expect(vector.params).toEqual(fitVectorScaling(points, 3));
     expect(vector.heldOut.after.logLoss!).toBeLessThan(vector.heldOut.before.logLoss!);
+  });
+
+  it("a two-option choice is measured on its top label, as its evaluation is", () => {
+    const points = Array.from({ length: 24 }, (_, i) => ({ probabilities: i % 3 ? [0.2, 0.8] : [0.7, 0.3], label: i % 4 === 0 ? 0 : 1 }));
+    const fit = fitCalibration({ type: "choice", method: "temperature", points, labelCount: 2 });
+    const m = choiceMetrics(points, ["a", "b"]);
+    expect(fit.heldOut.before).toEqual({ count: 24, ece: m.topLabelEce, brier: m.brier, logLoss: m.logLoss, accuracy: m.accuracy });
   });
 
   it("contextual needs no labels: the measure is on every labelled point", () => {

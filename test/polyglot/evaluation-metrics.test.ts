@@ -5,7 +5,7 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { applyCalibration, logOdds, LOGIT_EPS, sigmoid, softmax } from "../../src/evaluation/calibration-apply.js";
-import { fitIsotonic, fitPlatt, fitTemperature, fitVectorScaling, VECTOR_BIAS_PRIOR } from "../../src/evaluation/calibration-fit.js";
+import { fitIsotonic, fitPlatt, fitTemperature, fitVectorScaling, VECTOR_BIAS_PRECISION } from "../../src/evaluation/calibration-fit.js";
 import { choiceMetrics, noulMetrics, scoreMetrics, type DistributionPoint, type NoulPoint, type ReliabilityBin } from "../../src/evaluation/metrics.js";
 import { seededRandom } from "../../src/evaluation/seeded-random.js";
 
@@ -83,7 +83,7 @@ async function runReference() {
     isotonic: { x: noulPoints.map((p) => p.probabilityTrue), y: noulPoints.map((p) => (p.label ? 1 : 0)), at: grid },
     platt: { x: plattX, y: noulPoints.map((p) => (p.label ? 1 : 0)), at: plattGrid },
     temperature: { probabilities: choicePoints.map((p) => p.probabilities), labels: choicePoints.map((p) => p.label), floor: LOGIT_EPS },
-    vector: { probabilities: choicePoints.map((p) => p.probabilities), labels: choicePoints.map((p) => p.label), floor: LOGIT_EPS, biasPrecision: 1 / VECTOR_BIAS_PRIOR },
+    vector: { probabilities: choicePoints.map((p) => p.probabilities), labels: choicePoints.map((p) => p.label), floor: LOGIT_EPS, biasPrecision: 1 / VECTOR_BIAS_PRECISION },
   };
   const file = path.join(scratch, "fixtures.json");
   await fs.writeFile(file, JSON.stringify(fixtures));
