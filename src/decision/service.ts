@@ -21,6 +21,7 @@ import { pathOf, throwIfInvalid } from "../validation.js";
 import { notReadyMessage, retryAfterSeconds, type EmbeddedModelHost } from "../upstream/embedded-supervisor.js";
 import { embeddedDeadline, plannedTokens, type EmbeddedDeadline } from "./embedded-deadline.js";
 import { createDecisionEngine, firstCallMessages, type DecisionEngine, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";
+import { calibratedAnswer, calibrationsOf, createCalibrationCache, type CalibrationCache } from "./calibration.js";
 import { optionOrder } from "./labels.js";
 import { estimateTokens, PROMPT_VERSION, renderState } from "./prompt.js";
 import { SUPPORTED_MODEL, isQuestionType, unknownQuestionType, validateDecideRequest } from "./validate.js";
@@ -41,6 +42,8 @@ export interface DecisionServiceDeps {
   metrics?: Pick<Metrics, "recordLlmCall" | "recordDecision">;
   /** The engines to answer with; built from `llm` / `llmClient` / `embedded` when absent (the app shares one with the evaluation runner). */
   engines?: DecisionEngines;
+  /** Calibrations read so far; a bounded one of its own when absent. */
+  calibrations?: CalibrationCache;
 }
 
 /** The engine that answers decisions now, and what it runs on. */
@@ -98,6 +101,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
   const { db, meter, llm, logger, metrics, embedded } = deps;
   const engines = deps.engines ?? createDecisionEngines(deps);
   const currentEngine = engines.current;
+  const calibrationCache = deps.calibrations ?? createCalibrationCache();
 
   return {
     async decide(request, ctx: HandlerContext) {
@@ -113,6 +117,19 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           metadata: { estimated_tokens: String(tooLong.tokens), max_tokens: String(QUESTION_BUDGET_TOKENS) },
         });
       }
+      // Only a call that names a calibration reads one (and its key, for the account); the others are untouched.
+      const wanted = questions.flatMap((spec) => {
+        const calibrationId = request.questions[spec.key]!.calibration;
+        return calibrationId === "" ? [] : [{ spec, calibrationId }];
+      });
+      const calibrations =
+        wanted.length === 0
+          ? undefined
+          : await calibrationsOf(db, calibrationCache, await authenticate(db, apiKey), wanted, {
+              promptVersion: PROMPT_VERSION,
+              model: SUPPORTED_MODEL,
+              upstream: engines.upstream,
+            });
       const engine = currentEngine();
       if (!engine && embedded) {
         await authenticate(db, apiKey);
@@ -190,6 +207,13 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
             answers: Object.fromEntries(outcome.answers),
             usage: outcome.usage,
           });
+          if (calibrations) {
+            for (const spec of questions) {
+              const row = calibrations.get(spec.key);
+              const answer = response.answers[spec.key];
+              if (row && answer) answer.xCalibrated = calibratedAnswer(spec, answer, row);
+            }
+          }
           return { response, chargeUnits: Math.min(outcome.usage.inputTokens, decisionReserveUnits(questions.length)) };
         },
       ).finally(() => giveBack?.());

@@ -200,6 +200,7 @@ function questionVariants(schema: JsonSchema): Record<string, JsonSchema> {
       type: { ...properties["type"], enum: [type] },
       instructions: properties["instructions"],
       criteria: criteriaSchema ? { ...criteria, ...criteriaSchema } : { ...criteria, type: "null" },
+      calibration: { ...properties["calibration"], format: "uuid" },
     },
   });
   // Keyed by every type of the one list: a type without its criteria schema fails to compile.
