@@ -774,7 +774,7 @@ export interface components {
             /** @description score: calibrated expected 0-based level. */
             score?: number;
             /** @description choice: option name -> calibrated probability; score: level -> calibrated probability. */
-            probabilities: {
+            probabilities?: {
                 [key: string]: number;
             };
         };
