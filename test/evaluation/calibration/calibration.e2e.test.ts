@@ -142,6 +142,11 @@ describe("fitting a calibration from a finished evaluation", () => {
     expect([wrongMethod.reason, wrongMethod.field, wrongMethod.rule]).toEqual(["INVALID_ARGUMENT", "method", "for a noul question, one of platt, isotonic"]);
     const wrongKey = await refusal(client.fitCalibration({ evaluationId, questionKey: "nope", method: "platt" }));
     expect([wrongKey.reason, wrongKey.field]).toEqual(["INVALID_ARGUMENT", "question_key"]);
+    // An evaluation measures raw answers: a question naming a calibration is refused.
+    const named = await refusal(
+      client.createEvaluation({ questions: { urgent: { ...QUESTION, calibration: shared!.calibrationId } }, examples: labelledStates(1, 1), creditCapCredits: 1 }),
+    );
+    expect([named.reason, named.field]).toEqual(["INVALID_ARGUMENT", "questions.urgent.calibration"]);
   }, 120_000);
 });
 
