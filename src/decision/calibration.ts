@@ -1,7 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 import type { Knex } from "knex";
 import { apiError } from "../errors.js";
-import { applyCalibration } from "../evaluation/calibration-apply.js";
+import { applyCalibration, type CalibrationParams } from "../evaluation/calibration-apply.js";
 import { signatureMismatch, signatureOf } from "../evaluation/calibration-signature.js";
 import { findCalibrations, type DbCalibrationRow } from "../evaluation/calibration-store.js";
 import { CalibratedAnswerSchema, type Answer, type CalibratedAnswer } from "../gen/typesafe/decision/v1/decision_service_pb.js";
@@ -23,15 +23,54 @@ export interface CalibrationCache {
 }
 
 export function createCalibrationCache(maxEntries = MAX_CACHED_CALIBRATIONS): CalibrationCache {
-  const rows = new Map<string, DbCalibrationRow>();
+  const rows = boundedMap<DbCalibrationRow>(maxEntries);
+  return { get: (id) => rows.get(id), put: (row) => rows.set(row.id, row) };
+}
+
+/** The state of a contextual calibration's probe: it carries nothing that favours any label (Zhao et al. 2021). */
+export const CONTENT_FREE_STATE = "N/A";
+/** The value of Question.calibration that asks for contextual calibration. */
+export const CONTEXTUAL = "contextual";
+
+/**
+ * The answers to the content-free state, by question signature digest,
+ * bounded: each signature is probed once per process while it stays in the
+ * map. A probe depends only on the signature, which names the prompt version
+ * and the upstream model, so a kept one never goes stale.
+ */
+export interface ProbeCache {
+  get(digest: string): number[] | undefined;
+  put(digest: string, probe: number[]): void;
+}
+
+export function createProbeCache(maxEntries = MAX_CACHED_CALIBRATIONS): ProbeCache {
+  const probes = boundedMap<number[]>(maxEntries);
+  return { get: (digest) => probes.get(digest), put: (digest, probe) => probes.set(digest, probe) };
+}
+
+function boundedMap<V>(maxEntries: number): { get(key: string): V | undefined; set(key: string, value: V): void } {
+  const entries = new Map<string, V>();
   return {
-    get: (id) => rows.get(id),
-    put(row) {
-      rows.delete(row.id);
-      rows.set(row.id, row);
-      if (rows.size > maxEntries) rows.delete(rows.keys().next().value!);
+    get: (key) => entries.get(key),
+    set(key, value) {
+      entries.delete(key);
+      entries.set(key, value);
+      if (entries.size > maxEntries) entries.delete(entries.keys().next().value!);
     },
   };
+}
+
+/** An answer's label probabilities in label order ([p(true), p(false)] for noul); none for an answer of another type. */
+export function labelDistribution(spec: QuestionSpec, answer: { type?: string; noul?: number; probabilities?: Record<string, number> }): number[] | undefined {
+  if (answer.type !== spec.type) return undefined;
+  switch (spec.type) {
+    case "noul":
+      return [answer.noul ?? 0, 1 - (answer.noul ?? 0)];
+    case "choice":
+      return spec.options.map((name) => answer.probabilities?.[name] ?? 0);
+    case "score":
+      return spec.labels.map((_, i) => answer.probabilities?.[String(i)] ?? 0);
+  }
 }
 
 /** What the service asks with now: a calibration applies only to answers read the same way. */
@@ -79,30 +118,26 @@ export async function calibrationsOf(
   return byKey;
 }
 
-/** The calibrated answer beside a raw one; none for an answer of another type (an error). */
-export function calibratedAnswer(spec: QuestionSpec, answer: Answer, row: DbCalibrationRow): CalibratedAnswer | undefined {
-  if (answer.type !== spec.type) return undefined;
-  const head = { calibrationId: row.id, method: row.method };
+/** The calibrated answer beside a raw one; none for an answer of another type (an error). A contextual calibration has no id. */
+export function calibratedAnswer(spec: QuestionSpec, answer: Answer, calibration: { id: string; parameters: CalibrationParams }): CalibratedAnswer | undefined {
+  const raw = labelDistribution(spec, answer);
+  if (!raw) return undefined;
+  const calibrated = applyCalibration(calibration.parameters, raw);
+  const head = { calibrationId: calibration.id, method: calibration.parameters.method };
   switch (spec.type) {
-    case "noul": {
-      const p = answer.noul ?? 0;
-      return create(CalibratedAnswerSchema, { ...head, noul: round6(applyCalibration(row.parameters, [p, 1 - p])[0]!) });
-    }
-    case "choice": {
-      const calibrated = applyCalibration(row.parameters, spec.options.map((name) => answer.probabilities[name] ?? 0));
+    case "noul":
+      return create(CalibratedAnswerSchema, { ...head, noul: round6(calibrated[0]!) });
+    case "choice":
       return create(CalibratedAnswerSchema, {
         ...head,
         choice: spec.options[argmax(calibrated)],
         probabilities: Object.fromEntries(spec.options.map((name, i) => [name, round6(calibrated[i]!)])),
       });
-    }
-    case "score": {
-      const calibrated = applyCalibration(row.parameters, spec.labels.map((_, i) => answer.probabilities[String(i)] ?? 0));
+    case "score":
       return create(CalibratedAnswerSchema, {
         ...head,
         score: round6(expectedLevel(calibrated)),
         probabilities: Object.fromEntries(spec.labels.map((_, i) => [String(i), round6(calibrated[i]!)])),
       });
-    }
   }
 }

@@ -67,8 +67,8 @@ export function validateDecideRequest(request: DecideRequest): Violation[] {
       violations.push({ field: `${field}.instructions`, rule: "must be a non-empty string" });
     }
     violations.push(...CRITERIA_RULES[type](presentValue(question.criteria), `${field}.criteria`));
-    if (question.calibration !== "" && !isUuid(question.calibration)) {
-      violations.push({ field: `${field}.calibration`, rule: "a calibration id (a UUID), or absent" });
+    if (question.calibration !== "" && question.calibration !== "contextual" && !isUuid(question.calibration)) {
+      violations.push({ field: `${field}.calibration`, rule: 'a calibration id (a UUID), "contextual", or absent' });
     }
   }
   return violations;

@@ -764,8 +764,9 @@ export interface components {
         };
         /** @description The answer after a calibration: the same fields as Answer's, computed from the calibrated label probabilities. */
         "typesafe.decision.v1.CalibratedAnswer": {
+            /** @description Empty for "contextual". */
             calibration_id: string;
-            /** @description "platt", "isotonic", "temperature" or "vector". */
+            /** @description "platt", "isotonic", "temperature", "vector" or "contextual". */
             method: string;
             /** @description noul: calibrated P(yes). */
             noul?: number;
@@ -834,10 +835,7 @@ export interface components {
             instructions: string;
             /** @description choice: an object of option names mapped to null; score: an array of ordered labels, lowest first; noul: absent. */
             criteria?: null;
-            /**
-             * Format: uuid
-             * @description Optional: the id of a calibration of this account whose signature matches this question. Its answer then also carries x_calibrated; the other fields stay the model's raw reading.
-             */
+            /** @description Optional: the id of a calibration of this account whose signature matches this question, or "contextual" (label-free: the question is also asked once per process about a content-free state, in the call that first needs it and paid by it). Its answer then also carries x_calibrated; the other fields stay the model's raw reading. */
             calibration?: string | null;
         };
         "typesafe.decision.v1.Question.choice": {
@@ -852,10 +850,7 @@ export interface components {
             criteria: {
                 [key: string]: null;
             };
-            /**
-             * Format: uuid
-             * @description Optional: the id of a calibration of this account whose signature matches this question. Its answer then also carries x_calibrated; the other fields stay the model's raw reading.
-             */
+            /** @description Optional: the id of a calibration of this account whose signature matches this question, or "contextual" (label-free: the question is also asked once per process about a content-free state, in the call that first needs it and paid by it). Its answer then also carries x_calibrated; the other fields stay the model's raw reading. */
             calibration?: string | null;
         };
         "typesafe.decision.v1.Question.score": {
@@ -868,10 +863,7 @@ export interface components {
             instructions: string;
             /** @description choice: an object of option names mapped to null; score: an array of ordered labels, lowest first; noul: absent. */
             criteria: string[];
-            /**
-             * Format: uuid
-             * @description Optional: the id of a calibration of this account whose signature matches this question. Its answer then also carries x_calibrated; the other fields stay the model's raw reading.
-             */
+            /** @description Optional: the id of a calibration of this account whose signature matches this question, or "contextual" (label-free: the question is also asked once per process about a content-free state, in the call that first needs it and paid by it). Its answer then also carries x_calibrated; the other fields stay the model's raw reading. */
             calibration?: string | null;
         };
         "typesafe.search.v1.SearchResponse": {

@@ -25,6 +25,7 @@ let fake: FakeLlm;
 let service: AccountTestApp;
 const PASSWORD = "a long and unusual passphrase 42";
 const MODEL = "typesafe/service-1.13";
+const PROBE_TOKENS = 50;
 
 const logit = (p: number) => Math.log(p / (1 - p));
 const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
@@ -46,6 +47,8 @@ beforeAll(async () => {
   database = await createTestDatabase(10, { runsEvaluations: true });
   fake = await startFakeLlm((request) => {
     if (isProbe(request.body)) return PROBE_OK;
+    // Contextual calibration's content-free state: a model that leans to "yes" when nothing favours it.
+    if (userContent(request).includes("N/A")) return logprobsReply({ yes: 0.8, no: 0.2 }, { prompt: PROBE_TOKENS });
     const match = /true probability (0\.\d+)/.exec(userContent(request));
     if (!match) return { status: 400, text: "no route" };
     const q = sigmoid(3 * logit(Number(match[1])) + 1);
@@ -222,7 +225,7 @@ describe("a decision naming a calibration", () => {
         { headers: { authorization: `Bearer ${apiKey}` } },
       ),
     );
-    expect([malformed.reason, malformed.field, malformed.rule]).toEqual(["INVALID_ARGUMENT", "questions.urgent.calibration", "a calibration id (a UUID), or absent"]);
+    expect([malformed.reason, malformed.field, malformed.rule]).toEqual(["INVALID_ARGUMENT", "questions.urgent.calibration", 'a calibration id (a UUID), "contextual", or absent']);
     expect(await balanceUnits(database.db, accountId)).toBe(before);
     expect(fake.questionRequests()).toHaveLength(asked);
   }, 120_000);
@@ -240,5 +243,31 @@ describe("a decision naming a calibration", () => {
     }
     expect((await other.client.listCalibrations({})).calibrations).toEqual([]);
     expect(await balanceUnits(database.db, other.accountId)).toBe(100_000_000);
+  }, 120_000);
+});
+
+describe("contextual calibration", () => {
+  it("probes the content-free state once per signature, in the call that needs it and paid by it, and divides by the probe", async () => {
+    const { accountId, apiKey } = await owner();
+    const question = { type: "noul", instructions: "Is it urgent, in context?", calibration: "contextual" };
+    const q = sigmoid(3 * logit(0.3) + 1);
+    const expected = (raw: number) => round6((raw / 0.8) / (raw / 0.8 + (1 - raw) / 0.2));
+    const asked = fake.questionRequests().length;
+    const balance = await balanceUnits(database.db, accountId);
+
+    const first = await postJson(`${service.url}/api/v1/decisions`, decision({ urgent: question }), { apiKey });
+    expect(first.status).toBe(200);
+    expect(fake.questionRequests().length - asked).toBe(2);
+    expect((first.body.data["usage"] as Record<string, number>)["input_tokens"]).toBe(120 + PROBE_TOKENS);
+    const answer = (first.body.data["answers"] as Record<string, Record<string, unknown>>)["urgent"]!;
+    expect(answer["noul"]).toBeCloseTo(q, 6);
+    expect(answer["x_calibrated"]).toEqual({ calibration_id: "", method: "contextual", noul: expected(answer["noul"] as number) });
+    expect(await balanceUnits(database.db, accountId)).toBe(balance - 120 - PROBE_TOKENS);
+
+    const second = await postJson(`${service.url}/api/v1/decisions`, decision({ urgent: question }), { apiKey });
+    expect(fake.questionRequests().length - asked).toBe(3);
+    expect((second.body.data["usage"] as Record<string, number>)["input_tokens"]).toBe(120);
+    expect((second.body.data["answers"] as Record<string, Record<string, unknown>>)["urgent"]!["x_calibrated"]).toEqual(answer["x_calibrated"]);
+    expect(await balanceUnits(database.db, accountId)).toBe(balance - 240 - PROBE_TOKENS);
   }, 120_000);
 });

@@ -76,7 +76,9 @@ export type Question = Message<"typesafe.decision.v1.Question"> & {
 
   /**
    * Optional: the id of a calibration of this account whose signature matches
-   * this question. Its answer then also carries x_calibrated; the other fields
+   * this question, or "contextual" (label-free: the question is also asked once
+   * per process about a content-free state, in the call that first needs it and
+   * paid by it). Its answer then also carries x_calibrated; the other fields
    * stay the model's raw reading.
    *
    * @generated from field: string calibration = 4;
@@ -285,12 +287,14 @@ export const AnswerSchema: GenMessage<Answer> = /*@__PURE__*/
  */
 export type CalibratedAnswer = Message<"typesafe.decision.v1.CalibratedAnswer"> & {
   /**
+   * Empty for "contextual".
+   *
    * @generated from field: string calibration_id = 1;
    */
   calibrationId: string;
 
   /**
-   * "platt", "isotonic", "temperature" or "vector".
+   * "platt", "isotonic", "temperature", "vector" or "contextual".
    *
    * @generated from field: string method = 2;
    */
