@@ -48,7 +48,15 @@ beforeAll(async () => {
   fake = await startFakeLlm((request) => {
     if (isProbe(request.body)) return PROBE_OK;
     // Contextual calibration's content-free state: a model that leans to "yes" when nothing favours it.
-    if (userContent(request).includes("N/A")) return logprobsReply({ yes: 0.8, no: 0.2 }, { prompt: PROBE_TOKENS });
+    if (userContent(request).includes("N/A")) {
+      return userContent(request).includes("Which team") ? logprobsReply({ A: 0.8, B: 0.2 }, { prompt: PROBE_TOKENS }) : logprobsReply({ yes: 0.8, no: 0.2 }, { prompt: PROBE_TOKENS });
+    }
+    // A choice with a constant lean: option A's true share t is read as 4t : (1 − t), as if the model favoured A fourfold whatever the state.
+    const share = /billing share (0\.\d+)/.exec(userContent(request));
+    if (share) {
+      const t = Number(share[1]);
+      return logprobsReply({ A: (4 * t) / (3 * t + 1), B: (1 - t) / (3 * t + 1) }, { prompt: 120 });
+    }
     const match = /true probability (0\.\d+)/.exec(userContent(request));
     if (!match) return { status: 400, text: "no route" };
     const q = sigmoid(3 * logit(Number(match[1])) + 1);
@@ -269,5 +277,32 @@ describe("contextual calibration", () => {
     expect((second.body.data["usage"] as Record<string, number>)["input_tokens"]).toBe(120);
     expect((second.body.data["answers"] as Record<string, Record<string, unknown>>)["urgent"]!["x_calibrated"]).toEqual(answer["x_calibrated"]);
     expect(await balanceUnits(database.db, accountId)).toBe(balance - 240 - PROBE_TOKENS);
+  }, 120_000);
+
+  it("removes most of a choice's constant label bias", async () => {
+    const { apiKey } = await owner();
+    const question = { type: "choice", instructions: "Which team handles it?", criteria: { billing: null, infra: null }, calibration: "contextual" };
+    const asked = fake.questionRequests().length;
+    const shares = [0.1, 0.3, 0.5, 0.7, 0.9];
+    let rawBias = 0;
+    let calibratedBias = 0;
+    for (const t of shares) {
+      const res = await postJson(`${service.url}/api/v1/decisions`, decision({ team: question }, `team case: billing share ${t.toFixed(4)}`), { apiKey });
+      expect(res.status).toBe(200);
+      const answer = (res.body.data["answers"] as Record<string, Record<string, unknown>>)["team"]!;
+      const raw = (answer["probabilities"] as Record<string, number>)["billing"]!;
+      const calibrated = answer["x_calibrated"] as { method: string; probabilities: Record<string, number>; choice: string };
+      expect(raw).toBeCloseTo((4 * t) / (3 * t + 1), 5);
+      expect(calibrated.method).toBe("contextual");
+      expect(calibrated.probabilities["billing"]).toBeCloseTo(t, 5);
+      // At 0.5 the two tie, and a tie goes to the first option.
+      expect(calibrated.choice).toBe(t >= 0.5 ? "billing" : "infra");
+      rawBias += (raw - t) / shares.length;
+      calibratedBias += (calibrated.probabilities["billing"]! - t) / shares.length;
+    }
+    expect(rawBias).toBeGreaterThan(0.2);
+    expect(Math.abs(calibratedBias)).toBeLessThan(rawBias / 10);
+    // Five decisions and one probe.
+    expect(fake.questionRequests().length - asked).toBe(shares.length + 1);
   }, 120_000);
 });
