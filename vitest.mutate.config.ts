@@ -10,7 +10,7 @@ export default defineConfig({
     include: [
       "test/metering/{ledger,meter,meter-rules,metered-rpc,lost-replies,abandon-race,batch-lock-order,crash,admission-refusal,finish-with-retry,sweeper,key-limits,key-limits.surfaces,usage-rollup.rules,account-views}.test.ts",
       "test/db/{pooled-statement,statement-batcher}.test.ts",
-      "test/decision/answer-math*.test.ts",
+      "test/decision/{answer-math*,calibration}.test.ts",
       "test/upstream/logprob-window.test.ts",
       // The evaluation math: hand-worked tables, the synthetic proof and the docs' worked example (the scikit-learn comparison needs python, so it stays in the polyglot suite).
       "test/evaluation/*.test.ts",

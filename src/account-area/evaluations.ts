@@ -5,6 +5,8 @@ import { isUuid } from "../accounts/store.js";
 import { apiError } from "../errors.js";
 import { createEvaluation, evaluationMessage } from "../evaluation/evaluations.js";
 import { evaluationResults } from "../evaluation/results.js";
+import { calibrationMessage, fitFromEvaluation } from "../evaluation/calibrations.js";
+import { findCalibration, listCalibrations } from "../evaluation/calibration-store.js";
 import { cancelEvaluation, deleteEvaluation, findEvaluation, listEvaluations, resumeEvaluation, type EvaluationView } from "../evaluation/store.js";
 import type { AccountService } from "../gen/typesafe/account/v1/account_service_pb.js";
 import { UNITS_PER_CREDIT, unitsToCredits } from "../units.js";
@@ -14,7 +16,16 @@ import { decodePageToken, encodePageToken } from "./usage-query.js";
 
 type EvaluationMethods = Pick<
   ServiceImpl<typeof AccountService>,
-  "createEvaluation" | "listEvaluations" | "getEvaluation" | "cancelEvaluation" | "resumeEvaluation" | "deleteEvaluation" | "getEvaluationResults"
+  | "createEvaluation"
+  | "listEvaluations"
+  | "getEvaluation"
+  | "cancelEvaluation"
+  | "resumeEvaluation"
+  | "deleteEvaluation"
+  | "getEvaluationResults"
+  | "fitCalibration"
+  | "getCalibration"
+  | "listCalibrations"
 >;
 
 export interface EvaluationMethodsDeps {
@@ -128,6 +139,33 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
       const evaluation = await evaluationOf(member.accountId, req.evaluationId);
       const results = await evaluationResults(db, evaluation);
       return { evaluation: evaluationMessage(evaluation), ...results };
+    },
+
+    async fitCalibration(req, ctx) {
+      const member = allowed(ctx, "run_evaluations");
+      const evaluation = await evaluationOf(member.accountId, req.evaluationId);
+      const row = await fitFromEvaluation(db, { evaluation, questionKey: req.questionKey, method: req.method, createdBy: member.email, at: now() });
+      return { calibration: calibrationMessage(row) };
+    },
+
+    async getCalibration(req, ctx) {
+      const member = allowed(ctx, "read");
+      throwIfInvalid(req.calibrationId === "" ? [{ field: "calibration_id", rule: "required" }] : []);
+      const row = isUuid(req.calibrationId) ? await findCalibration(db, member.accountId, req.calibrationId) : undefined;
+      if (!row) throw apiError("NOT_FOUND", "no such calibration", { field: "calibration_id" });
+      return { calibration: calibrationMessage(row) };
+    },
+
+    async listCalibrations(req, ctx) {
+      const member = allowed(ctx, "read");
+      const size = req.pageSize === 0 ? DEFAULT_EVALUATIONS_PAGE : req.pageSize;
+      throwIfInvalid(size < 1 || size > MAX_EVALUATIONS_PAGE ? [{ field: "page_size", rule: `from 1 to ${MAX_EVALUATIONS_PAGE}, or 0 for ${DEFAULT_EVALUATIONS_PAGE}` }] : []);
+      const position = decodePageToken(req.pageToken);
+      throwIfInvalid(position && !isUuid(position.id) ? [{ field: "page_token", rule: "the next_page_token of an earlier page" }] : []);
+      const rows = await listCalibrations(db, member.accountId, size + 1, position && { createdAt: position.at, id: position.id });
+      const page = rows.slice(0, size);
+      const last = page.at(-1);
+      return { calibrations: page.map(calibrationMessage), nextPageToken: rows.length > size && last ? encodePageToken(last.created_at, last.id) : "" };
     },
   };
 }

@@ -28,6 +28,7 @@ export const ACTIVITY_KINDS = [
   "evaluation_cancelled",
   "evaluation_resumed",
   "evaluation_deleted",
+  "calibration_fitted",
 ] as const;
 export type ActivityKind = (typeof ACTIVITY_KINDS)[number];
 

@@ -28,7 +28,7 @@ export const ACTION_RULES: Readonly<Record<Action, string>> = {
   manage_members: "owners and admins invite, remove and change the roles of members",
   manage_alerts: "owners and admins set balance alerts and webhook endpoints",
   require_two_factor: "only owners require two-factor sign-in for the account",
-  run_evaluations: "owners, admins and members create, cancel, resume and delete evaluations (they spend the account's credits, as keys do); viewers only read",
+  run_evaluations: "owners, admins and members create, cancel, resume and delete evaluations and fit calibrations (they spend the account's credits, as keys do); viewers only read",
 };
 
 /** The rule that keeps the owner role in owners' hands. */

@@ -1333,6 +1333,33 @@ CREATE TABLE public.api_keys (
 );
 
 --
+-- Name: calibrations; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.calibrations (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    account_id uuid NOT NULL,
+    evaluation_id uuid NOT NULL,
+    question_key text NOT NULL,
+    method text NOT NULL,
+    question_type text NOT NULL,
+    instructions text NOT NULL,
+    labels text[] NOT NULL,
+    prompt_version text NOT NULL,
+    model text NOT NULL,
+    upstream text NOT NULL,
+    signature text NOT NULL,
+    version integer NOT NULL,
+    parameters jsonb NOT NULL,
+    held_out jsonb NOT NULL,
+    created_by text NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT calibrations_method_check CHECK ((method = ANY (ARRAY['platt'::text, 'isotonic'::text, 'temperature'::text, 'vector'::text, 'contextual'::text]))),
+    CONSTRAINT calibrations_question_type_check CHECK ((question_type = ANY (ARRAY['noul'::text, 'choice'::text, 'score'::text]))),
+    CONSTRAINT calibrations_version_check CHECK ((version > 0))
+);
+
+--
 -- Name: evaluation_examples; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1898,6 +1925,20 @@ ALTER TABLE public.api_keys
     ADD CONSTRAINT api_keys_scopes_known CHECK (((scopes <@ ARRAY['decisions'::text, 'search'::text]) AND (cardinality(scopes) > 0))) NOT VALID;
 
 --
+-- Name: calibrations calibrations_account_id_signature_version_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.calibrations
+    ADD CONSTRAINT calibrations_account_id_signature_version_key UNIQUE (account_id, signature, version);
+
+--
+-- Name: calibrations calibrations_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.calibrations
+    ADD CONSTRAINT calibrations_pkey PRIMARY KEY (id);
+
+--
 -- Name: evaluation_examples evaluation_examples_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -2046,6 +2087,12 @@ CREATE INDEX api_keys_account_id ON public.api_keys USING btree (account_id);
 --
 
 CREATE INDEX api_keys_expiring ON public.api_keys USING btree (expires_at) WHERE ((expires_at IS NOT NULL) AND (revoked_at IS NULL));
+
+--
+-- Name: calibrations_account; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX calibrations_account ON public.calibrations USING btree (account_id, created_at DESC, id DESC);
 
 --
 -- Name: evaluation_examples_open; Type: INDEX; Schema: public; Owner: -
@@ -2235,6 +2282,13 @@ ALTER TABLE ONLY public.account_events
 
 ALTER TABLE ONLY public.api_keys
     ADD CONSTRAINT api_keys_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
+
+--
+-- Name: calibrations calibrations_account_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.calibrations
+    ADD CONSTRAINT calibrations_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
 
 --
 -- Name: evaluation_examples evaluation_examples_evaluation_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -1,5 +1,6 @@
 import type { Metrics } from "../metrics.js";
 import { create, toJsonString } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
 import type { LlmConfig } from "../config.js";
@@ -21,6 +22,18 @@ import { pathOf, throwIfInvalid } from "../validation.js";
 import { notReadyMessage, retryAfterSeconds, type EmbeddedModelHost } from "../upstream/embedded-supervisor.js";
 import { embeddedDeadline, plannedTokens, type EmbeddedDeadline } from "./embedded-deadline.js";
 import { createDecisionEngine, firstCallMessages, type DecisionEngine, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";
+import {
+  CONTENT_FREE_STATE,
+  CONTEXTUAL,
+  calibratedAnswer,
+  calibrationsOf,
+  createCalibrationCache,
+  createProbeCache,
+  labelDistribution,
+  type CalibrationCache,
+  type ProbeCache,
+} from "./calibration.js";
+import { signatureDigest, signatureOf } from "../evaluation/calibration-signature.js";
 import { optionOrder } from "./labels.js";
 import { estimateTokens, PROMPT_VERSION, renderState } from "./prompt.js";
 import { SUPPORTED_MODEL, isQuestionType, unknownQuestionType, validateDecideRequest } from "./validate.js";
@@ -41,6 +54,10 @@ export interface DecisionServiceDeps {
   metrics?: Pick<Metrics, "recordLlmCall" | "recordDecision">;
   /** The engines to answer with; built from `llm` / `llmClient` / `embedded` when absent (the app shares one with the evaluation runner). */
   engines?: DecisionEngines;
+  /** Calibrations read so far; a bounded one of its own when absent. */
+  calibrations?: CalibrationCache;
+  /** Contextual calibration's answers to the content-free state; a bounded one of its own when absent. */
+  probes?: ProbeCache;
 }
 
 /** The engine that answers decisions now, and what it runs on. */
@@ -98,6 +115,8 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
   const { db, meter, llm, logger, metrics, embedded } = deps;
   const engines = deps.engines ?? createDecisionEngines(deps);
   const currentEngine = engines.current;
+  const calibrationCache = deps.calibrations ?? createCalibrationCache();
+  const probeCache = deps.probes ?? createProbeCache();
 
   return {
     async decide(request, ctx: HandlerContext) {
@@ -113,6 +132,16 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           metadata: { estimated_tokens: String(tooLong.tokens), max_tokens: String(QUESTION_BUDGET_TOKENS) },
         });
       }
+      // Only a call that names a calibration reads one (and its key, for the account); the others are untouched.
+      const asked = { promptVersion: PROMPT_VERSION, model: SUPPORTED_MODEL, upstream: engines.upstream };
+      const wanted = questions.flatMap((spec) => {
+        const calibrationId = request.questions[spec.key]!.calibration;
+        return calibrationId === "" || calibrationId === CONTEXTUAL ? [] : [{ spec, calibrationId }];
+      });
+      const calibrations = wanted.length === 0 ? undefined : await calibrationsOf(db, calibrationCache, await authenticate(db, apiKey), wanted, asked);
+      // Contextual calibration probes each signature once per process; the probe is part of the call that needs it, and paid by it.
+      const contextual = questions.filter((spec) => request.questions[spec.key]!.calibration === CONTEXTUAL).map((spec) => ({ spec, digest: signatureDigest(signatureOf(spec, asked)) }));
+      const toProbe = contextual.filter((c) => !probeCache.get(c.digest));
       const engine = currentEngine();
       if (!engine && embedded) {
         await authenticate(db, apiKey);
@@ -159,13 +188,25 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           schema: DecideResponseSchema,
           endpoint: "decide",
           apiKey,
-          reserveUnits: decisionReserveUnits(questions.length),
+          reserveUnits: decisionReserveUnits(questions.length + toProbe.length),
           timeoutMs,
           fingerprint: () => toJsonString(DecideRequestSchema, request),
         },
         async (signal) => {
           const deadlineMs = Date.now() + Math.max(timeoutMs - DEADLINE_MARGIN_MS, timeoutMs / 2);
-          const outcome = await engine.decide({ stateBlock, questions }, { signal, deadlineMs });
+          const [outcome, probed] = await Promise.all([
+            engine.decide({ stateBlock, questions }, { signal, deadlineMs }),
+            toProbe.length === 0
+              ? undefined
+              : engine.decide({ stateBlock: renderState(create(ValueSchema, { kind: { case: "stringValue", value: CONTENT_FREE_STATE } })), questions: toProbe.map((c) => c.spec) }, { signal, deadlineMs }),
+          ]);
+          if (probed) {
+            for (const key of ["inputTokens", "outputTokens", "cachedInputTokens", "upstreamCalls"] as const) outcome.usage[key] += probed.usage[key];
+            probed.answers.forEach(([, answer], i) => {
+              const probe = labelDistribution(toProbe[i]!.spec, answer);
+              if (probe) probeCache.put(toProbe[i]!.digest, probe);
+            });
+          }
           callPhasesOf(ctx).details = {
             prompt_version: PROMPT_VERSION,
             questions: questions.length,
@@ -190,7 +231,19 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
             answers: Object.fromEntries(outcome.answers),
             usage: outcome.usage,
           });
-          return { response, chargeUnits: Math.min(outcome.usage.inputTokens, decisionReserveUnits(questions.length)) };
+          if (calibrations) {
+            for (const spec of questions) {
+              const row = calibrations.get(spec.key);
+              const answer = response.answers[spec.key];
+              if (row && answer) answer.xCalibrated = calibratedAnswer(spec, answer, row);
+            }
+          }
+          for (const { spec, digest } of contextual) {
+            const probe = probeCache.get(digest);
+            const answer = response.answers[spec.key];
+            if (probe && answer) answer.xCalibrated = calibratedAnswer(spec, answer, { id: "", parameters: { method: "contextual", probe } });
+          }
+          return { response, chargeUnits: Math.min(outcome.usage.inputTokens, decisionReserveUnits(questions.length + toProbe.length)) };
         },
       ).finally(() => giveBack?.());
       response.billing = create(BillingSchema, billing);

@@ -1,5 +1,6 @@
 import type { Value } from "@bufbuild/protobuf/wkt";
 import type { DecideRequest } from "../gen/typesafe/decision/v1/decision_service_pb.js";
+import { isUuid } from "../accounts/store.js";
 import { FINITE_RULE, MAX_NESTING_DEPTH, PROTO_KEY_RULE, UNICODE_RULE, hasLoneSurrogate, pathOf, type Violation } from "../validation.js";
 
 export const SUPPORTED_MODEL = "typesafe/service-1.13";
@@ -66,6 +67,9 @@ export function validateDecideRequest(request: DecideRequest): Violation[] {
       violations.push({ field: `${field}.instructions`, rule: "must be a non-empty string" });
     }
     violations.push(...CRITERIA_RULES[type](presentValue(question.criteria), `${field}.criteria`));
+    if (question.calibration !== "" && question.calibration !== "contextual" && !isUuid(question.calibration)) {
+      violations.push({ field: `${field}.calibration`, rule: 'a calibration id (a UUID), "contextual", or absent' });
+    }
   }
   return violations;
 }

@@ -47,6 +47,10 @@ export function validateEvaluation(
 ): { questions: QuestionSpec[]; examples: ValidExample[]; violations: ExampleViolation[] } {
   const violations: ExampleViolation[] = [];
   const questionViolations = validateDecideRequest(create(DecideRequestSchema, { model: SUPPORTED_MODEL, questions, state: { kind: { case: "stringValue", value: "-" } } }));
+  // An evaluation measures the raw answers (and calibrations are fitted from them), so its questions name none.
+  for (const [key, question] of Object.entries(questions)) {
+    if (question.calibration !== "") questionViolations.push({ field: `${pathOf("questions", key)}.calibration`, rule: "an evaluation measures raw answers: no calibration" });
+  }
   for (const v of questionViolations) violations.push({ line: 0, ...v });
   if (examples.length < 1 || examples.length > MAX_EXAMPLES) {
     violations.push({ line: 0, field: "examples", rule: `must hold 1 to ${MAX_EXAMPLES} examples, got ${examples.length}` });

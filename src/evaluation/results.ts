@@ -35,24 +35,7 @@ export async function evaluationResults(db: Knex | Knex.Transaction, evaluation:
   const specs = questionSpecs(create(DecideRequestSchema, { questions }));
   const results: Record<string, QuestionResults> = {};
   for (const spec of specs) {
-    let labelled = 0;
-    const noul: NoulPoint[] = [];
-    const distribution: DistributionPoint[] = [];
-    const names = spec.type === "choice" ? spec.options : spec.type === "score" ? spec.labels : [];
-    for (const row of rows) {
-      const label = row.labels[spec.key];
-      if (label === undefined) continue;
-      labelled++;
-      const answer = (row.answers[spec.key] ?? {}) as StoredAnswer;
-      if (answer.type !== spec.type) continue;
-      const exampleId = String(row.position);
-      if (spec.type === "noul") {
-        noul.push({ probabilityTrue: clamp(answer.noul ?? 0), label: label === true, labelMass: answer.xLabelMass, exampleId });
-      } else {
-        const probabilities = names.map((name, i) => clamp(answer.probabilities?.[spec.type === "choice" ? name : String(i)] ?? 0));
-        distribution.push({ probabilities, label: names.indexOf(String(label)), labelMass: answer.xLabelMass, exampleId });
-      }
-    }
+    const { labelled, noul, distribution, names } = questionPoints(spec, rows);
     results[spec.key] = questionResults(spec, labelled, noul, distribution, names);
   }
   const distinct = (values: Array<string | null>) => [...new Set(values.filter((v): v is string => !!v))].join(", ");
@@ -62,6 +45,32 @@ export async function evaluationResults(db: Knex | Knex.Transaction, evaluation:
     upstream: distinct(rows.map((r) => r.upstream)),
     promptVersion: distinct(rows.map((r) => r.prompt_version)),
   };
+}
+
+/** The labelled points of one question: noul's P(true) or the distribution in the options' canonical order, with the example's label. */
+export function questionPoints(
+  spec: QuestionSpec,
+  rows: ReadonlyArray<{ position: number; labels: Record<string, boolean | string>; answers: Record<string, Record<string, unknown>> }>,
+): { labelled: number; noul: NoulPoint[]; distribution: DistributionPoint[]; names: readonly string[] } {
+  let labelled = 0;
+  const noul: NoulPoint[] = [];
+  const distribution: DistributionPoint[] = [];
+  const names = spec.type === "choice" ? spec.options : spec.type === "score" ? spec.labels : [];
+  for (const row of rows) {
+    const label = row.labels[spec.key];
+    if (label === undefined) continue;
+    labelled++;
+    const answer = (row.answers[spec.key] ?? {}) as StoredAnswer;
+    if (answer.type !== spec.type) continue;
+    const exampleId = String(row.position);
+    if (spec.type === "noul") {
+      noul.push({ probabilityTrue: clamp(answer.noul ?? 0), label: label === true, labelMass: answer.xLabelMass, exampleId });
+    } else {
+      const probabilities = names.map((name, i) => clamp(answer.probabilities?.[spec.type === "choice" ? name : String(i)] ?? 0));
+      distribution.push({ probabilities, label: names.indexOf(String(label)), labelMass: answer.xLabelMass, exampleId });
+    }
+  }
+  return { labelled, noul, distribution, names };
 }
 
 function questionResults(spec: QuestionSpec, labelled: number, noul: NoulPoint[], distribution: DistributionPoint[], names: readonly string[]): QuestionResults {

@@ -88,7 +88,10 @@ export function jsonTouchesOf(method: DescMethod): JsonTouches | undefined {
 const jsonTouches: Record<string, JsonTouches> = {
   [`${DecisionService.typeName}.${DecisionService.method.decide.name}`]: {
     reshapeAnswerJson: dropEmptyAnswerFields,
-    documentData: (schemas) => notRequired(schemas["typesafe.decision.v1.Answer"], ["probabilities", "legend"]),
+    documentData: (schemas) => {
+      notRequired(schemas["typesafe.decision.v1.Answer"], ["probabilities", "legend"]);
+      notRequired(schemas["typesafe.decision.v1.CalibratedAnswer"], ["probabilities"]);
+    },
   },
   [`${SearchService.typeName}.${SearchService.method.search.name}`]: {
     reshapeAnswerJson: nullMissingDates,
@@ -108,13 +111,17 @@ function requiredOrNull(schema: Record<string, unknown> | undefined, fields: str
   schema["required"] = [...(schema["required"] as string[]), ...fields];
 }
 
-/** Answers keep only the fields of their type (a noul answer has no empty `probabilities`). */
+/** Answers keep only the fields of their type (a noul answer has no empty `probabilities`), and so does a calibrated answer inside one. */
 function dropEmptyAnswerFields(data: Record<string, unknown>): void {
   const answers = (data["answers"] ?? {}) as Record<string, Record<string, unknown>>;
-  for (const answer of Object.values(answers)) {
+  const dropEmpty = (answer: Record<string, unknown>) => {
     for (const [key, value] of Object.entries(answer)) {
       if (typeof value === "object" && value !== null && Object.keys(value).length === 0) delete answer[key];
     }
+  };
+  for (const answer of Object.values(answers)) {
+    dropEmpty(answer);
+    if (typeof answer["x_calibrated"] === "object" && answer["x_calibrated"] !== null) dropEmpty(answer["x_calibrated"] as Record<string, unknown>);
   }
 }
 

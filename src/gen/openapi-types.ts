@@ -634,6 +634,41 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/account/v1/calibrations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** ListCalibrations lists the account's calibrations, newest first. */
+        get: operations["AccountService_ListCalibrations"];
+        put?: never;
+        /** FitCalibration fits a calibration of one question from a finished evaluation's labelled answers (platt or isotonic for noul, temperature or vector for choice and score), measured on answers each fold did not see. */
+        post: operations["AccountService_FitCalibration"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/account/v1/calibrations/get": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** GetCalibration reads one calibration: its signature, parameters and held-out metrics. */
+        post: operations["AccountService_GetCalibration"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -724,6 +759,25 @@ export interface components {
             x_approx?: boolean;
             /** @description With x_unseen: the most the unseen labels can hold together (each at most the window's smallest entry, all at most what the window leaves of 1), so the labels' true share lies between x_label_mass and x_label_mass plus this. */
             x_unseen_mass_max?: number;
+            /** @description With Question.calibration: the calibrated answer beside the raw one above. */
+            x_calibrated?: components["schemas"]["typesafe.decision.v1.CalibratedAnswer"];
+        };
+        /** @description The answer after a calibration: the same fields as Answer's, computed from the calibrated label probabilities. */
+        "typesafe.decision.v1.CalibratedAnswer": {
+            /** @description Empty for "contextual". */
+            calibration_id: string;
+            /** @description "platt", "isotonic", "temperature", "vector" or "contextual". */
+            method: string;
+            /** @description noul: calibrated P(yes). */
+            noul?: number;
+            /** @description choice: the most probable option name after calibration. */
+            choice?: string;
+            /** @description score: calibrated expected 0-based level. */
+            score?: number;
+            /** @description choice: option name -> calibrated probability; score: level -> calibrated probability. */
+            probabilities?: {
+                [key: string]: number;
+            };
         };
         /** @description Usage of the upstream calls that produced answers (our own retries excluded). */
         "typesafe.decision.v1.Usage": {
@@ -781,6 +835,8 @@ export interface components {
             instructions: string;
             /** @description choice: an object of option names mapped to null; score: an array of ordered labels, lowest first; noul: absent. */
             criteria?: null;
+            /** @description Optional: the id of a calibration of this account whose signature matches this question, or "contextual" (label-free: the question is also asked once per process about a content-free state, in the call that first needs it and paid by it). Its answer then also carries x_calibrated; the other fields stay the model's raw reading. */
+            calibration?: string | null;
         };
         "typesafe.decision.v1.Question.choice": {
             /**
@@ -794,6 +850,8 @@ export interface components {
             criteria: {
                 [key: string]: null;
             };
+            /** @description Optional: the id of a calibration of this account whose signature matches this question, or "contextual" (label-free: the question is also asked once per process about a content-free state, in the call that first needs it and paid by it). Its answer then also carries x_calibrated; the other fields stay the model's raw reading. */
+            calibration?: string | null;
         };
         "typesafe.decision.v1.Question.score": {
             /**
@@ -805,6 +863,8 @@ export interface components {
             instructions: string;
             /** @description choice: an object of option names mapped to null; score: an array of ordered labels, lowest first; noul: absent. */
             criteria: string[];
+            /** @description Optional: the id of a calibration of this account whose signature matches this question, or "contextual" (label-free: the question is also asked once per process about a content-free state, in the call that first needs it and paid by it). Its answer then also carries x_calibrated; the other fields stay the model's raw reading. */
+            calibration?: string | null;
         };
         "typesafe.search.v1.SearchResponse": {
             /** @description The query as searched: trimmed, NFC, whitespace collapsed. */
@@ -1680,6 +1740,80 @@ export interface components {
         };
         "typesafe.account.v1.GetEvaluationResultsRequest": {
             evaluation_id: string;
+        };
+        "typesafe.account.v1.FitCalibrationResponse": {
+            calibration?: components["schemas"]["typesafe.account.v1.Calibration"];
+        };
+        /** @description A fitted calibration. Immutable: a new fit is a new calibration, with the next version of its signature. A decision names it in Question.calibration. */
+        "typesafe.account.v1.Calibration": {
+            id: string;
+            /** @description The evaluation and question it was fitted from. */
+            evaluation_id: string;
+            question_key: string;
+            /** @description "platt", "isotonic", "temperature" or "vector". */
+            method: string;
+            /**
+             * Format: int32
+             * @description 1 for the first calibration of this signature in the account, then 2, 3, ...
+             */
+            version: number;
+            /** @description The questions it applies to; a decision's question must match every part. */
+            signature?: components["schemas"]["typesafe.account.v1.CalibrationSignature"];
+            /** @description The method's parameters (docs/evaluations.md): platt {slope, intercept}, isotonic {x, y}, temperature {temperature}, vector {temperature, biases}. */
+            parameters?: {
+                [key: string]: unknown;
+            };
+            held_out?: components["schemas"]["typesafe.account.v1.CalibrationHeldOut"];
+            created_by: string;
+            /** Format: date-time */
+            created_at?: string;
+        };
+        /** @description What a question must be for a calibration to apply to its answers. */
+        "typesafe.account.v1.CalibrationSignature": {
+            /** @description "noul", "choice" or "score". */
+            type: string;
+            instructions: string;
+            /** @description choice: the option names in canonical order; score: the labels, lowest first; noul: none. */
+            labels: string[];
+            /** @description The prompt version, the model name of the contract and the upstream model that answered. */
+            prompt_version: string;
+            model: string;
+            upstream: string;
+        };
+        /** @description The calibration measured by k-fold cross-fitting: each answer calibrated by the parameters fitted on the other folds. */
+        "typesafe.account.v1.CalibrationHeldOut": {
+            /** Format: int32 */
+            folds: number;
+            /** Format: int32 */
+            seed: number;
+            before?: components["schemas"]["typesafe.account.v1.HeldOutMetrics"];
+            after?: components["schemas"]["typesafe.account.v1.HeldOutMetrics"];
+        };
+        /** @description Metrics over the held-out answers; absent when they are undefined. */
+        "typesafe.account.v1.HeldOutMetrics": {
+            /** Format: int32 */
+            count: number;
+            ece?: number;
+            brier?: number;
+            log_loss?: number;
+            accuracy?: number;
+        };
+        "typesafe.account.v1.FitCalibrationRequest": {
+            evaluation_id?: string | null;
+            /** @description The question's key in the evaluation. */
+            question_key?: string | null;
+            /** @description "platt" or "isotonic" for noul; "temperature" or "vector" for choice and score. */
+            method?: string | null;
+        };
+        "typesafe.account.v1.GetCalibrationResponse": {
+            calibration?: components["schemas"]["typesafe.account.v1.Calibration"];
+        };
+        "typesafe.account.v1.GetCalibrationRequest": {
+            calibration_id?: string | null;
+        };
+        "typesafe.account.v1.ListCalibrationsResponse": {
+            calibrations: components["schemas"]["typesafe.account.v1.Calibration"][];
+            next_page_token: string;
         };
         /** @description ErrorDetail is attached to every error the service returns: as a typed detail on gRPC/Connect errors, and as `data` of the JSON envelope. */
         "typesafe.error.v1.ErrorDetail": {
@@ -4192,6 +4326,143 @@ export interface operations {
                         /** @constant */
                         message: "ok";
                         data: components["schemas"]["typesafe.account.v1.GetEvaluationResultsResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_ListCalibrations: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The ListCalibrationsResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.ListCalibrationsResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_FitCalibration: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.FitCalibrationRequest"];
+            };
+        };
+        responses: {
+            /** @description The FitCalibrationResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.FitCalibrationResponse"];
+                    };
+                };
+            };
+            400: components["responses"]["AccountError400"];
+            401: components["responses"]["AccountError401"];
+            403: components["responses"]["AccountError403"];
+            404: components["responses"]["AccountError404"];
+            405: components["responses"]["AccountError405"];
+            409: components["responses"]["AccountError409"];
+            410: components["responses"]["AccountError410"];
+            413: components["responses"]["AccountError413"];
+            415: components["responses"]["AccountError415"];
+            429: components["responses"]["AccountError429"];
+            499: components["responses"]["AccountError499"];
+            500: components["responses"]["AccountError500"];
+            503: components["responses"]["AccountError503"];
+        };
+    };
+    AccountService_GetCalibration: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["typesafe.account.v1.GetCalibrationRequest"];
+            };
+        };
+        responses: {
+            /** @description The GetCalibrationResponse as `data` of the envelope. */
+            200: {
+                headers: {
+                    /** @description The id of this call, also in the service log. */
+                    "x-request-id": string;
+                    /** @description Account answers are never stored by caches. */
+                    "cache-control": "no-store";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        code: 0;
+                        /** @constant */
+                        message: "ok";
+                        data: components["schemas"]["typesafe.account.v1.GetCalibrationResponse"];
                     };
                 };
             };

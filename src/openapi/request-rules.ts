@@ -210,6 +210,7 @@ function questionVariants(schema: JsonSchema): Record<string, JsonSchema> {
       type: { ...properties["type"], enum: [type] },
       instructions: properties["instructions"],
       criteria: criteriaSchema ? { ...criteria, ...criteriaSchema } : { ...criteria, type: "null" },
+      calibration: { ...properties["calibration"], pattern: "^(|contextual|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})$" },
     },
   });
   // Keyed by every type of the one list: a type without its criteria schema fails to compile.

@@ -279,6 +279,9 @@ describe("the OpenAPI document's account section", () => {
         "POST /account/v1/evaluations/resume",
         "POST /account/v1/evaluations/delete",
         "POST /account/v1/evaluations/results",
+        "POST /account/v1/calibrations",
+        "GET /account/v1/calibrations",
+        "POST /account/v1/calibrations/get",
       ].sort(),
     );
     expect(document.components.securitySchemes.sessionCookie).toMatchObject({ type: "apiKey", in: "cookie", name: "typesafe_session" });

@@ -35,6 +35,7 @@ const calls: Array<[string, (c: AccountClient, id: string) => Promise<unknown>]>
   ["cancelEvaluation", (c, id) => c.cancelEvaluation({ evaluationId: id })],
   ["resumeEvaluation", (c, id) => c.resumeEvaluation({ evaluationId: id })],
   ["deleteEvaluation", (c, id) => c.deleteEvaluation({ evaluationId: id })],
+  ["fitCalibration", (c, id) => c.fitCalibration({ evaluationId: id, questionKey: "urgent", method: "platt" })],
 ];
 
 describe("another account's evaluation", () => {

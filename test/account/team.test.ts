@@ -101,6 +101,23 @@ const ACTIONS: Record<string, (client: AccountClient, t: Team) => Promise<unknow
       throw err;
     });
   },
+  // A running evaluation cannot be fitted: an allowed role gets past the role check to EVALUATION_STATE.
+  fitCalibration: async (c, t) => {
+    const evaluationId = await ownersEvaluation(t);
+    return c.fitCalibration({ evaluationId, questionKey: "urgent", method: "platt" }).catch(async (err: unknown) => {
+      const refused = await refusal(Promise.reject(err));
+      if (refused.reason === "EVALUATION_STATE") return "past the role check";
+      throw err;
+    });
+  },
+  listCalibrations: (c) => c.listCalibrations({}),
+  // No calibration yet: every role gets past the role check to NOT_FOUND.
+  getCalibration: (c) =>
+    c.getCalibration({ calibrationId: crypto.randomUUID() }).catch(async (err: unknown) => {
+      const refused = await refusal(Promise.reject(err));
+      if (refused.reason === "NOT_FOUND") return "past the role check";
+      throw err;
+    }),
   // No finished delivery to replay: an allowed role gets past the role check to NOT_FOUND.
   replayWebhookDelivery: (c) =>
     c.replayWebhookDelivery({ deliveryId: "1" }).catch(async (err: unknown) => {
@@ -164,6 +181,9 @@ const ALLOWED: Record<string, readonly Role[]> = {
   cancelEvaluation: ["owner", "admin", "member"],
   resumeEvaluation: ["owner", "admin", "member"],
   deleteEvaluation: ["owner", "admin", "member"],
+  fitCalibration: ["owner", "admin", "member"],
+  getCalibration: ROLES,
+  listCalibrations: ROLES,
 };
 
 /** The methods outside the matrix, and why: how a session starts or ends, and a member's own second factor. */
@@ -202,6 +222,7 @@ const ASKS_FOR: Record<string, string> = {
   cancelEvaluation: "run_evaluations",
   resumeEvaluation: "run_evaluations",
   deleteEvaluation: "run_evaluations",
+  fitCalibration: "run_evaluations",
 };
 
 /** The rule each action's refusal names (docs/account-area.md). */
@@ -210,7 +231,7 @@ const RULE_OF: Record<string, string> = {
   manage_members: "owners and admins invite, remove and change the roles of members",
   manage_alerts: "owners and admins set balance alerts and webhook endpoints",
   require_two_factor: "only owners require two-factor sign-in for the account",
-  run_evaluations: "owners, admins and members create, cancel, resume and delete evaluations (they spend the account's credits, as keys do); viewers only read",
+  run_evaluations: "owners, admins and members create, cancel, resume and delete evaluations and fit calibrations (they spend the account's credits, as keys do); viewers only read",
 };
 
 const MATRIX = Object.keys(ACTIONS).flatMap((action) => ROLES.map((role) => [action, role, ALLOWED[action]!.includes(role)] as const));

@@ -17,7 +17,7 @@ const ROWS: [start: string, about: Action | ((role: Role) => boolean)][] = [
   // A member's own second factor needs no role: the AccountService checks none for it.
   ["set up or turn off their own two-factor", () => true],
   ["create, limit, roll and revoke API keys", "manage_keys"],
-  ["create, cancel, resume and delete evaluations", "run_evaluations"],
+  ["create, cancel, resume and delete evaluations, fit calibrations", "run_evaluations"],
   ["set balance alerts and webhook endpoints", "manage_alerts"],
   ["invite members", "manage_members"],
   ["grant, change or remove the owner role", (role) => memberChangeRefusal(role, { to: "owner" }) === undefined],

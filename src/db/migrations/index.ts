@@ -23,6 +23,7 @@ import { indexRequestsByCreation } from "./20261127142100_index_requests_by_crea
 import { recordEvaluationOfEachCall } from "./20261128015900_record_evaluation_of_each_call.js";
 import { createEvaluations } from "./20261128020000_create_evaluations.js";
 import { indexRequestsByEvaluation } from "./20261128020100_index_requests_by_evaluation.js";
+import { createCalibrations } from "./20261128040000_create_calibrations.js";
 
 /**
  * The migrations applied and recorded by knex, in order; frozen. Listed statically so that they load the same way
@@ -73,4 +74,5 @@ export const schemaMigrations: readonly SchemaMigration[] = [
   recordEvaluationOfEachCall,
   createEvaluations,
   indexRequestsByEvaluation,
+  createCalibrations,
 ];

@@ -27,6 +27,7 @@ const KIND_TEXT: Record<string, string> = {
   evaluation_cancelled: "cancelled an evaluation",
   evaluation_resumed: "resumed an evaluation",
   evaluation_deleted: "deleted an evaluation",
+  calibration_fitted: "fitted a calibration",
 };
 
 /** What the activity view needs from the page. */

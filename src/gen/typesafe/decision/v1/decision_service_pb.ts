@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file typesafe/decision/v1/decision_service.proto.
  */
 export const file_typesafe_decision_v1_decision_service: GenFile = /*@__PURE__*/
-  fileDesc("Cit0eXBlc2FmZS9kZWNpc2lvbi92MS9kZWNpc2lvbl9zZXJ2aWNlLnByb3RvEhR0eXBlc2FmZS5kZWNpc2lvbi52MSLeAQoNRGVjaWRlUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIlCgVzdGF0ZRgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRJFCglxdWVzdGlvbnMYAyADKAsyMi50eXBlc2FmZS5kZWNpc2lvbi52MS5EZWNpZGVSZXF1ZXN0LlF1ZXN0aW9uc0VudHJ5GlAKDlF1ZXN0aW9uc0VudHJ5EgsKA2tleRgBIAEoCRItCgV2YWx1ZRgCIAEoCzIeLnR5cGVzYWZlLmRlY2lzaW9uLnYxLlF1ZXN0aW9uOgI4ASJYCghRdWVzdGlvbhIMCgR0eXBlGAEgASgJEhQKDGluc3RydWN0aW9ucxgCIAEoCRIoCghjcml0ZXJpYRgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSKlAgoORGVjaWRlUmVzcG9uc2USQgoHYW5zd2VycxgBIAMoCzIxLnR5cGVzYWZlLmRlY2lzaW9uLnYxLkRlY2lkZVJlc3BvbnNlLkFuc3dlcnNFbnRyeRIqCgV1c2FnZRgCIAEoCzIbLnR5cGVzYWZlLmRlY2lzaW9uLnYxLlVzYWdlEi4KB2JpbGxpbmcYAyABKAsyHS50eXBlc2FmZS5kZWNpc2lvbi52MS5CaWxsaW5nEg0KBW1vZGVsGAQgASgJEhYKDnByb21wdF92ZXJzaW9uGAUgASgJGkwKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKwoFdmFsdWUYAiABKAsyHC50eXBlc2FmZS5kZWNpc2lvbi52MS5BbnN3ZXI6AjgBIp8GCgZBbnN3ZXISDAoEdHlwZRgBIAEoCRIRCgRub3VsGAIgASgBSACIAQESEwoGY2hvaWNlGAMgASgJSAGIAQESEgoFc2NvcmUYBCABKAFIAogBARJGCg1wcm9iYWJpbGl0aWVzGAUgAygLMi8udHlwZXNhZmUuZGVjaXNpb24udjEuQW5zd2VyLlByb2JhYmlsaXRpZXNFbnRyeRI4CgZsZWdlbmQYBiADKAsyKC50eXBlc2FmZS5kZWNpc2lvbi52MS5BbnN3ZXIuTGVnZW5kRW50cnkSFwoKY29uZmlkZW5jZRgHIAEoAUgDiAEBEhkKDHhfbGFiZWxfbWFzcxgIIAEoAUgEiAEBEhUKCHhfbWV0aG9kGAkgASgJSAWIAQESFAoHeF9sYWJlbBgKIAEoCUgGiAEBEhQKB3hfaW5kZXgYCyABKAVIB4gBARIRCgRjb2RlGAwgASgJSAiIAQESFAoHbWVzc2FnZRgNIAEoCUgJiAEBEhYKCXJldHJ5YWJsZRgOIAEoCEgKiAEBEhUKCHhfdW5zZWVuGA8gASgFSAuIAQESGAoLeF9hZ3JlZW1lbnQYECABKAFIDIgBARIVCgh4X2FwcHJveBgRIAEoCEgNiAEBEh4KEXhfdW5zZWVuX21hc3NfbWF4GBIgASgBSA6IAQEaNAoSUHJvYmFiaWxpdGllc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAEaLQoLTGVnZW5kRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIHCgVfbm91bEIJCgdfY2hvaWNlQggKBl9zY29yZUINCgtfY29uZmlkZW5jZUIPCg1feF9sYWJlbF9tYXNzQgsKCV94X21ldGhvZEIKCghfeF9sYWJlbEIKCghfeF9pbmRleEIHCgVfY29kZUIKCghfbWVzc2FnZUIMCgpfcmV0cnlhYmxlQgsKCV94X3Vuc2VlbkIOCgxfeF9hZ3JlZW1lbnRCCwoJX3hfYXBwcm94QhQKEl94X3Vuc2Vlbl9tYXNzX21heCJpCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAUSFQoNb3V0cHV0X3Rva2VucxgCIAEoBRIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGAMgASgFEhYKDnVwc3RyZWFtX2NhbGxzGAQgASgFIpsBCgdCaWxsaW5nEg8KB2Z1bmRpbmcYASABKAkSGAoQcmVzZXJ2ZWRfY3JlZGl0cxgCIAEoARIXCg9jaGFyZ2VkX2NyZWRpdHMYAyABKAESFwoPYmFsYW5jZV9jcmVkaXRzGAQgASgBEh8KF2ZyZWVfcmVxdWVzdHNfcmVtYWluaW5nGAUgASgFEhIKCnJlcXVlc3RfaWQYBiABKAkyhAEKD0RlY2lzaW9uU2VydmljZRJxCgZEZWNpZGUSIy50eXBlc2FmZS5kZWNpc2lvbi52MS5EZWNpZGVSZXF1ZXN0GiQudHlwZXNhZmUuZGVjaXNpb24udjEuRGVjaWRlUmVzcG9uc2UiHILT5JMCFjoBKiIRL2FwaS92MS9kZWNpc2lvbnNiBnByb3RvMw", [file_google_api_annotations, file_google_protobuf_struct]);
+  fileDesc("Cit0eXBlc2FmZS9kZWNpc2lvbi92MS9kZWNpc2lvbl9zZXJ2aWNlLnByb3RvEhR0eXBlc2FmZS5kZWNpc2lvbi52MSLeAQoNRGVjaWRlUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIlCgVzdGF0ZRgCIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRJFCglxdWVzdGlvbnMYAyADKAsyMi50eXBlc2FmZS5kZWNpc2lvbi52MS5EZWNpZGVSZXF1ZXN0LlF1ZXN0aW9uc0VudHJ5GlAKDlF1ZXN0aW9uc0VudHJ5EgsKA2tleRgBIAEoCRItCgV2YWx1ZRgCIAEoCzIeLnR5cGVzYWZlLmRlY2lzaW9uLnYxLlF1ZXN0aW9uOgI4ASJtCghRdWVzdGlvbhIMCgR0eXBlGAEgASgJEhQKDGluc3RydWN0aW9ucxgCIAEoCRIoCghjcml0ZXJpYRgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRITCgtjYWxpYnJhdGlvbhgEIAEoCSKlAgoORGVjaWRlUmVzcG9uc2USQgoHYW5zd2VycxgBIAMoCzIxLnR5cGVzYWZlLmRlY2lzaW9uLnYxLkRlY2lkZVJlc3BvbnNlLkFuc3dlcnNFbnRyeRIqCgV1c2FnZRgCIAEoCzIbLnR5cGVzYWZlLmRlY2lzaW9uLnYxLlVzYWdlEi4KB2JpbGxpbmcYAyABKAsyHS50eXBlc2FmZS5kZWNpc2lvbi52MS5CaWxsaW5nEg0KBW1vZGVsGAQgASgJEhYKDnByb21wdF92ZXJzaW9uGAUgASgJGkwKDEFuc3dlcnNFbnRyeRILCgNrZXkYASABKAkSKwoFdmFsdWUYAiABKAsyHC50eXBlc2FmZS5kZWNpc2lvbi52MS5BbnN3ZXI6AjgBIt0GCgZBbnN3ZXISDAoEdHlwZRgBIAEoCRIRCgRub3VsGAIgASgBSACIAQESEwoGY2hvaWNlGAMgASgJSAGIAQESEgoFc2NvcmUYBCABKAFIAogBARJGCg1wcm9iYWJpbGl0aWVzGAUgAygLMi8udHlwZXNhZmUuZGVjaXNpb24udjEuQW5zd2VyLlByb2JhYmlsaXRpZXNFbnRyeRI4CgZsZWdlbmQYBiADKAsyKC50eXBlc2FmZS5kZWNpc2lvbi52MS5BbnN3ZXIuTGVnZW5kRW50cnkSFwoKY29uZmlkZW5jZRgHIAEoAUgDiAEBEhkKDHhfbGFiZWxfbWFzcxgIIAEoAUgEiAEBEhUKCHhfbWV0aG9kGAkgASgJSAWIAQESFAoHeF9sYWJlbBgKIAEoCUgGiAEBEhQKB3hfaW5kZXgYCyABKAVIB4gBARIRCgRjb2RlGAwgASgJSAiIAQESFAoHbWVzc2FnZRgNIAEoCUgJiAEBEhYKCXJldHJ5YWJsZRgOIAEoCEgKiAEBEhUKCHhfdW5zZWVuGA8gASgFSAuIAQESGAoLeF9hZ3JlZW1lbnQYECABKAFIDIgBARIVCgh4X2FwcHJveBgRIAEoCEgNiAEBEh4KEXhfdW5zZWVuX21hc3NfbWF4GBIgASgBSA6IAQESPAoMeF9jYWxpYnJhdGVkGBMgASgLMiYudHlwZXNhZmUuZGVjaXNpb24udjEuQ2FsaWJyYXRlZEFuc3dlcho0ChJQcm9iYWJpbGl0aWVzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4ARotCgtMZWdlbmRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgcKBV9ub3VsQgkKB19jaG9pY2VCCAoGX3Njb3JlQg0KC19jb25maWRlbmNlQg8KDV94X2xhYmVsX21hc3NCCwoJX3hfbWV0aG9kQgoKCF94X2xhYmVsQgoKCF94X2luZGV4QgcKBV9jb2RlQgoKCF9tZXNzYWdlQgwKCl9yZXRyeWFibGVCCwoJX3hfdW5zZWVuQg4KDF94X2FncmVlbWVudEILCglfeF9hcHByb3hCFAoSX3hfdW5zZWVuX21hc3NfbWF4IpwCChBDYWxpYnJhdGVkQW5zd2VyEhYKDmNhbGlicmF0aW9uX2lkGAEgASgJEg4KBm1ldGhvZBgCIAEoCRIRCgRub3VsGAMgASgBSACIAQESEwoGY2hvaWNlGAQgASgJSAGIAQESEgoFc2NvcmUYBSABKAFIAogBARJQCg1wcm9iYWJpbGl0aWVzGAYgAygLMjkudHlwZXNhZmUuZGVjaXNpb24udjEuQ2FsaWJyYXRlZEFuc3dlci5Qcm9iYWJpbGl0aWVzRW50cnkaNAoSUHJvYmFiaWxpdGllc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAToCOAFCBwoFX25vdWxCCQoHX2Nob2ljZUIICgZfc2NvcmUiaQoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgFEhUKDW91dHB1dF90b2tlbnMYAiABKAUSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgDIAEoBRIWCg51cHN0cmVhbV9jYWxscxgEIAEoBSKbAQoHQmlsbGluZxIPCgdmdW5kaW5nGAEgASgJEhgKEHJlc2VydmVkX2NyZWRpdHMYAiABKAESFwoPY2hhcmdlZF9jcmVkaXRzGAMgASgBEhcKD2JhbGFuY2VfY3JlZGl0cxgEIAEoARIfChdmcmVlX3JlcXVlc3RzX3JlbWFpbmluZxgFIAEoBRISCgpyZXF1ZXN0X2lkGAYgASgJMoQBCg9EZWNpc2lvblNlcnZpY2UScQoGRGVjaWRlEiMudHlwZXNhZmUuZGVjaXNpb24udjEuRGVjaWRlUmVxdWVzdBokLnR5cGVzYWZlLmRlY2lzaW9uLnYxLkRlY2lkZVJlc3BvbnNlIhyC0+STAhY6ASoiES9hcGkvdjEvZGVjaXNpb25zYgZwcm90bzM", [file_google_api_annotations, file_google_protobuf_struct]);
 
 /**
  * @generated from message typesafe.decision.v1.DecideRequest
@@ -73,6 +73,17 @@ export type Question = Message<"typesafe.decision.v1.Question"> & {
    * @generated from field: google.protobuf.Value criteria = 3;
    */
   criteria?: Value | undefined;
+
+  /**
+   * Optional: the id of a calibration of this account whose signature matches
+   * this question, or "contextual" (label-free: the question is also asked once
+   * per process about a content-free state, in the call that first needs it and
+   * paid by it). Its answer then also carries x_calibrated; the other fields
+   * stay the model's raw reading.
+   *
+   * @generated from field: string calibration = 4;
+   */
+  calibration: string;
 };
 
 /**
@@ -252,6 +263,13 @@ export type Answer = Message<"typesafe.decision.v1.Answer"> & {
    * @generated from field: optional double x_unseen_mass_max = 18;
    */
   xUnseenMassMax?: number | undefined;
+
+  /**
+   * With Question.calibration: the calibrated answer beside the raw one above.
+   *
+   * @generated from field: typesafe.decision.v1.CalibratedAnswer x_calibrated = 19;
+   */
+  xCalibrated?: CalibratedAnswer | undefined;
 };
 
 /**
@@ -260,6 +278,63 @@ export type Answer = Message<"typesafe.decision.v1.Answer"> & {
  */
 export const AnswerSchema: GenMessage<Answer> = /*@__PURE__*/
   messageDesc(file_typesafe_decision_v1_decision_service, 3);
+
+/**
+ * The answer after a calibration: the same fields as Answer's, computed from
+ * the calibrated label probabilities.
+ *
+ * @generated from message typesafe.decision.v1.CalibratedAnswer
+ */
+export type CalibratedAnswer = Message<"typesafe.decision.v1.CalibratedAnswer"> & {
+  /**
+   * Empty for "contextual".
+   *
+   * @generated from field: string calibration_id = 1;
+   */
+  calibrationId: string;
+
+  /**
+   * "platt", "isotonic", "temperature", "vector" or "contextual".
+   *
+   * @generated from field: string method = 2;
+   */
+  method: string;
+
+  /**
+   * noul: calibrated P(yes).
+   *
+   * @generated from field: optional double noul = 3;
+   */
+  noul?: number | undefined;
+
+  /**
+   * choice: the most probable option name after calibration.
+   *
+   * @generated from field: optional string choice = 4;
+   */
+  choice?: string | undefined;
+
+  /**
+   * score: calibrated expected 0-based level.
+   *
+   * @generated from field: optional double score = 5;
+   */
+  score?: number | undefined;
+
+  /**
+   * choice: option name -> calibrated probability; score: level -> calibrated probability.
+   *
+   * @generated from field: map<string, double> probabilities = 6;
+   */
+  probabilities: { [key: string]: number };
+};
+
+/**
+ * Describes the message typesafe.decision.v1.CalibratedAnswer.
+ * Use `create(CalibratedAnswerSchema)` to create a new message.
+ */
+export const CalibratedAnswerSchema: GenMessage<CalibratedAnswer> = /*@__PURE__*/
+  messageDesc(file_typesafe_decision_v1_decision_service, 4);
 
 /**
  * Usage of the upstream calls that produced answers (our own retries excluded).
@@ -297,7 +372,7 @@ export type Usage = Message<"typesafe.decision.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_typesafe_decision_v1_decision_service, 4);
+  messageDesc(file_typesafe_decision_v1_decision_service, 5);
 
 /**
  * Billing of one call. Credits are decimal numbers for display
@@ -344,7 +419,7 @@ export type Billing = Message<"typesafe.decision.v1.Billing"> & {
  * Use `create(BillingSchema)` to create a new message.
  */
 export const BillingSchema: GenMessage<Billing> = /*@__PURE__*/
-  messageDesc(file_typesafe_decision_v1_decision_service, 5);
+  messageDesc(file_typesafe_decision_v1_decision_service, 6);
 
 /**
  * DecisionService answers typed questions about a state with an upstream LLM.
