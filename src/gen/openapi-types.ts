@@ -1443,6 +1443,7 @@ export interface components {
         "typesafe.account.v1.SetAlertsResponse": {
             alerts?: components["schemas"]["typesafe.account.v1.Alerts"];
         };
+        /** @description Also refused: a threshold finer than 0.000001 credits, or one sent as a string that is not a number in that range. */
         "typesafe.account.v1.SetAlertsRequest": {
             /** @description At most 5 thresholds, each above 0 with at most 6 decimals; empty turns the threshold alerts off. */
             thresholds_credits?: (number | string)[] | null;
@@ -1799,9 +1800,9 @@ export interface components {
             accuracy?: number;
         };
         "typesafe.account.v1.FitCalibrationRequest": {
-            evaluation_id?: string | null;
+            evaluation_id: string;
             /** @description The question's key in the evaluation. */
-            question_key?: string | null;
+            question_key: string;
             /** @description "platt" or "isotonic" for noul; "temperature" or "vector" for choice and score. */
             method?: string | null;
         };
@@ -1809,7 +1810,7 @@ export interface components {
             calibration?: components["schemas"]["typesafe.account.v1.Calibration"];
         };
         "typesafe.account.v1.GetCalibrationRequest": {
-            calibration_id?: string | null;
+            calibration_id: string;
         };
         "typesafe.account.v1.ListCalibrationsResponse": {
             calibrations: components["schemas"]["typesafe.account.v1.Calibration"][];

@@ -3,7 +3,7 @@ import { ACCOUNT_AREA_ANSWERS, ACCOUNT_AREA_REASONS, REASONS, type Reason } from
 import { MAX_NESTING_DEPTH } from "../validation.js";
 import { httpBindingOf, jsonTouchesOf } from "../gateway/routes.js";
 import { SESSIONLESS_METHODS } from "../account-area/door.js";
-import { REQUEST_RULES } from "./request-rules.js";
+import { DECIMAL_STRING, REQUEST_RULES } from "./request-rules.js";
 
 /** A JSON Schema (2020-12, OpenAPI 3.1's dialect) as plain data. */
 export type JsonSchema = Record<string, unknown>;
@@ -392,9 +392,6 @@ function scalarSchema(scalar: ScalarType): JsonSchema {
       return { type: "integer", format: "int32" };
   }
 }
-
-/** A float or double sent as a string (protobuf-es reads it with Number() once it has no surrounding blanks). */
-const DECIMAL_STRING = "^(NaN|-?Infinity|[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?|0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+)$";
 
 /** A scalar as proto3 JSON reads it: numbers may also come as decimal strings. */
 function inputScalarSchema(scalar: ScalarType): JsonSchema {

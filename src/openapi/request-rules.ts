@@ -9,6 +9,8 @@ import { MAX_KEY_NAME_CHARS, MAX_SUMMARY_DAYS } from "../account-area/service.js
 import { MAX_PAGE_SIZE, USAGE_ENDPOINTS } from "../account-area/usage-query.js";
 import { ROLES } from "../accounts/roles.js";
 import { MAX_URL_LENGTH } from "../webhooks/endpoint-url.js";
+import { MAX_THRESHOLDS } from "../webhooks/events.js";
+import { MAX_THRESHOLD_CREDITS } from "../webhooks/thresholds.js";
 import {
   AcceptInviteRequestSchema,
   AddWebhookEndpointRequestSchema,
@@ -31,6 +33,9 @@ import {
   ResumeEvaluationRequestSchema,
   DeleteEvaluationRequestSchema,
   GetEvaluationResultsRequestSchema,
+  GetCalibrationRequestSchema,
+  FitCalibrationRequestSchema,
+  SetAlertsRequestSchema,
 } from "../gen/typesafe/account/v1/account_service_pb.js";
 import { KEY_BUDGET_PERIODS, KEY_SCOPES, MAX_ROLL_GRACE_SECONDS } from "../accounts/key-limits.js";
 
@@ -66,6 +71,9 @@ const PRINTABLE_NOT_BLANK = "^[^\\p{Cc}]*[^\\s\\p{Cc}][^\\p{Cc}]*$";
 
 /** A domain entry's outline: a host name, optionally led by "*.", without scheme, path or port. */
 const DOMAIN_ENTRY = "^(\\*\\.)?[^*/:@\\s]+$";
+
+/** A float or double sent as a string (protobuf-es reads it with Number() once it has no surrounding blanks). */
+export const DECIMAL_STRING = "^(NaN|-?Infinity|[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?|0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+)$";
 
 /** A page size of the account area's lists: 0 means the default. */
 const PAGE_SIZE = { minimum: 0, maximum: MAX_PAGE_SIZE };
@@ -196,6 +204,12 @@ export const REQUEST_RULES: Record<string, RequestRules> = {
   [ResumeEvaluationRequestSchema.typeName]: { required: ["evaluation_id"], fields: { credit_cap_credits: { minimum: 0 } } },
   [DeleteEvaluationRequestSchema.typeName]: { required: ["evaluation_id"] },
   [GetEvaluationResultsRequestSchema.typeName]: { required: ["evaluation_id"] },
+  [GetCalibrationRequestSchema.typeName]: { required: ["calibration_id"] },
+  [FitCalibrationRequestSchema.typeName]: { required: ["evaluation_id", "question_key"] },
+  [SetAlertsRequestSchema.typeName]: {
+    fields: { thresholds_credits: { maxItems: MAX_THRESHOLDS, items: { type: ["number", "string"], pattern: DECIMAL_STRING, exclusiveMinimum: 0, maximum: MAX_THRESHOLD_CREDITS } } },
+    alsoRefused: "a threshold finer than 0.000001 credits, or one sent as a string that is not a number in that range.",
+  },
 };
 
 /** A question is one shape per type of QUESTION_TYPES, told apart by `type`: criteria belong to choice and score only. */

@@ -253,6 +253,14 @@ const UNEXPRESSED_RULES: { why: string; applies: (detail: ErrorDetailJson, reque
       /^limits\./.test(d.field ?? "") &&
       /^(must be in the future|a number of credits from 0, with at most 6 decimals|only with budget_credits|with a budget: .*|from 1 to the account's \d+, or 0 for the account's)$/.test(d.rule ?? ""),
   },
+  {
+    why: "a threshold's six decimals, and thresholds sent as strings, are told in words",
+    applies: (d) => /^thresholds_credits\[\d+\]$/.test(d.field ?? "") && /with at most 6 decimals$/.test(d.rule ?? ""),
+  },
+  {
+    why: "an amount's six decimals are told in words",
+    applies: (d) => d.field === "credit_cap_credits" && /with at most 6 decimals$/.test(d.rule ?? ""),
+  },
   { why: "a time range's ends are compared with each other", applies: (d) => d.field === "since" && /before until/.test(d.rule ?? "") },
   { why: "a password's strength is estimated (zxcvbn-ts)", applies: (d) => d.field === "password" && /^too easy to guess/.test(d.rule ?? "") },
   { why: "control characters in a sign-in email are refused", applies: (d) => d.field === "email" && /no control characters$/.test(d.rule ?? "") },
