@@ -136,8 +136,8 @@ describe("with no upstream URL and no way to fetch the model (offline)", () => {
 /**
  * A host shaped like the Hugging Face Hub's resolve endpoint: a rate-limited
  * request gets 429 with the `RateLimit` and `RateLimit-Policy` fields
- * (huggingface.co/docs/hub/rate-limits; their values as huggingface_hub
- * issue 3553 records them, draft-ietf-httpapi-ratelimit-headers-09); a file
+ * (huggingface.co/docs/hub/rate-limits; their values as recorded in
+ * huggingface/huggingface_hub#3553, draft-ietf-httpapi-ratelimit-headers-09); a file
  * stored in LFS answers 302 to its file store with `X-Linked-Size` and
  * `X-Linked-ETag` ("Resolve a file" in the Hub's OpenAPI document), and the
  * store answers 200 with the bytes. `answers` says what each resolve request gets.
