@@ -38,7 +38,8 @@ export function startServiceProcess(env: Record<string, string>): Promise<Servic
     const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
       cwd: root,
       // Tests never reach the real providers: a test enables the sources it points at its fakes.
-      env: { ...cleanEnv(), PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off", ...env },
+      // No evaluation runner unless a test asks: on the shared embedded store it would run other files' evaluations against this test's upstream.
+      env: { ...cleanEnv(), PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off", TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT: "0", ...env },
     });
     const logs: string[] = [];
     let buffered = "";
