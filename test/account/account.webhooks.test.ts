@@ -19,7 +19,7 @@ let service: AccountTestApp;
 let receiver: WebhookReceiver;
 
 beforeAll(async () => {
-  database = await createTestDatabase();
+  database = await createTestDatabase(10, { countsDeliveries: true });
   service = await startAccountApp(database, { TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: "on", TYPESAFE_WEBHOOK_POLL_MS: "50" });
   receiver = await startWebhookReceiver();
 });

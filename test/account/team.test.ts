@@ -18,7 +18,7 @@ let service: AccountTestApp;
 const PASSWORD = "a long enough password";
 
 beforeAll(async () => {
-  database = await createTestDatabase();
+  database = await createTestDatabase(10, { countsDeliveries: true });
   // Endpoints on loopback, where nothing listens: the role checks are what is tested here.
   service = await startAccountApp(database, { TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: "on" });
 });

@@ -16,7 +16,7 @@ let service: TestApp;
 let receiver: WebhookReceiver;
 
 beforeAll(async () => {
-  database = await createTestDatabase();
+  database = await createTestDatabase(10, { countsDeliveries: true });
   service = await startTestApp(database, { TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: "on", TYPESAFE_WEBHOOK_POLL_MS: "50" });
   receiver = await startWebhookReceiver();
 });

@@ -30,7 +30,7 @@ const clock = () => new Date(clockMs);
 const guard = loopbackOnly();
 
 beforeAll(async () => {
-  database = await createTestDatabase(10);
+  database = await createTestDatabase(10, { countsDeliveries: true });
   service = await startTestApp(
     database,
     { TYPESAFE_WEBHOOK_ALLOW_LOOPBACK: "on", TYPESAFE_WEBHOOK_POLL_MS: "20", TYPESAFE_WEBHOOK_KEY_EXPIRY_CHECK_MS: "20" },
