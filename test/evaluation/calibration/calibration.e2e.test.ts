@@ -10,6 +10,7 @@ import { createTestDatabase, type TestDatabase } from "../../support/database.js
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../../support/fake-llm.js";
 import { waitFor } from "../../support/wait.js";
 import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../../account/support.js";
+import { seededRandom } from "../../../src/evaluation/seeded-random.js";
 
 /**
  * A calibration end to end: the real service on port 0, PostgreSQL, and the
@@ -30,18 +31,6 @@ const PROBE_TOKENS = 50;
 const logit = (p: number) => Math.log(p / (1 - p));
 const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
 const round6 = (x: number) => Math.round(x * 1e6) / 1e6;
-
-/** mulberry32, so the labelled set is the same on every run. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 beforeAll(async () => {
   database = await createTestDatabase(10, { runsEvaluations: true });
@@ -88,7 +77,7 @@ const QUESTION = { type: "noul", instructions: "Is it urgent?" };
 const EXAMPLES = 1000;
 
 function labelledStates(count: number, seed: number) {
-  const random = seeded(seed);
+  const random = seededRandom(seed);
   return Array.from({ length: count }, (_, i) => {
     const p = 0.02 + 0.96 * random();
     return {

@@ -6,6 +6,7 @@ import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeL
 import { waitFor } from "../../support/wait.js";
 import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../../account/support.js";
 import { decisionReserveUnits } from "../../../src/metering/meter.js";
+import { seededRandom } from "../../../src/evaluation/seeded-random.js";
 
 /**
  * An evaluation end to end: the real service, a real fake upstream (the
@@ -25,18 +26,6 @@ const EXPENSIVE_TOKENS = 10_000;
 
 const logit = (p: number) => Math.log(p / (1 - p));
 const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
-
-/** mulberry32: a small seeded generator, so the labelled set is the same on every run. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 beforeAll(async () => {
   database = await createTestDatabase(10, { runsEvaluations: true });
@@ -69,7 +58,7 @@ async function owner(units: number): Promise<{ accountId: string; client: Accoun
 }
 
 function labelledStates(count: number, seed: number, marker = "ticket") {
-  const random = seeded(seed);
+  const random = seededRandom(seed);
   return Array.from({ length: count }, (_, i) => {
     const p = 0.02 + 0.96 * random();
     const label = random() < p;
