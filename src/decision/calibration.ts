@@ -1,4 +1,5 @@
 import { create } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import type { Knex } from "knex";
 import { apiError } from "../errors.js";
 import { applyCalibration, type CalibrationParams } from "../evaluation/calibration-apply.js";
@@ -7,7 +8,9 @@ import { findCalibrations, type DbCalibrationRow } from "../evaluation/calibrati
 import { CalibratedAnswerSchema, type Answer, type CalibratedAnswer } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { pathOf } from "../validation.js";
 import { argmax, expectedLevel, round6 } from "./answer-math.js";
-import type { QuestionSpec } from "./engine.js";
+import type { CallOptions } from "../upstream/llm-client.js";
+import type { DecisionEngine, QuestionSpec, UsageTotals } from "./engine.js";
+import { renderState } from "./prompt.js";
 
 /** Calibrations kept in memory per process; they never change, so a hit is never stale. */
 export const MAX_CACHED_CALIBRATIONS = 1000;
@@ -27,8 +30,15 @@ export function createCalibrationCache(maxEntries = MAX_CACHED_CALIBRATIONS): Ca
   return { get: (id) => rows.get(id), put: (row) => rows.set(row.id, row) };
 }
 
-/** The state of a contextual calibration's probe: it carries nothing that favours any label (Zhao et al. 2021). */
-export const CONTENT_FREE_STATE = "N/A";
+/**
+ * The states of a contextual calibration's probe: they carry nothing that
+ * favours any label. Zhao et al. (2021) average the label probabilities of
+ * several such inputs ("N/A", "[MASK]" and the empty string); the mask token
+ * means nothing to a chat model, so we ask the other two. A caller may not
+ * send an empty state (validation refuses it); the probe is asked here, inside
+ * the service, and never passes through a caller's validation.
+ */
+export const CONTENT_FREE_STATES: readonly string[] = ["N/A", ""];
 /** The value of Question.calibration that asks for contextual calibration. */
 export const CONTEXTUAL = "contextual";
 
@@ -58,6 +68,35 @@ function boundedMap<V>(maxEntries: number): { get(key: string): V | undefined; s
       if (entries.size > maxEntries) entries.delete(entries.keys().next().value!);
     },
   };
+}
+
+/** The content-free probe of one question: the mean of its label distributions over CONTENT_FREE_STATES, and what asking cost. */
+export interface ContentFreeProbe {
+  /** Undefined unless every content-free state was answered: a probe of one state is not the average the method uses. */
+  probe: number[] | undefined;
+  usage: UsageTotals;
+}
+
+/**
+ * Asks `spec` about each content-free state, in parallel, and averages the
+ * label distributions arithmetically (each is already normalised, so their
+ * mean is too). One engine call per state, so the usage is this question's own.
+ */
+export async function askContentFree(engine: DecisionEngine, spec: QuestionSpec, options: CallOptions): Promise<ContentFreeProbe> {
+  const outcomes = await Promise.all(
+    CONTENT_FREE_STATES.map((text) => engine.decide({ stateBlock: renderState(create(ValueSchema, { kind: { case: "stringValue", value: text } })), questions: [spec] }, options)),
+  );
+  const usage = { inputTokens: 0, outputTokens: 0, cachedInputTokens: 0, upstreamCalls: 0 };
+  for (const outcome of outcomes) addUsage(usage, outcome.usage);
+  const distributions = outcomes.map((outcome) => labelDistribution(spec, outcome.answers[0]![1]));
+  if (distributions.some((d) => d === undefined)) return { probe: undefined, usage };
+  const probe = distributions[0]!.map((_, k) => distributions.reduce((sum, d) => sum + d![k]!, 0) / distributions.length);
+  return { probe, usage };
+}
+
+/** Adds `more` into `total`, field by field. */
+export function addUsage(total: UsageTotals, more: UsageTotals): void {
+  for (const key of ["inputTokens", "outputTokens", "cachedInputTokens", "upstreamCalls"] as const) total[key] += more[key];
 }
 
 /** An answer's label probabilities in label order ([p(true), p(false)] for noul); none for an answer of another type. */
@@ -118,12 +157,21 @@ export async function calibrationsOf(
   return byKey;
 }
 
-/** The calibrated answer beside a raw one; none for an answer of another type (an error). A contextual calibration has no id. */
-export function calibratedAnswer(spec: QuestionSpec, answer: Answer, calibration: { id: string; parameters: CalibrationParams }): CalibratedAnswer | undefined {
+/**
+ * The calibrated answer beside a raw one; none for an answer of another type
+ * (an error). A contextual calibration has no id; `probeUsage` is what its
+ * probe cost when this call asked it.
+ */
+export function calibratedAnswer(
+  spec: QuestionSpec,
+  answer: Answer,
+  calibration: { id: string; parameters: CalibrationParams },
+  probeUsage?: UsageTotals,
+): CalibratedAnswer | undefined {
   const raw = labelDistribution(spec, answer);
   if (!raw) return undefined;
   const calibrated = applyCalibration(calibration.parameters, raw);
-  const head = { calibrationId: calibration.id, method: calibration.parameters.method };
+  const head = { calibrationId: calibration.id, method: calibration.parameters.method, ...(probeUsage ? { probeUsage } : {}) };
   switch (spec.type) {
     case "noul":
       return create(CalibratedAnswerSchema, { ...head, noul: round6(calibrated[0]!) });

@@ -1,6 +1,5 @@
 import type { Metrics } from "../metrics.js";
 import { create, toJsonString } from "@bufbuild/protobuf";
-import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
 import type { LlmConfig } from "../config.js";
@@ -21,15 +20,16 @@ import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
 import { notReadyMessage, retryAfterSeconds, type EmbeddedModelHost } from "../upstream/embedded-supervisor.js";
 import { embeddedDeadline, plannedTokens, type EmbeddedDeadline } from "./embedded-deadline.js";
-import { createDecisionEngine, firstCallMessages, type DecisionEngine, QUESTION_BUDGET_TOKENS, type QuestionSpec } from "./engine.js";
+import { createDecisionEngine, firstCallMessages, type DecisionEngine, QUESTION_BUDGET_TOKENS, type QuestionSpec, type UsageTotals } from "./engine.js";
 import {
-  CONTENT_FREE_STATE,
+  CONTENT_FREE_STATES,
   CONTEXTUAL,
+  addUsage,
+  askContentFree,
   calibratedAnswer,
   calibrationsOf,
   createCalibrationCache,
   createProbeCache,
-  labelDistribution,
   type CalibrationCache,
   type ProbeCache,
 } from "./calibration.js";
@@ -141,7 +141,8 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
       const calibrations = wanted.length === 0 ? undefined : await calibrationsOf(db, calibrationCache, await authenticate(db, apiKey), wanted, asked);
       // Contextual calibration probes each signature once per process; the probe is part of the call that needs it, and paid by it.
       const contextual = questions.filter((spec) => request.questions[spec.key]!.calibration === CONTEXTUAL).map((spec) => ({ spec, digest: signatureDigest(signatureOf(spec, asked)) }));
-      const toProbe = contextual.filter((c) => !probeCache.get(c.digest));
+      const toProbe = contextual.filter((c, i) => !probeCache.get(c.digest) && contextual.findIndex((o) => o.digest === c.digest) === i);
+      const probeQuestions = toProbe.length * CONTENT_FREE_STATES.length;
       const engine = currentEngine();
       if (!engine && embedded) {
         await authenticate(db, apiKey);
@@ -188,7 +189,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           schema: DecideResponseSchema,
           endpoint: "decide",
           apiKey,
-          reserveUnits: decisionReserveUnits(questions.length + toProbe.length),
+          reserveUnits: decisionReserveUnits(questions.length + probeQuestions),
           timeoutMs,
           fingerprint: () => toJsonString(DecideRequestSchema, request),
         },
@@ -196,17 +197,15 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           const deadlineMs = Date.now() + Math.max(timeoutMs - DEADLINE_MARGIN_MS, timeoutMs / 2);
           const [outcome, probed] = await Promise.all([
             engine.decide({ stateBlock, questions }, { signal, deadlineMs }),
-            toProbe.length === 0
-              ? undefined
-              : engine.decide({ stateBlock: renderState(create(ValueSchema, { kind: { case: "stringValue", value: CONTENT_FREE_STATE } })), questions: toProbe.map((c) => c.spec) }, { signal, deadlineMs }),
+            Promise.all(toProbe.map((c) => askContentFree(engine, c.spec, { signal, deadlineMs }))),
           ]);
-          if (probed) {
-            for (const key of ["inputTokens", "outputTokens", "cachedInputTokens", "upstreamCalls"] as const) outcome.usage[key] += probed.usage[key];
-            probed.answers.forEach(([, answer], i) => {
-              const probe = labelDistribution(toProbe[i]!.spec, answer);
-              if (probe) probeCache.put(toProbe[i]!.digest, probe);
-            });
-          }
+          // The probe's usage shows on the first question of its signature, and counts in the call's usage and charge.
+          const probeUsage = new Map<string, UsageTotals>();
+          probed.forEach(({ probe, usage }, i) => {
+            addUsage(outcome.usage, usage);
+            probeUsage.set(toProbe[i]!.spec.key, usage);
+            if (probe) probeCache.put(toProbe[i]!.digest, probe);
+          });
           callPhasesOf(ctx).details = {
             prompt_version: PROMPT_VERSION,
             questions: questions.length,
@@ -241,9 +240,9 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           for (const { spec, digest } of contextual) {
             const probe = probeCache.get(digest);
             const answer = response.answers[spec.key];
-            if (probe && answer) answer.xCalibrated = calibratedAnswer(spec, answer, { id: "", parameters: { method: "contextual", probe } });
+            if (probe && answer) answer.xCalibrated = calibratedAnswer(spec, answer, { id: "", parameters: { method: "contextual", probe } }, probeUsage.get(spec.key));
           }
-          return { response, chargeUnits: Math.min(outcome.usage.inputTokens, decisionReserveUnits(questions.length + toProbe.length)) };
+          return { response, chargeUnits: Math.min(outcome.usage.inputTokens, decisionReserveUnits(questions.length + probeQuestions)) };
         },
       ).finally(() => giveBack?.());
       response.billing = create(BillingSchema, billing);

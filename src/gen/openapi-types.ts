@@ -778,6 +778,8 @@ export interface components {
             probabilities?: {
                 [key: string]: number;
             };
+            /** @description contextual: what the content-free probe cost when this call asked it (it is part of the call's usage and charge); absent when the probe was cached. */
+            probe_usage?: components["schemas"]["typesafe.decision.v1.Usage"];
         };
         /** @description Usage of the upstream calls that produced answers (our own retries excluded). */
         "typesafe.decision.v1.Usage": {

@@ -27,6 +27,8 @@ let service: AccountTestApp;
 const PASSWORD = "a long and unusual passphrase 42";
 const MODEL = "typesafe/service-1.13";
 const PROBE_TOKENS = 50;
+/** The fake's lean on each content-free state; the means are yes 0.7 and A 0.8. */
+const CONTENT_FREE_LEAN: Record<string, { yes: number; choiceA: number } | undefined> = { na: { yes: 0.8, choiceA: 0.85 }, empty: { yes: 0.6, choiceA: 0.75 } };
 
 const logit = (p: number) => Math.log(p / (1 - p));
 const sigmoid = (x: number) => 1 / (1 + Math.exp(-x));
@@ -36,9 +38,13 @@ beforeAll(async () => {
   database = await createTestDatabase(10, { runsEvaluations: true });
   fake = await startFakeLlm((request) => {
     if (isProbe(request.body)) return PROBE_OK;
-    // Contextual calibration's content-free state: a model that leans to "yes" when nothing favours it.
-    if (userContent(request).includes("N/A")) {
-      return userContent(request).includes("Which team") ? logprobsReply({ A: 0.8, B: 0.2 }, { prompt: PROBE_TOKENS }) : logprobsReply({ yes: 0.8, no: 0.2 }, { prompt: PROBE_TOKENS });
+    // Contextual calibration's content-free states: a model that leans to "yes" (or A) when nothing favours it, by a
+    // different amount on each state, so only their arithmetic mean (yes 0.7, A 0.8) gives the values asserted below.
+    const contentFree = CONTENT_FREE_LEAN[userContent(request).includes("<state>\nN/A\n</state>") ? "na" : userContent(request).includes("<state>\n\n</state>") ? "empty" : "none"];
+    if (contentFree) {
+      return userContent(request).includes("Which team")
+        ? logprobsReply({ A: contentFree.choiceA, B: 1 - contentFree.choiceA }, { prompt: PROBE_TOKENS })
+        : logprobsReply({ yes: contentFree.yes, no: 1 - contentFree.yes }, { prompt: PROBE_TOKENS });
     }
     // A choice with a constant lean: option A's true share t is read as 4t : (1 − t), as if the model favoured A fourfold whatever the state.
     const share = /billing share (0\.\d+)/.exec(userContent(request));
@@ -244,28 +250,35 @@ describe("a decision naming a calibration", () => {
 });
 
 describe("contextual calibration", () => {
-  it("probes the content-free state once per signature, in the call that needs it and paid by it, and divides by the probe", async () => {
+  it("probes both content-free states once per signature, in the call that needs it and paid by it, and divides by their mean", async () => {
     const { accountId, apiKey } = await owner();
     const question = { type: "noul", instructions: "Is it urgent, in context?", calibration: "contextual" };
     const q = sigmoid(3 * logit(0.3) + 1);
-    const expected = (raw: number) => round6((raw / 0.8) / (raw / 0.8 + (1 - raw) / 0.2));
+    // The mean of the two probes: yes (0.8 + 0.6) / 2 = 0.7. "N/A" alone (0.8), the empty state alone (0.6), or any other mean gives another value.
+    const expected = (raw: number) => round6((raw / 0.7) / (raw / 0.7 + (1 - raw) / 0.3));
     const asked = fake.questionRequests().length;
     const balance = await balanceUnits(database.db, accountId);
 
     const first = await postJson(`${service.url}/api/v1/decisions`, decision({ urgent: question }), { apiKey });
     expect(first.status).toBe(200);
-    expect(fake.questionRequests().length - asked).toBe(2);
-    expect((first.body.data["usage"] as Record<string, number>)["input_tokens"]).toBe(120 + PROBE_TOKENS);
+    const probes = fake.questionRequests().slice(asked).map(userContent).filter((content) => !content.includes("ticket 7"));
+    expect(probes.map((content) => /<state>\n(.*)\n<\/state>/.exec(content)![1]).sort()).toEqual(["", "N/A"]);
+    expect(fake.questionRequests().length - asked).toBe(3);
+    expect((first.body.data["usage"] as Record<string, number>)["input_tokens"]).toBe(120 + 2 * PROBE_TOKENS);
     const answer = (first.body.data["answers"] as Record<string, Record<string, unknown>>)["urgent"]!;
     expect(answer["noul"]).toBeCloseTo(q, 6);
-    expect(answer["x_calibrated"]).toEqual({ calibration_id: "", method: "contextual", noul: expected(answer["noul"] as number) });
-    expect(await balanceUnits(database.db, accountId)).toBe(balance - 120 - PROBE_TOKENS);
+    const { probe_usage: probeUsage, ...calibrated } = answer["x_calibrated"] as Record<string, unknown>;
+    expect(calibrated).toEqual({ calibration_id: "", method: "contextual", noul: expected(answer["noul"] as number) });
+    // What the probe cost is shown beside the calibrated answer, and is part of the call's usage and charge.
+    expect(probeUsage).toMatchObject({ input_tokens: 2 * PROBE_TOKENS, upstream_calls: 2 });
+    expect(await balanceUnits(database.db, accountId)).toBe(balance - 120 - 2 * PROBE_TOKENS);
 
     const second = await postJson(`${service.url}/api/v1/decisions`, decision({ urgent: question }), { apiKey });
-    expect(fake.questionRequests().length - asked).toBe(3);
+    expect(fake.questionRequests().length - asked).toBe(4);
     expect((second.body.data["usage"] as Record<string, number>)["input_tokens"]).toBe(120);
-    expect((second.body.data["answers"] as Record<string, Record<string, unknown>>)["urgent"]!["x_calibrated"]).toEqual(answer["x_calibrated"]);
-    expect(await balanceUnits(database.db, accountId)).toBe(balance - 240 - PROBE_TOKENS);
+    // Cached: the same calibrated value, and no probe cost in this call.
+    expect((second.body.data["answers"] as Record<string, Record<string, unknown>>)["urgent"]!["x_calibrated"]).toEqual(calibrated);
+    expect(await balanceUnits(database.db, accountId)).toBe(balance - 240 - 2 * PROBE_TOKENS);
   }, 120_000);
 
   it("removes most of a choice's constant label bias", async () => {
@@ -291,7 +304,7 @@ describe("contextual calibration", () => {
     }
     expect(rawBias).toBeGreaterThan(0.2);
     expect(Math.abs(calibratedBias)).toBeLessThan(rawBias / 10);
-    // Five decisions and one probe.
-    expect(fake.questionRequests().length - asked).toBe(shares.length + 1);
+    // Five decisions and one probe of two content-free states.
+    expect(fake.questionRequests().length - asked).toBe(shares.length + 2);
   }, 120_000);
 });
