@@ -1,3 +1,7 @@
+import type { ChatMessage } from "../upstream/llm-client.js";
+import type { ModelPace } from "../upstream/model-pace.js";
+import { firstCallMessages, type QuestionSpec } from "./engine.js";
+
 /**
  * The time a decision on the embedded model is given. The model works through
  * its queue at a rate this machine measured, so a call that waits behind
@@ -57,4 +61,42 @@ export function plannedTokens<T>(prompts: readonly (readonly T[])[], sequences: 
   }
   const own = prompts.reduce((sum, p) => sum + p.length - shared, 0);
   return Math.min(sequences, prompts.length) * shared + own;
+}
+
+/** A call planned on the embedded model: it runs with `timeoutMs` and gives its booked tokens back when it ends, or it is refused. */
+export type EmbeddedCallPlan =
+  | { run: true; timeoutMs: number; giveBack(): void }
+  | { run: false; refusal: Extract<EmbeddedDeadline, { run: false }>; ownTokens: number; queuedTokens: number };
+
+/**
+ * Plans one call of `questions` on the embedded model: counts its tokens with
+ * the model's tokenizer, sets its deadline from the queue ahead, and books
+ * its tokens into the queue while it runs. A Decide call and an evaluation's
+ * example both plan here, so each waits for the other as the model does.
+ */
+export function planEmbeddedCall(input: {
+  model: { promptTokens(messages: readonly ChatMessage[]): readonly unknown[] };
+  pace: ModelPace;
+  stateBlock: string;
+  questions: readonly QuestionSpec[];
+  sequences: number;
+  configuredMs: number;
+  maxWaitMs: number;
+  callerMs: number | undefined;
+}): EmbeddedCallPlan {
+  const ownTokens = plannedTokens(
+    input.questions.map((q) => input.model.promptTokens(firstCallMessages(input.stateBlock, q))),
+    input.sequences,
+  );
+  const queuedTokens = input.pace.queuedTokens();
+  const plan = embeddedDeadline({
+    configuredMs: input.configuredMs,
+    maxWaitMs: input.maxWaitMs,
+    callerMs: input.callerMs,
+    ownTokens,
+    queuedTokens,
+    tokensPerSecond: input.pace.tokensPerSecond(),
+  });
+  if (!plan.run) return { run: false, refusal: plan, ownTokens, queuedTokens };
+  return { run: true, timeoutMs: plan.timeoutMs, giveBack: input.pace.book(ownTokens) };
 }

@@ -19,7 +19,7 @@ import { callPhasesOf } from "../call/call-phases.js";
 import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
 import { notReadyMessage, retryAfterSeconds, type EmbeddedModelHost } from "../upstream/embedded-supervisor.js";
-import { embeddedDeadline, plannedTokens, type EmbeddedDeadline } from "./embedded-deadline.js";
+import { planEmbeddedCall, type EmbeddedCallPlan, type EmbeddedDeadline } from "./embedded-deadline.js";
 import { createDecisionEngine, firstCallMessages, type DecisionEngine, QUESTION_BUDGET_TOKENS, type QuestionSpec, type UsageTotals } from "./engine.js";
 import {
   CONTENT_FREE_STATES,
@@ -40,6 +40,11 @@ import { SUPPORTED_MODEL, isQuestionType, unknownQuestionType, validateDecideReq
 
 /** Ends the engine's own deadline this long before the metering timeout, so partial answers still leave. */
 const DEADLINE_MARGIN_MS = 250;
+
+/** When the engine stops asking, for a call given `timeoutMs`: a margin before it, so partial answers still leave. */
+export function engineDeadlineMs(timeoutMs: number): number {
+  return Date.now() + Math.max(timeoutMs - DEADLINE_MARGIN_MS, timeoutMs / 2);
+}
 
 export interface DecisionServiceDeps {
   db: Knex;
@@ -68,6 +73,13 @@ export interface DecisionEngines {
   upstream: string;
   /** Whether decisions run on the model inside this process (whose deadline follows its queue). */
   onEmbeddedModel: boolean;
+  /**
+   * The deadline of a call of these questions, for the API's decisions and the
+   * evaluation's examples alike: the configured one on an upstream; on the
+   * embedded model, what its tokens and those queued ahead need (booked until
+   * `giveBack`), or a refusal when that is past the longest wait or `callerMs`.
+   */
+  plan(stateBlock: string, questions: readonly QuestionSpec[], callerMs: number | undefined): EmbeddedCallPlan;
 }
 
 /** One engine per process, shared by the API's decisions and the evaluation runner (one fair share of upstream slots). */
@@ -76,9 +88,16 @@ export function createDecisionEngines(deps: Pick<DecisionServiceDeps, "llm" | "l
   const client = deps.llmClient ?? (llm.baseUrl !== undefined ? createLlmClient({ config: llm, logger, metrics }) : undefined);
   const httpEngine = client ? createDecisionEngine({ llm: client, logger }) : undefined;
   let embeddedEngine: { model: LlmClient; engine: DecisionEngine } | undefined;
+  const onEmbeddedModel = !client && embedded !== undefined;
   return {
     upstream: client ? llm.model : "embedded",
-    onEmbeddedModel: !client && embedded !== undefined,
+    onEmbeddedModel,
+    plan(stateBlock, questions, callerMs) {
+      const model = onEmbeddedModel ? embedded?.model() : undefined;
+      if (!model || !embedded) return { run: true, timeoutMs: llm.requestTimeoutMs, giveBack: () => {} };
+      const { sequences, maxWaitMs } = llm.embedded;
+      return planEmbeddedCall({ model, pace: embedded.pace, stateBlock, questions, sequences, configuredMs: llm.requestTimeoutMs, maxWaitMs, callerMs });
+    },
     current() {
       if (httpEngine || !embedded) return httpEngine;
       const model = embedded.model();
@@ -158,29 +177,12 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
       }
 
       // On the embedded model, the deadline is what the call's tokens and those queued ahead need (embedded-deadline.ts).
-      let timeoutMs = llm.requestTimeoutMs;
-      let giveBack: (() => void) | undefined;
-      const model = engines.onEmbeddedModel ? embedded?.model() : undefined;
-      if (model && embedded) {
-        const ownTokens = plannedTokens(
-          questions.map((q) => model.promptTokens(firstCallMessages(stateBlock, q))),
-          llm.embedded.sequences,
-        );
-        const plan = embeddedDeadline({
-          configuredMs: llm.requestTimeoutMs,
-          maxWaitMs: llm.embedded.maxWaitMs,
-          callerMs: ctx.timeoutMs(),
-          ownTokens,
-          queuedTokens: embedded.pace.queuedTokens(),
-          tokensPerSecond: embedded.pace.tokensPerSecond(),
-        });
-        if (!plan.run) {
-          await authenticate(db, apiKey);
-          throw modelBusy(plan, ownTokens, embedded.pace.queuedTokens());
-        }
-        timeoutMs = plan.timeoutMs;
-        giveBack = embedded.pace.book(ownTokens);
+      const plan = engines.plan(stateBlock, questions, ctx.timeoutMs());
+      if (!plan.run) {
+        await authenticate(db, apiKey);
+        throw modelBusy(plan.refusal, plan.ownTokens, plan.queuedTokens);
       }
+      const timeoutMs = plan.timeoutMs;
 
       const { response, billing } = await meteredRpc(
         meter,
@@ -194,7 +196,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           fingerprint: () => toJsonString(DecideRequestSchema, request),
         },
         async (signal) => {
-          const deadlineMs = Date.now() + Math.max(timeoutMs - DEADLINE_MARGIN_MS, timeoutMs / 2);
+          const deadlineMs = engineDeadlineMs(timeoutMs);
           const [outcome, probed] = await Promise.all([
             engine.decide({ stateBlock, questions }, { signal, deadlineMs }),
             Promise.all(toProbe.map((c) => askContentFree(engine, c.spec, { signal, deadlineMs }))),
@@ -244,7 +246,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           }
           return { response, chargeUnits: Math.min(outcome.usage.inputTokens, decisionReserveUnits(questions.length + probeQuestions)) };
         },
-      ).finally(() => giveBack?.());
+      ).finally(() => plan.giveBack());
       response.billing = create(BillingSchema, billing);
       return response;
     },

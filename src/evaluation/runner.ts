@@ -6,13 +6,14 @@ import type { Knex } from "knex";
 import { linkedSignal } from "../abort-signals.js";
 import type { EvaluationConfig } from "../config.js";
 import { PROMPT_VERSION, renderState } from "../decision/prompt.js";
-import { questionSpecs, type DecisionEngines } from "../decision/service.js";
+import type { DecisionEngine, QuestionSpec } from "../decision/engine.js";
+import { engineDeadlineMs, questionSpecs, type DecisionEngines } from "../decision/service.js";
 import { AnswerSchema, DecideRequestSchema, type Question } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { QuestionSchema } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import type { Logger } from "../logger.js";
 import { admitExampleHold } from "../metering/evaluation-holds.js";
 import { decisionReserveUnits } from "../metering/meter.js";
-import { claimExamples, finishExample, releaseOrphanedExamples, type ClaimedExample, type ExampleOutcome } from "./store.js";
+import { claimExamples, extendExampleLease, finishExample, releaseOrphanedExamples, type ClaimedExample, type ExampleOutcome } from "./store.js";
 
 /** Attempts of an example whose every question failed with a retryable error, before it counts as failed. */
 export const MAX_EXAMPLE_ATTEMPTS = 3;
@@ -21,7 +22,7 @@ export interface EvaluationRunnerDeps {
   db: Knex;
   engines: DecisionEngines;
   config: EvaluationConfig;
-  /** The deadline of one example's decision (a Decide call's). */
+  /** The configured deadline of a decision; an example on the embedded model gets longer when its queue needs it (DecisionEngines.plan). */
   requestTimeoutMs: number;
   /** Added to the deadline to form an example's lease (the metering's lease margin). */
   leaseMarginMs: number;
@@ -89,15 +90,27 @@ export function createEvaluationRunner(deps: EvaluationRunnerDeps): EvaluationRu
     if (!engine) return { kind: "retry", error: "no_engine" };
     const questions = Object.fromEntries(Object.entries(claimed.questions).map(([k, q]) => [k, fromJson(QuestionSchema, q as JsonValue)])) as Record<string, Question>;
     const specs = questionSpecs(create(DecideRequestSchema, { questions }));
+    const stateBlock = renderState(fromJson(ValueSchema, claimed.state as JsonValue));
+    // The deadline a Decide call of these questions would get now (on the embedded model, after the queue ahead); refused, the example waits.
+    const plan = engines.plan(stateBlock, specs, undefined);
+    if (!plan.run) return { kind: "retry", error: "model_busy" };
+    try {
+      return await decideExample(claimed, engine, stateBlock, specs, plan.timeoutMs);
+    } finally {
+      plan.giveBack();
+    }
+  }
+
+  async function decideExample(claimed: ClaimedExample, engine: DecisionEngine, stateBlock: string, specs: QuestionSpec[], timeoutMs: number): Promise<ExampleOutcome> {
     const reserveUnits = decisionReserveUnits(specs.length);
     const admission = await admitExampleHold(db, { evaluationId: claimed.evaluationId, requestId: claimed.requestId, reserveUnits });
     if (admission.outcome === "credit_cap") return { kind: "stopped", reason: "CREDIT_CAP" };
     if (admission.outcome === "insufficient_balance") return { kind: "stopped", reason: "INSUFFICIENT_BALANCE" };
     if (admission.outcome !== "admitted") return { kind: "retry", error: admission.outcome };
-    const work = linkedSignal([stopping.signal], deps.requestTimeoutMs);
+    if (timeoutMs > deps.requestTimeoutMs && !(await extendExampleLease(db, claimed, timeoutMs + deps.leaseMarginMs))) return { kind: "retry", error: "lease_lost" };
+    const work = linkedSignal([stopping.signal], timeoutMs);
     try {
-      const stateBlock = renderState(fromJson(ValueSchema, claimed.state as JsonValue));
-      const result = await engine.decide({ stateBlock, questions: specs }, { signal: work.signal, deadlineMs: Date.now() + deps.requestTimeoutMs - 250, party });
+      const result = await engine.decide({ stateBlock, questions: specs }, { signal: work.signal, deadlineMs: engineDeadlineMs(timeoutMs), party });
       if (stopping.signal.aborted) return { kind: "retry", error: "shutdown" };
       if (result.answered === 0) {
         const first = result.answers[0]?.[1];

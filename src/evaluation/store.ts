@@ -221,6 +221,19 @@ export async function claimExamples(db: Knex, input: { max: number; leaseMs: num
   return claimed;
 }
 
+/**
+ * Lengthens the lease of an example this attempt holds to `leaseMs` from now
+ * (never shortens it), when its decision was given a longer deadline than the
+ * claim planned for: no other replica takes it while it still runs. False when
+ * the example is no longer this attempt's.
+ */
+export async function extendExampleLease(db: Knex, claimed: ClaimedExample, leaseMs: number): Promise<boolean> {
+  const changed = await db("evaluation_examples")
+    .where({ evaluation_id: claimed.evaluationId, position: claimed.position, lease_token: claimed.leaseToken, status: "running" })
+    .update({ lease_until: db.raw("greatest(lease_until, clock_timestamp() + make_interval(secs => ?::float8 / 1000))", [leaseMs]) });
+  return changed > 0;
+}
+
 /** What an attempt of an example ended with. */
 export type ExampleOutcome =
   | { kind: "answered"; answers: Record<string, unknown>; chargeUnits: number; upstream: string; promptVersion: string }
