@@ -3,6 +3,7 @@ import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import type { Knex } from "knex";
 import { apiError } from "../errors.js";
 import { applyCalibration, type CalibrationParams } from "../evaluation/calibration-apply.js";
+import { contextualParams } from "../evaluation/calibration-fit.js";
 import { signatureMismatch, signatureOf } from "../evaluation/calibration-signature.js";
 import { findCalibrations, type DbCalibrationRow } from "../evaluation/calibration-store.js";
 import { CalibratedAnswerSchema, type Answer, type CalibratedAnswer } from "../gen/typesafe/decision/v1/decision_service_pb.js";
@@ -79,8 +80,8 @@ export interface ContentFreeProbe {
 
 /**
  * Asks `spec` about each content-free state, in parallel, and averages the
- * label distributions arithmetically (each is already normalised, so their
- * mean is too). One engine call per state, so the usage is this question's own.
+ * label distributions as a contextual fit does (contextualParams). One engine
+ * call per state, so the usage is this question's own.
  */
 export async function askContentFree(engine: DecisionEngine, spec: QuestionSpec, options: CallOptions): Promise<ContentFreeProbe> {
   const outcomes = await Promise.all(
@@ -90,8 +91,8 @@ export async function askContentFree(engine: DecisionEngine, spec: QuestionSpec,
   for (const outcome of outcomes) addUsage(usage, outcome.usage);
   const distributions = outcomes.map((outcome) => labelDistribution(spec, outcome.answers[0]![1]));
   if (distributions.some((d) => d === undefined)) return { probe: undefined, usage };
-  const probe = distributions[0]!.map((_, k) => distributions.reduce((sum, d) => sum + d![k]!, 0) / distributions.length);
-  return { probe, usage };
+  const probes = distributions as number[][];
+  return { probe: contextualParams(probes, probes[0]!.length).probe, usage };
 }
 
 /** Adds `more` into `total`, field by field. */
