@@ -3,7 +3,7 @@ import type { Knex } from "knex";
 import { recordActivity } from "../accounts/activity.js";
 import { isUuid } from "../accounts/store.js";
 import { apiError } from "../errors.js";
-import { createEvaluation, evaluationMessage } from "../evaluation/evaluations.js";
+import { createEvaluation, evaluationActivityDetail, evaluationMessage } from "../evaluation/evaluations.js";
 import { evaluationResults } from "../evaluation/results.js";
 import { calibrationMessage, fitFromEvaluation } from "../evaluation/calibrations.js";
 import { findCalibration, listCalibrations } from "../evaluation/calibration-store.js";
@@ -95,7 +95,7 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
       const { row, changed } = await cancelEvaluation(db, member.accountId, req.evaluationId);
       if (!row) throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (!changed) throw stateError(row.state, "cancel", "only a running or stopped evaluation can be cancelled");
-      await recordActivity(db, { accountId: member.accountId, kind: "evaluation_cancelled", actor: member.email, detail: row.id, at: now() });
+      await recordActivity(db, { accountId: member.accountId, kind: "evaluation_cancelled", actor: member.email, detail: evaluationActivityDetail(row), at: now() });
       return { evaluation: evaluationMessage(await evaluationOf(member.accountId, row.id)) };
     },
 
@@ -113,7 +113,7 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
       const { row, changed } = await resumeEvaluation(db, member.accountId, req.evaluationId, capUnits);
       if (!row) throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (!changed) throw stateError(row.state, "resume", "only a stopped evaluation can be resumed");
-      await recordActivity(db, { accountId: member.accountId, kind: "evaluation_resumed", actor: member.email, detail: row.id, at: now() });
+      await recordActivity(db, { accountId: member.accountId, kind: "evaluation_resumed", actor: member.email, detail: evaluationActivityDetail(row), at: now() });
       deps.wakeRunner();
       return { evaluation: evaluationMessage(await evaluationOf(member.accountId, row.id)) };
     },
@@ -128,7 +128,7 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
         accountId: member.accountId,
         kind: "evaluation_deleted",
         actor: member.email,
-        detail: `${current.id}: charged ${unitsToCredits(current.charged_units)} credits`,
+        detail: evaluationActivityDetail(current),
         at: now(),
       });
       return {};

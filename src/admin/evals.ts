@@ -5,7 +5,7 @@ import { OPERATOR, recordActivity } from "../accounts/activity.js";
 import { findAccount, isUuid } from "../accounts/store.js";
 import { csvField } from "../csv-field.js";
 import { describeError } from "../errors.js";
-import { createEvaluation, evaluationMessage } from "../evaluation/evaluations.js";
+import { createEvaluation, evaluationActivityDetail, evaluationMessage } from "../evaluation/evaluations.js";
 import { MAX_EXAMPLES, MAX_LINE_BYTES, parseExamplesFile } from "../evaluation/examples.js";
 import { evaluationResults } from "../evaluation/results.js";
 import { cancelEvaluation, deleteEvaluation, findEvaluation, listEvaluations, resumeEvaluation } from "../evaluation/store.js";
@@ -100,14 +100,15 @@ export async function runEvals(db: Knex, command: string, options: Options, now:
       const { accountId, id } = await evaluationOption(db, options);
       const change = command === "evals cancel" ? await cancelEvaluation(db, accountId, id) : await resumeEvaluation(db, accountId, id, undefined);
       if (!change.changed) throw new UsageError(`the evaluation is ${change.row!.state}: ${command === "evals cancel" ? "only a running or stopped one can be cancelled" : "only a stopped one can be resumed"}`);
-      await recordActivity(db, { accountId, kind: command === "evals cancel" ? "evaluation_cancelled" : "evaluation_resumed", actor: OPERATOR, detail: id, at: now });
+      await recordActivity(db, { accountId, kind: command === "evals cancel" ? "evaluation_cancelled" : "evaluation_resumed", actor: OPERATOR, detail: evaluationActivityDetail(change.row!), at: now });
       return evaluationJson((await findEvaluation(db, accountId, id))!);
     }
     case "evals delete": {
       const { accountId, id } = await evaluationOption(db, options);
+      const before = await findEvaluation(db, accountId, id);
       const outcome = await deleteEvaluation(db, accountId, id);
       if (outcome === "busy") throw new UsageError("the evaluation is running or has examples in flight: cancel it first");
-      await recordActivity(db, { accountId, kind: "evaluation_deleted", actor: OPERATOR, detail: id, at: now });
+      if (outcome === "deleted") await recordActivity(db, { accountId, kind: "evaluation_deleted", actor: OPERATOR, detail: evaluationActivityDetail(before!), at: now });
       return { deleted: true, evaluation_id: id };
     }
     default:

@@ -74,6 +74,11 @@ export async function createEvaluation(db: Knex, input: CreateEvaluationInput): 
   return row;
 }
 
+/** What the activity log says of a cancelled, resumed or deleted evaluation: which one, and what it has spent against its cap. */
+export function evaluationActivityDetail(row: Pick<DbEvaluationRow, "id" | "charged_units" | "cap_units">): string {
+  return `${row.id}: charged ${unitsToCredits(row.charged_units)} credits, cap ${unitsToCredits(row.cap_units)} credits`;
+}
+
 /** A 400 naming the first violation, with every violation (up to a bound) in its metadata. */
 export function throwIfAnyInvalid(violations: ReadonlyArray<{ field: string; rule: string }>): void {
   const first = violations[0];

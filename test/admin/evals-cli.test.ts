@@ -69,6 +69,11 @@ describe("operator CLI: evals", () => {
     expect(header).toBe("question,type,labelled,answered,accuracy,brier,log_loss,ece,auroc,macro_f1,mae_steps,model,upstream,prompt_version");
     // A key starting with "=" would be a formula in a spreadsheet: quoted with a leading apostrophe, as usage.csv does.
     expect(row!.startsWith(`"'=refund",noul,3,3,0.666`)).toBe(true);
+
+    // The activity log says which evaluation went and what it had spent.
+    expect((await admin(["evals", "delete", "--evaluation", created.json.id])).json).toEqual({ deleted: true, evaluation_id: created.json.id });
+    const activity = await database.db("account_activity").where({ account_id: accountId, kind: "evaluation_deleted" }).select("actor", "detail");
+    expect(activity).toEqual([{ actor: "operator", detail: `${created.json.id}: charged 0.00027 credits, cap 1 credits` }]);
   }, 120_000);
 
   it("creates from CSV (an empty cell labels nothing) and refuses a bad file whole, naming every bad line", async () => {
