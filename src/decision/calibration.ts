@@ -24,11 +24,22 @@ export const MAX_CACHED_CALIBRATIONS = 1000;
 export interface CalibrationCache {
   get(id: string): DbCalibrationRow | undefined;
   put(row: DbCalibrationRow): void;
+  /**
+   * The account of an API key (by its hash) that named a calibration before:
+   * a key never moves to another account, so this is never stale, and the
+   * call's admission still checks that the key is live.
+   */
+  accountOfKey(keyHash: string): string | undefined;
+  putKey(keyHash: string, accountId: string): void;
 }
+
+/** Keys whose account is kept per process, for the calibration's ownership check. */
+export const MAX_CACHED_KEYS = 10_000;
 
 export function createCalibrationCache(maxEntries = MAX_CACHED_CALIBRATIONS): CalibrationCache {
   const rows = boundedMap<DbCalibrationRow>(maxEntries);
-  return { get: (id) => rows.get(id), put: (row) => rows.set(row.id, row) };
+  const keys = boundedMap<string>(MAX_CACHED_KEYS);
+  return { get: (id) => rows.get(id), put: (row) => rows.set(row.id, row), accountOfKey: (hash) => keys.get(hash), putKey: (hash, accountId) => keys.set(hash, accountId) };
 }
 
 /**

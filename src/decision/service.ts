@@ -14,6 +14,7 @@ import {
 import type { Logger } from "../logger.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
+import { hashApiKey } from "../accounts/api-keys.js";
 import { authenticate, requireApiKey } from "../call/auth.js";
 import { callPhasesOf } from "../call/call-phases.js";
 import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
@@ -137,6 +138,16 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
   const calibrationCache = deps.calibrations ?? createCalibrationCache();
   const probeCache = deps.probes ?? createProbeCache();
 
+  /** The key's account for the calibration's ownership check: read once per key, then kept (an unknown or revoked key is never kept). */
+  async function accountOfKey(apiKey: string): Promise<string> {
+    const hash = hashApiKey(apiKey).toString("base64");
+    const known = calibrationCache.accountOfKey(hash);
+    if (known) return known;
+    const accountId = await authenticate(db, apiKey);
+    calibrationCache.putKey(hash, accountId);
+    return accountId;
+  }
+
   return {
     async decide(request, ctx: HandlerContext) {
       const apiKey = requireApiKey(ctx);
@@ -157,7 +168,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
         const calibrationId = request.questions[spec.key]!.calibration;
         return calibrationId === "" || calibrationId === CONTEXTUAL ? [] : [{ spec, calibrationId }];
       });
-      const calibrations = wanted.length === 0 ? undefined : await calibrationsOf(db, calibrationCache, await authenticate(db, apiKey), wanted, asked);
+      const calibrations = wanted.length === 0 ? undefined : await calibrationsOf(db, calibrationCache, await accountOfKey(apiKey), wanted, asked);
       // Contextual calibration probes each signature once per process; the probe is part of the call that needs it, and paid by it.
       const contextual = questions.filter((spec) => request.questions[spec.key]!.calibration === CONTEXTUAL).map((spec) => ({ spec, digest: signatureDigest(signatureOf(spec, asked)) }));
       const toProbe = contextual.filter((c, i) => !probeCache.get(c.digest) && contextual.findIndex((o) => o.digest === c.digest) === i);

@@ -4,6 +4,7 @@ import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { applyCalibration, type CalibrationParams } from "../../../src/evaluation/calibration-apply.js";
 import { PROMPT_VERSION } from "../../../src/decision/prompt.js";
+import { createApiKey } from "../../../src/accounts/store.js";
 import { AnswerSchema, DecideRequestSchema, DecisionService } from "../../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { balanceUnits, createTestAccount, postJson } from "../../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../../support/database.js";
@@ -246,6 +247,21 @@ describe("a decision naming a calibration", () => {
     }
     expect((await other.client.listCalibrations({})).calibrations).toEqual([]);
     expect(await balanceUnits(database.db, other.accountId)).toBe(100_000_000);
+  }, 120_000);
+});
+
+describe("the key behind a calibrated decision", () => {
+  it("is read once for the calibration's owner, yet a revoked key is refused at once, nothing charged", async () => {
+    const { calibrationId, accountId } = await fitted();
+    // A key of its own: the shared one stays live for the other tests.
+    const { apiKey, keyId } = await createApiKey(database.db, accountId);
+    const named = decision({ urgent: { ...QUESTION, calibration: calibrationId } });
+    expect((await postJson(`${service.url}/api/v1/decisions`, named, { apiKey })).status).toBe(200);
+    await database.db("api_keys").where({ id: keyId }).update({ revoked_at: new Date() });
+    const balance = await balanceUnits(database.db, accountId);
+    const refused = await postJson(`${service.url}/api/v1/decisions`, named, { apiKey });
+    expect([refused.status, (refused.body.data as { reason: string }).reason]).toEqual([401, "UNAUTHENTICATED"]);
+    expect(await balanceUnits(database.db, accountId)).toBe(balance);
   }, 120_000);
 });
 
