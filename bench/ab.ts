@@ -11,15 +11,31 @@
  *   BENCH_MODES=http,grpc-frames BENCH_ROUNDS=5 BENCH_DURATION_S=5 BENCH_QUESTIONS=1 npm run bench:ab
  *   BENCH_MODES=rate BENCH_RATE=500 npm run bench:ab     # latency at a fixed load (an open loop)
  *   BENCH_STORE=embedded BENCH_MODES=http npm run bench:ab   # each build on an embedded store of its own
+ *   BENCH_CALIBRATION=1 BENCH_MODES=http npm run bench:ab     # one build, its first question without and with a calibration
+ *
+ * BENCH_CALIBRATION=1 measures what applying a calibration costs a call: one
+ * build (BENCH_AB's first, else this tree's bundle) answers the same decision
+ * in three arms, alternated like builds: `plain`; `platt`, where the first
+ * question (noul) names a Platt calibration fitted on synthetic answers, one
+ * per account since a calibration is its account's; and `contextual`, whose
+ * content-free probe the warm-up has cached. http mode only (a body per key).
  *
  * A build of another revision: `git worktree add /tmp/old <rev> && cd /tmp/old && npm ci &&
  * npm run build` (its bundle carries its own dependencies). Prints every round, then per mode
  * and build the medians of req/s, p50, p99, and the CPU per call of the service and of
  * PostgreSQL (every postgres process of this machine; NaN for a remote database).
  */
+import type { Knex } from "knex";
 import { createKnex } from "../src/db/database.js";
+import { MAX_CACHED_CALIBRATIONS } from "../src/decision/calibration.js";
+import { PROMPT_VERSION } from "../src/decision/prompt.js";
+import { SUPPORTED_MODEL } from "../src/decision/validate.js";
+import { fitCalibration } from "../src/evaluation/calibration-fit.js";
+import { signatureDigest } from "../src/evaluation/calibration-signature.js";
+import { insertCalibration, type CalibrationSignature } from "../src/evaluation/calibration-store.js";
+import { seededRandom } from "../src/evaluation/seeded-random.js";
 import type { LoadOptions } from "./roles.js";
-import { databaseCpuSeconds, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
+import { buildService, databaseCpuSeconds, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
 import { createDefaultAccounts, decideBody, embeddedStoreUrl, median, openBenchStore, type BenchStore } from "./support.js";
 
 const BUILDS = (process.env.BENCH_AB ?? "").split(",").filter(Boolean).map((entry) => entry.split("=") as [string, string]);
@@ -30,6 +46,8 @@ const QUESTIONS = Number(process.env.BENCH_QUESTIONS ?? 1);
 /** Requests per second of the `rate` mode (an open loop: latency at a fixed load rather than throughput). */
 const RATE = Number(process.env.BENCH_RATE ?? 500);
 const EMBEDDED = process.env.BENCH_STORE === "embedded";
+const CALIBRATION = process.env.BENCH_CALIBRATION === "1";
+const UPSTREAM_MODEL = "bench-model";
 const CONNECTIONS = 50;
 const ACCOUNTS = 1_500;
 
@@ -38,53 +56,131 @@ interface Build {
   service: ServiceProcess;
   store: BenchStore;
   apiKeys: string[];
+  /** BENCH_CALIBRATION: per key, the decision whose first question names that key's account's Platt calibration. */
+  plattBodies?: string[];
+}
+
+/** What one row measures: a build and the requests it is sent. */
+interface Arm {
+  name: string;
+  build: Build;
+  body: string;
+  /** A body per key of `apiKeys` (the build's, or fewer). */
+  bodies?: string[];
+  apiKeys?: string[];
+}
+
+/**
+ * A Platt calibration of the body's first question in each bench account
+ * (`bench-<i>`, the key's index), fitted on synthetic answers whose log-odds
+ * are twice the true ones; returns per key the body naming its account's.
+ * Only as many accounts as a replica keeps calibrations in memory (less a
+ * margin): more, read in turn, would each be read again on every call.
+ */
+async function plattBodies(db: Knex, body: string, apiKeys: readonly string[]): Promise<string[]> {
+  const request = JSON.parse(body) as { questions: Record<string, { type: string; instructions: string; calibration?: string }> };
+  const [key, question] = Object.entries(request.questions)[0]!;
+  if (question.type !== "noul") throw new Error("BENCH_CALIBRATION: the first question must be noul");
+  const random = seededRandom(42);
+  const points = Array.from({ length: 200 }, () => {
+    const p = 0.05 + 0.9 * random();
+    return { probabilityTrue: 1 / (1 + Math.exp(-2 * Math.log(p / (1 - p)))), label: random() < p };
+  });
+  const fit = fitCalibration({ type: "noul", method: "platt", points });
+  const signature: CalibrationSignature = { type: "noul", instructions: question.instructions, labels: [], promptVersion: PROMPT_VERSION, model: SUPPORTED_MODEL, upstream: UPSTREAM_MODEL };
+  const accounts = new Map((await db("accounts").where("name", "like", "bench-%").select("id", "name")).map((a: { id: string; name: string }) => [a.name, a.id]));
+  const bodies: string[] = [];
+  for (let i = 0; i < Math.min(apiKeys.length, MAX_CACHED_CALIBRATIONS - 100); i++) {
+    const row = await insertCalibration(db, {
+      account_id: accounts.get(`bench-${i}`)!,
+      evaluation_id: crypto.randomUUID(),
+      question_key: key,
+      method: "platt",
+      question_type: "noul",
+      instructions: signature.instructions,
+      labels: [],
+      prompt_version: signature.promptVersion,
+      model: signature.model,
+      upstream: signature.upstream,
+      signature: signatureDigest(signature),
+      parameters: fit.params,
+      held_out: fit.heldOut,
+      created_by: "bench",
+    });
+    bodies.push(JSON.stringify({ ...request, questions: { ...request.questions, [key]: { ...question, calibration: row.id } } }));
+  }
+  return bodies;
+}
+
+/** The body with its first question asking for contextual calibration. */
+function contextualBody(body: string): string {
+  const request = JSON.parse(body) as { questions: Record<string, object> };
+  const [key, question] = Object.entries(request.questions)[0]!;
+  return JSON.stringify({ ...request, questions: { ...request.questions, [key]: { ...question, calibration: "contextual" } } });
 }
 
 async function main() {
-  if (BUILDS.length < 2) throw new Error('BENCH_AB must name two builds: "a=path/to/main.mjs,b=path/to/main.mjs"');
+  if (CALIBRATION && MODES.some((mode) => mode !== "http")) throw new Error("BENCH_CALIBRATION measures the http mode only: set BENCH_MODES=http");
+  if (CALIBRATION && BUILDS.length === 0) {
+    await buildService();
+    BUILDS.push(["this-tree", "dist/bundle/main.mjs"]);
+  }
+  if (BUILDS.length < (CALIBRATION ? 1 : 2)) throw new Error('BENCH_AB must name two builds: "a=path/to/main.mjs,b=path/to/main.mjs"');
   const serverUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
   const fake = await startFakeUpstream();
   const load = await startLoadGenerator();
   const builds: Build[] = [];
   try {
-    for (const [name, bundle] of BUILDS) {
+    const body = decideBody(QUESTIONS);
+    for (const [name, bundle] of CALIBRATION ? BUILDS.slice(0, 1) : BUILDS) {
       const store = await openBenchStore(EMBEDDED ? undefined : serverUrl);
       // A build that cannot start (say a bundle copied away from src/gen/openapi.json) ends the run; its store goes too.
-      const service = await startService({ DATABASE_URL: "", ...store.env, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" }, { bundle }).catch(
+      const service = await startService({ DATABASE_URL: "", ...store.env, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: UPSTREAM_MODEL }, { bundle }).catch(
         async (err: unknown) => {
           await store.cleanup();
           throw err;
         },
       );
       const db = createKnex(store.env.DATABASE_URL ?? (await embeddedStoreUrl(store.env.TYPESAFE_DATA_DIR!)), 4);
-      builds.push({ name, service, store, apiKeys: await createDefaultAccounts(db, ACCOUNTS) });
+      const apiKeys = await createDefaultAccounts(db, ACCOUNTS);
+      builds.push({ name, service, store, apiKeys, plattBodies: CALIBRATION ? await plattBodies(db, body, apiKeys) : undefined });
       await db.destroy();
     }
-    const body = decideBody(QUESTIONS);
-    const run = (build: Build, mode: LoadOptions["mode"], durationS: number) =>
+    // The three arms of BENCH_CALIBRATION use the same keys: those whose accounts have a calibration.
+    const calibrated = CALIBRATION ? builds[0]!.apiKeys.slice(0, builds[0]!.plattBodies!.length) : [];
+    const arms: Arm[] = CALIBRATION
+      ? [
+          { name: "plain", build: builds[0]!, body, apiKeys: calibrated },
+          { name: "platt", build: builds[0]!, body, bodies: builds[0]!.plattBodies, apiKeys: calibrated },
+          { name: "contextual", build: builds[0]!, body: contextualBody(body), apiKeys: calibrated },
+        ]
+      : builds.map((build) => ({ name: build.name, build, body }));
+    const run = (arm: Arm, mode: LoadOptions["mode"], durationS: number) =>
       load.run({
         mode,
-        url: mode.startsWith("grpc") ? build.service.url : `${build.service.url}/api/v1/decisions`,
-        body,
-        apiKeys: build.apiKeys,
+        url: mode.startsWith("grpc") ? arm.build.service.url : `${arm.build.service.url}/api/v1/decisions`,
+        body: arm.body,
+        bodies: arm.bodies,
+        apiKeys: arm.apiKeys ?? arm.build.apiKeys,
         connections: CONNECTIONS,
         durationS,
         rate: RATE,
       });
-    for (const build of builds) for (const mode of MODES) await run(build, mode, 2); // warm-up
+    // The warm-up also asks the contextual arm's probe, so its rounds measure the cached path.
+    for (const arm of arms) for (const mode of MODES) await run(arm, mode, 2);
 
     const figures = new Map<string, { rps: number[]; p50: number[]; p99: number[]; cpuMs: number[]; dbCpuMs: number[] }>();
     for (let round = 0; round < ROUNDS; round++) {
       for (const mode of MODES) {
         // Every other round in reverse order, so neither build always follows the other.
-        for (const build of round % 2 === 0 ? builds : [...builds].reverse()) {
-          const before = await build.service.cpuSeconds();
+        for (const arm of round % 2 === 0 ? arms : [...arms].reverse()) {
+          const before = await arm.build.service.cpuSeconds();
           const dbBefore = await databaseCpuSeconds();
-          const result = await run(build, mode, DURATION_S);
-          const cpuMs = ((await build.service.cpuSeconds()) - before) * 1000 / result.requests;
+          const result = await run(arm, mode, DURATION_S);
+          const cpuMs = ((await arm.build.service.cpuSeconds()) - before) * 1000 / result.requests;
           // An embedded store's PostgreSQL runs inside the service, so its CPU is in the service's figure.
           const dbCpuMs = EMBEDDED ? NaN : (((await databaseCpuSeconds()) ?? NaN) - (dbBefore ?? NaN)) * 1000 / result.requests;
-          const key = `${mode} ${build.name}`;
+          const key = `${mode} ${arm.name}`;
           const entry = figures.get(key) ?? { rps: [], p50: [], p99: [], cpuMs: [], dbCpuMs: [] };
           figures.set(key, entry);
           entry.rps.push(result.rps);
@@ -103,6 +199,15 @@ async function main() {
       console.log(
         `${key.padEnd(20)} ${median(entry.rps).toFixed(0)} req/s  p50 ${median(entry.p50).toFixed(2)} ms  p99 ${median(entry.p99).toFixed(2)} ms  service CPU ${median(entry.cpuMs).toFixed(3)} ms/call  PostgreSQL CPU ${median(entry.dbCpuMs).toFixed(3)} ms/call`,
       );
+    }
+    // Each arm against the first, per mode: above 1 means more of it (req/s), or more time (p50, CPU).
+    for (const mode of MODES) {
+      const first = figures.get(`${mode} ${arms[0]!.name}`)!;
+      for (const arm of arms.slice(1)) {
+        const entry = figures.get(`${mode} ${arm.name}`)!;
+        const ratio = (key: "rps" | "p50" | "cpuMs") => (median(entry[key]) / median(first[key])).toFixed(3);
+        console.log(`${`${mode} ${arm.name} ÷ ${arms[0]!.name}`.padEnd(28)} req/s ${ratio("rps")}×  p50 ${ratio("p50")}×  service CPU ${ratio("cpuMs")}×`);
+      }
     }
   } finally {
     for (const build of builds) {

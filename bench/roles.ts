@@ -33,6 +33,8 @@ export interface LoadOptions {
   body: string;
   /** Keys used in turn, one per request, as many callers would. */
   apiKeys: string[];
+  /** http only: a body per key (the same index), for requests that name something of the key's account, such as a calibration. */
+  bodies?: string[];
   connections: number;
   durationS: number;
   rate?: number;
@@ -117,10 +119,10 @@ async function closedLoop(options: LoadOptions): Promise<LoadResult> {
         method: "POST",
         body: options.body,
         headers,
-        setupRequest: (req: AutocannonRequest) => ({
-          ...req,
-          headers: { ...headers, authorization: `Bearer ${options.apiKeys[next++ % options.apiKeys.length]}` },
-        }),
+        setupRequest: (req: AutocannonRequest) => {
+          const i = next++ % options.apiKeys.length;
+          return { ...req, ...(options.bodies ? { body: options.bodies[i] } : {}), headers: { ...headers, authorization: `Bearer ${options.apiKeys[i]}` } };
+        },
       },
     ],
   });
@@ -311,6 +313,7 @@ async function sqlPairLoop(options: LoadOptions): Promise<LoadResult> {
 
 async function load(): Promise<void> {
   process.on("message", (options: LoadOptions) => {
+    if (options.bodies && options.mode !== "http") return reply({ error: `a body per key is for the http mode only, not ${options.mode}` });
     const measure = { http: closedLoop, rate: openLoop, grpc: grpcLoop, "grpc-frames": grpcFramesLoop, invalid: invalidLoop, "sql-pair": sqlPairLoop }[options.mode];
     const before = process.cpuUsage();
     measure(options).then(
