@@ -14,8 +14,8 @@ import {
 import type { Logger } from "../logger.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
-import { hashApiKey } from "../accounts/api-keys.js";
-import { authenticate, requireApiKey } from "../call/auth.js";
+import { hashApiKey } from "../keys/api-keys.js";
+import { authenticate, requireApiKey } from "../call/authentication.js";
 import { callPhasesOf } from "../call/call-phases.js";
 import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";

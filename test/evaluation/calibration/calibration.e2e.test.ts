@@ -4,13 +4,13 @@ import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { applyCalibration, type CalibrationParams } from "../../../src/evaluation/calibration-apply.js";
 import { PROMPT_VERSION } from "../../../src/decision/prompt.js";
-import { createApiKey } from "../../../src/accounts/store.js";
+import { createApiKey } from "../../../src/keys/store.js";
 import { AnswerSchema, DecideRequestSchema, DecisionService } from "../../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { balanceUnits, createTestAccount, postJson } from "../../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../../support/database.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../../support/fake-llm.js";
 import { waitFor } from "../../support/wait.js";
-import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../../account/support.js";
+import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../../session-door/support.js";
 import { seededRandom } from "../../../src/evaluation/seeded-random.js";
 
 /**
