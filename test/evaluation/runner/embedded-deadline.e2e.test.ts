@@ -74,8 +74,8 @@ afterAll(async () => {
 
 describe("an evaluation on the embedded model", () => {
   it("runs each long example once, to the end, within the deadline its queue needs: answered, charged once, never retried", async () => {
-    // A rate slower than this machine's: each example is given tens of seconds, far past the 100 ms deadline.
-    measured(300);
+    // A rate far slower than this machine's, even under a full test run: the two examples are given minutes, far past the 100 ms deadline.
+    measured(100);
     const { accountId } = await createTestAccount(database.db, { units: 10_000_000 });
     const evaluation = await insertEvaluation(database.db, {
       accountId,
@@ -87,7 +87,7 @@ describe("an evaluation on the embedded model", () => {
       createdBy: "test",
       examples: [1, 2].map((position) => ({ position, state: { ticket: `case ${position}: I was charged twice for my pro plan` }, labels: { q0: true } })),
     });
-    await waitFor(async () => (await database.db("evaluations").where({ id: evaluation.id }).first("state")).state === "finished", "the evaluation to finish", 120_000);
+    await waitFor(async () => (await database.db("evaluations").where({ id: evaluation.id }).first("state")).state === "finished", "the evaluation to finish", 240_000);
 
     const row = await database.db("evaluations").where({ id: evaluation.id }).first("done", "failed", "charged_units", "held_units");
     expect([row.done, row.failed, Number(row.held_units)]).toEqual([2, 0, 0]);
@@ -104,7 +104,7 @@ describe("an evaluation on the embedded model", () => {
     // Both examples gave their booked tokens back.
     expect(pace.queuedTokens()).toBe(0);
     await assertInvariants(database.db, accountId);
-  }, 150_000);
+  }, 300_000);
 
   it("an example given a longer deadline holds its lease that much longer, so no replica takes it while it runs", async () => {
     const { accountId } = await createTestAccount(database.db, { units: 10_000_000 });
