@@ -168,6 +168,21 @@ async function main() {
       });
     // The warm-up also asks the contextual arm's probe, so its rounds measure the cached path.
     for (const arm of arms) for (const mode of MODES) await run(arm, mode, 2);
+    // And each Platt body once, so that the replica has read every calibration and key: the rounds measure the kept ones.
+    for (const arm of arms.filter((a) => a.bodies)) {
+      for (let i = 0; i < arm.bodies!.length; i += CONNECTIONS) {
+        await Promise.all(
+          arm.bodies!.slice(i, i + CONNECTIONS).map(async (json, j) => {
+            const res = await fetch(`${arm.build.service.url}/api/v1/decisions`, {
+              method: "POST",
+              headers: { "content-type": "application/json", authorization: `Bearer ${arm.apiKeys![i + j]}` },
+              body: json,
+            });
+            if (res.status !== 200) throw new Error(`warm-up of ${arm.name}: ${res.status} ${await res.text()}`);
+          }),
+        );
+      }
+    }
 
     const figures = new Map<string, { rps: number[]; p50: number[]; p99: number[]; cpuMs: number[]; dbCpuMs: number[] }>();
     for (let round = 0; round < ROUNDS; round++) {
