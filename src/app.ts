@@ -21,7 +21,7 @@ import type { Logger } from "./logger.js";
 import { file_typesafe_error_v1_error } from "./gen/typesafe/error/v1/error_pb.js";
 import { file_google_rpc_error_details } from "./gen/google/rpc/error_details_pb.js";
 import { registerHealth } from "./rpc/health.js";
-import { createObserveInterceptor } from "./rpc/observe.js";
+import { createObserveInterceptor } from "./call/observe.js";
 import { registerReflection } from "./rpc/reflection.js";
 import { createSearchService } from "./search/service.js";
 import { startServer, type RunningServer } from "./server.js";
