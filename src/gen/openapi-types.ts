@@ -1104,7 +1104,7 @@ export interface components {
             id: string;
             /** @description The name its creator gave it, or empty. */
             name: string;
-            /** @description The key's recognisable start, e.g. "ts_live_". */
+            /** @description The key prefix every key starts with, "ts_live_" (the operator CLI's and the webhooks' display prefix adds the next 6 characters). */
             prefix: string;
             /** @description The last 4 characters of the secret. */
             last4: string;

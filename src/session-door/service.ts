@@ -647,7 +647,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
   });
 
   /** Limits as the request states them, checked against the account's own rate limit; a 400 names the field. */
-  async function checkedLimits(accountId: string, message: KeyLimitsMessage | undefined, at: Date, prefix: string): Promise<KeyLimits> {
+  async function checkedLimits(accountId: string, message: KeyLimitsMessage | undefined, at: Date, fieldPath: string): Promise<KeyLimits> {
     const money = await readAccountMoney(db, accountId);
     const parsed = parseKeyLimits(
       {
@@ -657,7 +657,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         budgetPeriod: message?.budgetPeriod ?? "",
         rateLimit: message?.requestsPerMinute ?? 0,
       },
-      { now: at, accountRateLimit: money?.requestsPerMinute ?? 0, prefix },
+      { now: at, accountRateLimit: money?.requestsPerMinute ?? 0, fieldPath },
     );
     throwIfInvalid(parsed.violations);
     return (parsed as { limits: KeyLimits }).limits;
