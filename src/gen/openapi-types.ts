@@ -718,7 +718,7 @@ export interface components {
             /** @description The wording of the prompts that produced these answers (e.g. "p1"): answers are comparable across calls only within one prompt version. */
             prompt_version: string;
         };
-        /** @description Answer is Jev-compatible: the fields present depend on `type` ("noul", "choice", "score", or "error" for a question that failed). */
+        /** @description Answer: the fields present depend on `type` ("noul", "choice", "score", or "error" for a question that failed). */
         "typesafe.decision.v1.Answer": {
             type: string;
             /** @description noul: P(yes). */
