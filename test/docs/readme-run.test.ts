@@ -117,7 +117,7 @@ describe("docs/account-area.md: inviting the first member, as written", () => {
     expect(shapeDifferences(shown, real)).toEqual([]);
     expect(real).toMatchObject({ email: shown["email"], role: shown["role"] });
     expect(String(real["invite_url"])).toMatch(/^http:\/\/127\.0\.0\.1:8080\/account\/\?invite=/);
-  });
+  }, 90_000);
 });
 
 describe("README: the TypeScript snippet, run as the README says", () => {
