@@ -7,7 +7,7 @@ import { expect, it } from "vitest";
 const root = path.resolve(import.meta.dirname, "../..");
 
 /**
- * `npm start` is the server: it builds, then npm's child is `node src/start.mjs`,
+ * `npm start` is the server: it builds, then npm's child is `node … src/start.mjs`,
  * which runs the bundled server in its own process (no shell or loader
  * between), so a SIGTERM sent to the pid a process manager started reaches the
  * server, which drains and exits 0. The bundle serves what dist/ does,
