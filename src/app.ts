@@ -1,4 +1,5 @@
 import { setMaxListeners } from "node:events";
+import { getHeapStatistics } from "node:v8";
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
@@ -189,7 +190,8 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   deliverer.start();
   keyExpiryWatch.start();
   evaluationRunner.start();
-  logger.info("listening", { url: server.url, database: database.kind });
+  // The JavaScript heap's ceiling (npm start sets it; see docs/performance.md), so an operator sees what the process runs with.
+  logger.info("listening", { url: server.url, database: database.kind, heap_limit_mb: Math.round(getHeapStatistics().heap_size_limit / 1_048_576) });
   logger.info("enabled", enabledSummary(config));
   // A development setting left on in production would let webhooks reach this machine's own services.
   if (config.webhooks.allowLoopback) {
