@@ -100,8 +100,8 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
       if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) logger.warn("embedded model engine", { message: message.trim() });
     },
   });
-  // Read into memory rather than mapped: llama.cpp repacks most weights for the CPU's kernels into memory of its own,
-  // and with a mapping the file's pages stay resident beside that copy.
+  // Read into memory rather than mapped: llama.cpp repacks some weights for the CPU's kernels into memory of its own,
+  // and with a mapping those pages of the file stay resident beside that copy.
   const model = await llama.loadModel({ modelPath: file, useMmap: false });
   const threads = settings.threads > 0 ? settings.threads : llama.cpuMathCores;
   const sharedTokens = Math.min(settings.contextTokens, SHARED_SEQUENCE_TOKENS);
