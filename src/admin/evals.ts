@@ -1,8 +1,9 @@
 import fs from "node:fs/promises";
 import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import type { Knex } from "knex";
-import { OPERATOR, recordActivity } from "../accounts/activity.js";
-import { findAccount, isUuid } from "../accounts/store.js";
+import { OPERATOR, recordActivity } from "../team/activity.js";
+import { findAccount } from "./account-funding.js";
+import { isUuid } from "../validation.js";
 import { csvField } from "../csv-field.js";
 import { describeError } from "../errors.js";
 import { createEvaluation, evaluationMessage } from "../evaluation/evaluations.js";

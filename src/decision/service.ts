@@ -14,7 +14,7 @@ import {
 } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
-import { authenticate, requireApiKey } from "../call/auth.js";
+import { authenticate, requireApiKey } from "../call/authentication.js";
 import { callPhasesOf } from "../call/call-phases.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
 import { notReadyMessage, retryAfterSeconds } from "../upstream/embedded-supervisor.js";
