@@ -133,16 +133,17 @@ export async function parseExamples(
   return format === "jsonl" ? parseJsonLines(source) : parseCsvExamples(source, questions);
 }
 
-/** A source's lines, as they arrive; a line over MAX_LINE_BYTES is given as undefined (its text is never held whole). */
-async function* linesOf(source: AsyncIterable<Uint8Array | string>): AsyncGenerator<string | undefined> {
+/** A source's lines, a chunk's worth at a time, as they arrive; a line over MAX_LINE_BYTES is given as undefined (its text is never held whole). */
+async function* linesOf(source: AsyncIterable<Uint8Array | string>): AsyncGenerator<Array<string | undefined>> {
   const decoder = new TextDecoder("utf-8");
   let partial = "";
   let tooLong = false;
-  const take = function* (text: string): Generator<string | undefined> {
+  const take = (text: string): Array<string | undefined> => {
+    const lines: Array<string | undefined> = [];
     let from = 0;
     for (let at = text.indexOf("\n"); at !== -1; at = text.indexOf("\n", from)) {
       const piece = partial + text.slice(from, at);
-      yield tooLong || Buffer.byteLength(piece) > MAX_LINE_BYTES ? undefined : piece;
+      lines.push(tooLong || Buffer.byteLength(piece) > MAX_LINE_BYTES ? undefined : piece);
       partial = "";
       tooLong = false;
       from = at + 1;
@@ -154,9 +155,10 @@ async function* linesOf(source: AsyncIterable<Uint8Array | string>): AsyncGenera
         partial = "";
       }
     }
+    return lines;
   };
-  for await (const chunk of source) yield* take(typeof chunk === "string" ? chunk : decoder.decode(chunk, { stream: true }));
-  yield* take(decoder.decode() + "\n");
+  for await (const chunk of source) yield take(typeof chunk === "string" ? chunk : decoder.decode(chunk, { stream: true }));
+  yield take(decoder.decode() + "\n");
 }
 
 async function parseJsonLines(source: AsyncIterable<Uint8Array | string>): Promise<{ examples: ExampleInput[]; violations: ExampleViolation[] }> {
@@ -164,28 +166,30 @@ async function parseJsonLines(source: AsyncIterable<Uint8Array | string>): Promi
   const violations: ExampleViolation[] = [];
   let line = 0;
   let full = false;
-  for await (const raw of linesOf(source)) {
-    line += 1;
-    if (full || (raw !== undefined && raw.trim() === "")) continue;
-    if (examples.length + violations.length >= MAX_EXAMPLES) {
-      violations.push({ line, field: "examples", rule: `at most ${MAX_EXAMPLES} examples` });
-      full = true;
-      continue;
+  for await (const lines of linesOf(source)) {
+    for (const raw of lines) {
+      line += 1;
+      if (full || (raw !== undefined && raw.trim() === "")) continue;
+      if (examples.length + violations.length >= MAX_EXAMPLES) {
+        violations.push({ line, field: "examples", rule: `at most ${MAX_EXAMPLES} examples` });
+        full = true;
+        continue;
+      }
+      if (raw === undefined) {
+        violations.push({ line, field: "", rule: `a line is at most ${MAX_LINE_BYTES} bytes` });
+        continue;
+      }
+      let parsed: unknown;
+      try {
+        parsed = JSON.parse(raw);
+      } catch {
+        violations.push({ line, field: "", rule: "must be one JSON object" });
+        continue;
+      }
+      const example = exampleFromJson(parsed, line);
+      if ("rule" in example) violations.push(example);
+      else examples.push(example);
     }
-    if (raw === undefined) {
-      violations.push({ line, field: "", rule: `a line is at most ${MAX_LINE_BYTES} bytes` });
-      continue;
-    }
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(raw);
-    } catch {
-      violations.push({ line, field: "", rule: "must be one JSON object" });
-      continue;
-    }
-    const example = exampleFromJson(parsed, line);
-    if ("rule" in example) violations.push(example);
-    else examples.push(example);
   }
   return { examples, violations };
 }
