@@ -2,16 +2,16 @@
  * The import rules of src/, checked by `npm run lint:deps` (dependency-cruiser) in CI.
  *
  * The rooms, from the outside in:
- *   doors     gateway/, rpc/, account-area/, web/   take calls from the network
+ *   doors     gateway/, rpc/, session-door/, web/   take calls from the network
  *   features  decision/, search/, webhooks/   the work a call asks for, and what an account hears of it
  *   metering/                            admit, settle and release money
- *   call/                                one call's context: request id, phases, the authenticated caller
- *   accounts/, db/                       rows, keys, the store
+ *   call/                                one call's context: request id, phases, the caller's API key
+ *   keys/, team/, sign-in/, db/          API keys, members, sign-in, the store
  * A room may import the rooms below it, never one above. upstream/ talks to
  * the LLM upstream or runs the in-process model; it knows nothing of the
  * work it serves. The composition root (app.ts,
  * main.ts, server.ts, build.mjs) wires the doors; nothing else imports a door
- * but another door: the gateway and the account area's CSV download build on
+ * but another door: the gateway and the session door's CSV download build on
  * rpc/, and rpc/ on no other door. Shared
  * modules at the top of src/ (errors, logger, metrics, validation, ...) may be
  * imported from any room. No module imports itself back through others, and
@@ -25,10 +25,10 @@
  */
 
 const ROOT = "^src/(app\\.ts|main\\.ts|server\\.ts|build\\.mjs)$";
-const DOORS = "^src/(gateway|rpc|account-area|web)/";
+const DOORS = "^src/(gateway|rpc|session-door|web)/";
 const FEATURES = "^src/(decision|search|webhooks)/";
 const METERING = "^src/metering/";
-const STORE = "^src/(accounts|db)/";
+const STORE = "^src/(keys|team|sign-in|db)/";
 const UPSTREAM = "^src/upstream/";
 /** What every layer reads about the call in progress; below the doors and the features. */
 const CALL = "^src/call/";
@@ -87,7 +87,7 @@ module.exports = {
     {
       name: "store-below-metering",
       severity: "error",
-      comment: "accounts/ and db/ hold rows; money (metering) and work (features) build on them, not the reverse.",
+      comment: "keys/, team/, sign-in/ and db/ hold rows; money (metering) and work (features) build on them, not the reverse.",
       from: { path: STORE },
       to: { path: [FEATURES, METERING, UPSTREAM, CALL] },
     },

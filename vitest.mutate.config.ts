@@ -16,7 +16,10 @@ export default defineConfig({
       "test/evaluation/*.test.ts",
       "test/docs/evaluations-doc.test.ts",
       // The account area's rules: in-process servers, so every mutant is live in them (the CLI's tests spawn processes, where none is).
-      "test/account/{rules,account.security,account.surfaces,account.happy,team,two-factor,defects.security,keys-bounds,keys.limits,password-work,store,account.gateway,key-limits.rules,two-factor.store,member-removal}.test.ts",
+      "test/session-door/{rules,account.security,account.surfaces,account.happy,team,two-factor,defects.security,keys.limits,account.gateway}.test.ts",
+      "test/keys/{keys-bounds,store,key-limits.rules}.test.ts",
+      "test/sign-in/{password-work,two-factor.store}.test.ts",
+      "test/team/member-removal.test.ts",
     ],
     globalSetup: ["test/support/global-setup.ts"],
     // As in npm test: every gateway answer is held against the OpenAPI document (account.gateway counts them).

@@ -16,7 +16,7 @@
  */
 import crypto from "node:crypto";
 import pg from "pg";
-import { hashApiKey } from "../src/accounts/api-keys.js";
+import { hashApiKey } from "../src/keys/api-keys.js";
 import { loadConfig } from "../src/config.js";
 import { createKnex, migrate } from "../src/db/database.js";
 import { createLogger } from "../src/logger.js";

@@ -13,7 +13,7 @@ import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { encodeEnvelope } from "@connectrpc/connect/protocol";
 import { fromJsonString, toBinary } from "@bufbuild/protobuf";
-import { hashApiKey } from "../src/accounts/api-keys.js";
+import { hashApiKey } from "../src/keys/api-keys.js";
 import { createKnex } from "../src/db/database.js";
 import { DecideRequestSchema, DecisionService } from "../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { prepareStatementsOn } from "../src/metering/ledger.js";

@@ -34,7 +34,7 @@ import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import type { Knex } from "knex";
-import { displayPrefix, generateApiKey, hashApiKey } from "../src/accounts/api-keys.js";
+import { displayPrefix, generateApiKey, hashApiKey } from "../src/keys/api-keys.js";
 import { createAccount } from "../src/admin/account-funding.js";
 import { createKnex } from "../src/db/database.js";
 import { migrate } from "../src/db/migrator.js";

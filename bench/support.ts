@@ -14,7 +14,7 @@ import os from "node:os";
 import path from "node:path";
 import type { Knex } from "knex";
 import pg from "pg";
-import { createApiKey } from "../src/accounts/store.js";
+import { createApiKey } from "../src/keys/store.js";
 import { createAccount } from "../src/admin/account-funding.js";
 import { readPublishedSocket } from "../src/db/published-socket.js";
 

@@ -18,7 +18,7 @@
  */
 import fs from "node:fs";
 import path from "node:path";
-import { hashApiKey } from "../src/accounts/api-keys.js";
+import { hashApiKey } from "../src/keys/api-keys.js";
 import { createKnex } from "../src/db/database.js";
 import { migrate } from "../src/db/migrator.js";
 import { meteringStatements } from "../src/metering/ledger.js";

@@ -17,7 +17,7 @@
  */
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import knex, { type Knex } from "knex";
-import { createApiKey } from "../src/accounts/store.js";
+import { createApiKey } from "../src/keys/store.js";
 import { createAccount } from "../src/admin/account-funding.js";
 import { startApp } from "../src/app.js";
 import { loadConfig } from "../src/config.js";
@@ -25,7 +25,7 @@ import { migrate } from "../src/db/database.js";
 import { createLogger } from "../src/logger.js";
 import { listFinishedCalls, summarizeCalls, summarizeCallsFromRequests, type SummaryRange } from "../src/metering/account-views.js";
 import { rollClosedHours } from "../src/metering/usage-rollup.js";
-import { accountClient, inviteMember, TEST_SCRYPT } from "../test/account/support.js";
+import { accountClient, inviteMember, TEST_SCRYPT } from "../test/session-door/support.js";
 import { createScratchDatabase, median } from "./support.js";
 
 const ROWS = Number(process.env.BENCH_USAGE_ROWS ?? 365 * 86_400);

@@ -83,3 +83,8 @@ export function pathOf(parent: string, key: string): string {
   if (/^[A-Za-z_][A-Za-z0-9_-]*$/.test(key)) return parent === "" ? key : `${parent}.${key}`;
   return `${parent}[${JSON.stringify(key)}]`;
 }
+
+/** True for a UUID in its text form, the shape of account and key ids (a cast of anything else would fail in SQL). */
+export function isUuid(text: string): boolean {
+  return /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(text);
+}

@@ -1,5 +1,5 @@
 import { createContextKey, type HandlerContext } from "@connectrpc/connect";
-import { createRequestId } from "../request/request-id.js";
+import { createRequestId } from "./request-id.js";
 
 /** The id of one call, shared by the log line, the error detail and the billing record. */
 export const kRequestId = createContextKey<string>("", { description: "request id" });

@@ -1,6 +1,6 @@
 import type { Value } from "@bufbuild/protobuf/wkt";
 import type { DecideRequest } from "../gen/typesafe/decision/v1/decision_service_pb.js";
-import { isUuid } from "../accounts/store.js";
+import { isUuid } from "../validation.js";
 import { FINITE_RULE, MAX_NESTING_DEPTH, PROTO_KEY_RULE, UNICODE_RULE, hasLoneSurrogate, pathOf, type Violation } from "../validation.js";
 
 export const SUPPORTED_MODEL = "typesafe/service-1.13";

@@ -1,7 +1,7 @@
 import { create, fromJson, type JsonObject, type JsonValue } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { Knex } from "knex";
-import { recordActivity } from "../accounts/activity.js";
+import { recordActivity } from "../team/activity.js";
 import { questionSpecs } from "../decision/service.js";
 import { apiError } from "../errors.js";
 import { CalibrationSchema, type Calibration } from "../gen/typesafe/account/v1/account_service_pb.js";

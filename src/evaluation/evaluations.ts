@@ -1,7 +1,7 @@
 import { create, toJson, type JsonValue } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { Knex } from "knex";
-import { recordActivity } from "../accounts/activity.js";
+import { recordActivity } from "../team/activity.js";
 import { apiError } from "../errors.js";
 import { EvaluationSchema, type Evaluation } from "../gen/typesafe/account/v1/account_service_pb.js";
 import { QuestionSchema, type Question } from "../gen/typesafe/decision/v1/decision_service_pb.js";

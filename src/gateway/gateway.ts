@@ -7,10 +7,10 @@ import { kRemoteAddress, kRequestId } from "../call/context.js";
 import { observeCall, type CallObserver } from "../rpc/observe.js";
 import type { Metrics } from "../metrics.js";
 import { throwIfInvalid } from "../validation.js";
-import { drainNodeBody, readNodeBody } from "../request/body.js";
-import { ACCEPTED_ENCODING_NAMES, compressionNamed, decompressBody, unsupportedEncoding } from "../request/compression.js";
-import { decodeJsonRequest, parseJsonBody } from "../request/json-body.js";
-import { createRequestId } from "../request/request-id.js";
+import { drainNodeBody, readNodeBody } from "../body/body.js";
+import { ACCEPTED_ENCODING_NAMES, compressionNamed, decompressBody, unsupportedEncoding } from "../body/compression.js";
+import { decodeJsonRequest, parseJsonBody } from "../body/json-body.js";
+import { createRequestId } from "../call/request-id.js";
 import { headerRecord, requestHeaders } from "../rpc/node-headers.js";
 import { sendEnvelope, sendError, sendOk, type NodeRequest, type NodeResponse } from "./envelope.js";
 

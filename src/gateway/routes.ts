@@ -3,7 +3,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { http } from "../gen/google/api/annotations_pb.js";
 import { DecisionService } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchService } from "../gen/typesafe/search/v1/search_service_pb.js";
-import { requireApiKey } from "../request/api-key.js";
+import { requireApiKey } from "../call/authentication.js";
 import type { RouteDoor, RpcRoute } from "./gateway.js";
 
 /** A service and its implementation, as registered on the Connect router, and the door of its JSON paths. */

@@ -1,7 +1,7 @@
 import crypto from "node:crypto";
 import type { ConnectError } from "@connectrpc/connect";
 import type { Knex } from "knex";
-import { hashApiKey, isWellFormedApiKey } from "../accounts/api-keys.js";
+import { hashApiKey, isWellFormedApiKey, malformedApiKey } from "../keys/api-keys.js";
 import type { MeteringConfig } from "../config.js";
 import { apiError } from "../errors.js";
 import type { Logger } from "../logger.js";
@@ -301,7 +301,7 @@ function checkCall(call: MeteredCall): void {
     throw new Error(`reserveUnits must be a non-negative integer, got ${call.reserveUnits}`);
   }
   if (!isWellFormedApiKey(call.apiKey)) {
-    throw apiError("UNAUTHENTICATED", "malformed API key: expected Authorization: Bearer ts_live_...");
+    throw malformedApiKey();
   }
   if (call.idempotencyKey !== undefined && (call.idempotencyKey.length === 0 || call.idempotencyKey.length > MAX_IDEMPOTENCY_KEY_LENGTH)) {
     throw apiError("INVALID_ARGUMENT", `Idempotency-Key must be 1 to ${MAX_IDEMPOTENCY_KEY_LENGTH} characters`, {

@@ -2,7 +2,7 @@ import { ScalarType, type DescEnum, type DescField, type DescMessage, type DescM
 import { ACCOUNT_AREA_ANSWERS, ACCOUNT_AREA_REASONS, REASONS, type Reason } from "../errors.js";
 import { MAX_NESTING_DEPTH } from "../validation.js";
 import { httpBindingOf, jsonTouchesOf } from "../gateway/routes.js";
-import { SESSIONLESS_METHODS } from "../account-area/door.js";
+import { SESSIONLESS_METHODS } from "../session-door/door.js";
 import { DECIMAL_STRING, REQUEST_RULES } from "./request-rules.js";
 
 /** A JSON Schema (2020-12, OpenAPI 3.1's dialect) as plain data. */

@@ -3,11 +3,11 @@ import { DecideRequestSchema, QuestionSchema } from "../gen/typesafe/decision/v1
 import { SearchRequestSchema } from "../gen/typesafe/search/v1/search_service_pb.js";
 import { MAX_QUERY_CHARS, SOURCE_IDS, WINDOWS } from "../search/validate.js";
 import { MAX_DOMAINS, SAFE_LEVELS } from "../search/filters.js";
-import { MAX_EMAIL_CHARS } from "../accounts/members.js";
-import { MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS } from "../accounts/passwords.js";
-import { MAX_KEY_NAME_CHARS, MAX_SUMMARY_DAYS } from "../account-area/service.js";
-import { MAX_PAGE_SIZE, USAGE_ENDPOINTS } from "../account-area/usage-query.js";
-import { ROLES } from "../accounts/roles.js";
+import { MAX_EMAIL_CHARS } from "../team/members.js";
+import { MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS } from "../sign-in/passwords.js";
+import { MAX_KEY_NAME_CHARS, MAX_SUMMARY_DAYS } from "../session-door/service.js";
+import { MAX_PAGE_SIZE, USAGE_ENDPOINTS } from "../session-door/usage-query.js";
+import { ROLES } from "../team/roles.js";
 import { MAX_URL_LENGTH } from "../webhooks/endpoint-url.js";
 import { MAX_THRESHOLDS } from "../webhooks/events.js";
 import { MAX_THRESHOLD_CREDITS } from "../webhooks/thresholds.js";
@@ -37,7 +37,7 @@ import {
   FitCalibrationRequestSchema,
   SetAlertsRequestSchema,
 } from "../gen/typesafe/account/v1/account_service_pb.js";
-import { KEY_BUDGET_PERIODS, KEY_SCOPES, MAX_ROLL_GRACE_SECONDS } from "../accounts/key-limits.js";
+import { KEY_BUDGET_PERIODS, KEY_SCOPES, MAX_ROLL_GRACE_SECONDS } from "../keys/key-limits.js";
 
 /**
  * What a request message's validation adds to the shape its descriptor gives.

@@ -3,10 +3,11 @@ import { createContextKey, createContextValues, type ConnectError } from "@conne
 import type { Compression } from "@connectrpc/connect/protocol";
 import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
 import { apiError, describeError } from "../errors.js";
-import { apiKeyFrom, kApiKey } from "../request/api-key.js";
-import { drainBody, payloadTooLarge, readBodyUpTo } from "../request/body.js";
-import { compressionNamed, decompressBody, undecompressable, unsupportedEncoding } from "../request/compression.js";
-import { decodeJsonRequest, parseJsonBody } from "../request/json-body.js";
+import { kApiKey } from "../call/authentication.js";
+import { apiKeyFrom } from "../keys/api-keys.js";
+import { drainBody, payloadTooLarge, readBodyUpTo } from "../body/body.js";
+import { compressionNamed, decompressBody, undecompressable, unsupportedEncoding } from "../body/compression.js";
+import { decodeJsonRequest, parseJsonBody } from "../body/json-body.js";
 import { dropUnholdableDeadline, takeDeadlineProblem } from "./grpc-timeout.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;

@@ -5,7 +5,7 @@ import type { Metrics } from "../metrics.js";
 import { kRequestProblem } from "./body-gate.js";
 import { kCallPhases, phaseLogFields, type CallPhases } from "../call/call-phases.js";
 import { kRequestId } from "../call/context.js";
-import { createRequestId } from "../request/request-id.js";
+import { createRequestId } from "../call/request-id.js";
 
 /** Where a call's log line and its metrics go. */
 export interface CallObserver {

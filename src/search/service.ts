@@ -13,7 +13,7 @@ import {
 import type { Logger } from "../logger.js";
 import type { Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
-import { authenticate, requireApiKey } from "../call/auth.js";
+import { authenticate, requireApiKey } from "../call/authentication.js";
 import { throwIfInvalid } from "../validation.js";
 import { createSearchEngine, type SearchPlan } from "./engine.js";
 import { validateSearchRequest } from "./validate.js";

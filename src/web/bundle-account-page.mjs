@@ -1,4 +1,4 @@
-// Bundles the account page (src/web/account/) into a folder of static files:
+// Bundles the account page (src/web/page/) into a folder of static files:
 // index.html and its script and style sheet, named by content hash so they can
 // be cached for good while index.html is revalidated. Plain JavaScript like
 // build.mjs, which calls it; tests call it too.
@@ -7,7 +7,7 @@ import path from "node:path";
 import esbuild from "esbuild";
 
 const root = path.resolve(import.meta.dirname, "../..");
-const source = path.join(root, "src", "web", "account");
+const source = path.join(root, "src", "web", "page");
 
 /** Where the server looks for the built page (src/web/account-page.ts reads the same folder). */
 export const ACCOUNT_PAGE_DIR = path.join(root, "dist", "public", "account");

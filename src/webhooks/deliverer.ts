@@ -1,6 +1,6 @@
 import crypto from "node:crypto";
 import type { Knex } from "knex";
-import { recordActivity } from "../accounts/activity.js";
+import { recordActivity } from "../team/activity.js";
 import type { WebhookConfig } from "../config.js";
 import type { Logger } from "../logger.js";
 import { eventBody, type DbAccountEventRow } from "./events.js";

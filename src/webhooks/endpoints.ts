@@ -1,5 +1,5 @@
 import type { Knex } from "knex";
-import { recordActivity } from "../accounts/activity.js";
+import { recordActivity } from "../team/activity.js";
 import { generateSecret } from "./signing.js";
 
 /** After a rotation the old secret keeps signing this long, so receivers can switch without losing a delivery. */

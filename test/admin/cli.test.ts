@@ -2,7 +2,7 @@ import fs from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { hashApiKey } from "../../src/accounts/api-keys.js";
+import { hashApiKey } from "../../src/keys/api-keys.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { postJson, startTestApp, type TestApp } from "../support/app.js";
 import { runAdmin, runToExit, startServiceProcess } from "../support/process.js";

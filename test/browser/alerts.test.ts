@@ -1,7 +1,7 @@
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { bundleAccountPage } from "../../src/web/bundle-account-page.mjs";
-import { inviteMember } from "../account/support.js";
+import { inviteMember } from "../session-door/support.js";
 import { createTestAccount, startTestApp, type TestApp } from "../support/app.js";
 import { launchChromium, seriousAxeFindings } from "../support/browser.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";

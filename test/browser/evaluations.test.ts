@@ -4,7 +4,7 @@ import path from "node:path";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { bundleAccountPage } from "../../src/web/bundle-account-page.mjs";
-import { inviteMember } from "../account/support.js";
+import { inviteMember } from "../session-door/support.js";
 import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { launchChromium, seriousAxeFindings } from "../support/browser.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";

@@ -27,7 +27,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import path from "node:path";
 import { parseArgs } from "node:util";
-import { createApiKey } from "../../src/accounts/store.js";
+import { createApiKey } from "../../src/keys/store.js";
 import { createAccount, grant } from "../../src/admin/account-funding.js";
 import { DECISION_RESERVE_UNITS_PER_QUESTION } from "../../src/metering/meter.js";
 import { addEndpoint } from "../../src/webhooks/endpoints.js";

@@ -1,12 +1,12 @@
 import fs from "node:fs";
 import path from "node:path";
 import { expect, it } from "vitest";
-import { type Action, ALLOWED_ROLES, memberChangeRefusal, ROLES, type Role } from "../../src/accounts/roles.js";
+import { type Action, ALLOWED_ROLES, memberChangeRefusal, ROLES, type Role } from "../../src/team/roles.js";
 
 /**
  * docs/account-area.md's roles table says what the role matrix of
- * src/accounts/roles.ts allows: each row is one action of the matrix (or one
- * of the two rules beside it), each cell its yes or no. test/account/team.test.ts
+ * src/team/roles.ts allows: each row is one action of the matrix (or one
+ * of the two rules beside it), each cell its yes or no. test/session-door/team.test.ts
  * checks the matrix against the service itself.
  */
 const page = fs.readFileSync(path.resolve(import.meta.dirname, "../../docs/account-area.md"), "utf8");

@@ -1,8 +1,8 @@
 import { fromJson, ScalarType, toBinary, type DescField, type DescMessage, type DescMethod, type JsonValue } from "@bufbuild/protobuf";
 import fc from "fast-check";
 import type { Knex } from "knex";
-import { createInvite } from "../../src/accounts/invites.js";
-import { ensureMember } from "../../src/accounts/members.js";
+import { createInvite } from "../../src/team/invites.js";
+import { ensureMember } from "../../src/team/members.js";
 import { httpBindingOf } from "../../src/gateway/routes.js";
 import { AccountService } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
 import { createTestAccount } from "../support/app.js";

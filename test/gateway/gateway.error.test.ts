@@ -182,7 +182,7 @@ describe("authentication", () => {
 });
 
 async function createUnsavedKey(): Promise<string> {
-  const { generateApiKey } = await import("../../src/accounts/api-keys.js");
+  const { generateApiKey } = await import("../../src/keys/api-keys.js");
   return generateApiKey();
 }
 

@@ -37,7 +37,7 @@ describe("GET /api/v1/openapi.json", () => {
 
   it("declares the contract's paths, the key, Idempotency-Key and every error status", () => {
     const document = JSON.parse(fs.readFileSync(OPENAPI_DOCUMENT_PATH, "utf8"));
-    // The account area's paths have their own section, checked in test/account/account.gateway.test.ts.
+    // The account area's paths have their own section, checked in test/session-door/account.gateway.test.ts.
     expect(Object.keys(document.paths).filter((path) => !path.startsWith("/account/v1/"))).toEqual(["/api/v1/decisions", "/api/v1/search", "/api/v1/sources", "/healthz", "/readyz"]);
     const decide = document.paths["/api/v1/decisions"].post;
     expect(decide.security).toEqual([{ apiKey: [] }]);

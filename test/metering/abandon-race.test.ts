@@ -1,7 +1,7 @@
 import crypto from "node:crypto";
 import type { Knex } from "knex";
 import { beforeAll, describe, expect, it } from "vitest";
-import { hashApiKey } from "../../src/accounts/api-keys.js";
+import { hashApiKey } from "../../src/keys/api-keys.js";
 import { abandon } from "../../src/metering/ledger.js";
 import { createTestAccount } from "../support/app.js";
 import { sessionsCanRace, useRacingDatabase } from "../support/database.js";

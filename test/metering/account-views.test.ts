@@ -1,6 +1,6 @@
 import type { Knex } from "knex";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createApiKey } from "../../src/accounts/store.js";
+import { createApiKey } from "../../src/keys/store.js";
 import { listFinishedCalls, readAccountMoney, type CallCursor, type FinishedCall } from "../../src/metering/account-views.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";

@@ -4,7 +4,7 @@ import { loadConfig } from "../../src/config.js";
 import { createKnex, migrate } from "../../src/db/database.js";
 import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
-import { NO_KEY_LIMITS, setKeyLimits } from "../../src/accounts/key-limits.js";
+import { NO_KEY_LIMITS, setKeyLimits } from "../../src/keys/key-limits.js";
 import { prepareStatementsOn } from "../../src/metering/ledger.js";
 import { createMeter } from "../../src/metering/meter.js";
 import { unitsToCredits } from "../../src/units.js";

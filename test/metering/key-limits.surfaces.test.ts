@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { NO_KEY_LIMITS, setKeyLimits, type KeyLimits } from "../../src/accounts/key-limits.js";
+import { NO_KEY_LIMITS, setKeyLimits, type KeyLimits } from "../../src/keys/key-limits.js";
 import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { startFakeLlm, type FakeLlm } from "../support/fake-llm.js";

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { hashApiKey } from "../../src/accounts/api-keys.js";
-import { NO_KEY_LIMITS, rollKey, setKeyLimits, type KeyLimits } from "../../src/accounts/key-limits.js";
-import { createApiKey } from "../../src/accounts/store.js";
+import { hashApiKey } from "../../src/keys/api-keys.js";
+import { NO_KEY_LIMITS, rollKey, setKeyLimits, type KeyLimits } from "../../src/keys/key-limits.js";
+import { createApiKey } from "../../src/keys/store.js";
 import { admit, finish, sweep, type Admission, type AdmitInput } from "../../src/metering/ledger.js";
 import { decisionReserveUnits } from "../../src/metering/meter.js";
 import { createTestAccount } from "../support/app.js";

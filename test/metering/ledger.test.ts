@@ -1,8 +1,8 @@
 import crypto from "node:crypto";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { hashApiKey } from "../../src/accounts/api-keys.js";
-import { revokeApiKey } from "../../src/accounts/store.js";
+import { hashApiKey } from "../../src/keys/api-keys.js";
+import { revokeApiKey } from "../../src/keys/store.js";
 import { createKnex } from "../../src/db/database.js";
 import { createBatcher } from "../../src/db/statement-batcher.js";
 import {

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { generateApiKey } from "../../src/accounts/api-keys.js";
+import { generateApiKey } from "../../src/keys/api-keys.js";
 import { loadConfig } from "../../src/config.js";
 import { createKnex } from "../../src/db/database.js";
 import { describeError } from "../../src/errors.js";

@@ -1,6 +1,6 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { generateApiKey } from "../../src/accounts/api-keys.js";
+import { generateApiKey } from "../../src/keys/api-keys.js";
 import { loadConfig } from "../../src/config.js";
 import { describeError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";

@@ -1,7 +1,7 @@
 import type { Knex } from "knex";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { createKnex } from "../../src/db/database.js";
-import { createApiKey } from "../../src/accounts/store.js";
+import { createApiKey } from "../../src/keys/store.js";
 import { summarizeCalls, summarizeCallsFromRequests, type SummaryRange, type UsageBucketRow } from "../../src/metering/account-views.js";
 import { floorDay, floorHour, readRolledUntil, rollClosedHours, rollOneHour, summarizeNewPages } from "../../src/metering/usage-rollup.js";
 import { createTestAccount } from "../support/app.js";

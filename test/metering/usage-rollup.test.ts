@@ -1,13 +1,13 @@
 import fc from "fast-check";
 import type { Knex } from "knex";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { createApiKey } from "../../src/accounts/store.js";
+import { createApiKey } from "../../src/keys/store.js";
 import { summarizeCalls, summarizeCallsFromRequests, type SummaryRange } from "../../src/metering/account-views.js";
 import { floorHour, readRolledUntil, rollClosedHours, rollOneHour } from "../../src/metering/usage-rollup.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { waitFor } from "../support/wait.js";
-import { startAccountApp } from "../account/support.js";
+import { startAccountApp } from "../session-door/support.js";
 
 /**
  * Usage summaries read closed hours from the roll-up and count the rest from

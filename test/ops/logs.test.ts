@@ -1,6 +1,6 @@
 import net from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { generateApiKey, hashApiKey } from "../../src/accounts/api-keys.js";
+import { generateApiKey, hashApiKey } from "../../src/keys/api-keys.js";
 import { listUsage } from "../../src/admin/usage.js";
 import { apiError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";

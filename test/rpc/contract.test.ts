@@ -3,7 +3,7 @@ import net from "node:net";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { generateApiKey } from "../../src/accounts/api-keys.js";
+import { generateApiKey } from "../../src/keys/api-keys.js";
 import { apiError, describeError, STORE_RETRY_AFTER_SECONDS, toPublicError } from "../../src/errors.js";
 import { BadRequestSchema, RetryInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { DecideRequestSchema } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";

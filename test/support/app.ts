@@ -1,6 +1,6 @@
 import type { Knex } from "knex";
 import { startApp, type App, type AppOverrides } from "../../src/app.js";
-import { createApiKey } from "../../src/accounts/store.js";
+import { createApiKey } from "../../src/keys/store.js";
 import { createAccount } from "../../src/admin/account-funding.js";
 import { loadConfig, type Config } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";

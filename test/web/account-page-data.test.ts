@@ -2,9 +2,9 @@ import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { describe, expect, it } from "vitest";
 import { UsageBucketSchema } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
-import { formatCredits, formatUtc, keyLabel } from "../../src/web/account/dom.js";
-import { dailyUsage } from "../../src/web/account/usage-chart.js";
-import { csvHref } from "../../src/web/account/usage-view.js";
+import { formatCredits, formatUtc, keyLabel } from "../../src/web/page/dom.js";
+import { dailyUsage } from "../../src/web/page/usage-chart.js";
+import { csvHref } from "../../src/web/page/usage-view.js";
 
 function bucket(day: string, endpoint: string, calls: number, chargedCredits: number) {
   return create(UsageBucketSchema, { start: timestampFromDate(new Date(`${day}T00:00:00Z`)), endpoint, calls, chargedCredits });

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { NO_KEY_LIMITS, rollKey, setKeyLimits, type KeyLimits } from "../../src/accounts/key-limits.js";
-import { createApiKey, revokeAccountKey } from "../../src/accounts/store.js";
+import { NO_KEY_LIMITS, rollKey, setKeyLimits, type KeyLimits } from "../../src/keys/key-limits.js";
+import { createApiKey, revokeAccountKey } from "../../src/keys/store.js";
 import { createAccount } from "../../src/admin/account-funding.js";
 import { DECISION_RESERVE_UNITS_PER_QUESTION } from "../../src/metering/meter.js";
 import { addEndpoint } from "../../src/webhooks/endpoints.js";

@@ -14,7 +14,7 @@ import type { SchemaMigration } from "./schema-migration.js";
  * others keep exactly what they could do as members.
  *
  * The activity log's list of kinds leaves the database: the kinds grow with
- * each release, and the code's list (accounts/activity.ts) is the one guard.
+ * each release, and the code's list (src/team/activity.ts) is the one guard.
  * The new tables name accounts without a foreign key, so no lock is taken on
  * the accounts table.
  */

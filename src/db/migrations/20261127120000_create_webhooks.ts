@@ -70,7 +70,7 @@ export const createWebhooks: SchemaMigration = {
         error text NOT NULL DEFAULT ''
       );
       CREATE INDEX webhook_attempts_delivery ON webhook_attempts (delivery_id, id);
-      -- The activity kinds are checked by the code's list (accounts/activity.ts): the members' migration dropped the table's check.
+      -- The activity kinds are checked by the code's list (src/team/activity.ts): the members' migration dropped the table's check.
     `);
   },
 };

@@ -9,7 +9,7 @@ import { balanceUnits, createTestAccount, postJson } from "../../support/app.js"
 import { createTestDatabase, type TestDatabase } from "../../support/database.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../../support/fake-llm.js";
 import { waitFor } from "../../support/wait.js";
-import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../../account/support.js";
+import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../../session-door/support.js";
 import { seededRandom } from "../../../src/evaluation/seeded-random.js";
 
 /**

@@ -4,7 +4,7 @@ import { balanceUnits, createTestAccount } from "../../support/app.js";
 import { assertInvariants } from "../../support/invariants.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../../support/fake-llm.js";
 import { waitFor } from "../../support/wait.js";
-import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../../account/support.js";
+import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "../../session-door/support.js";
 import { decisionReserveUnits } from "../../../src/metering/meter.js";
 import { seededRandom } from "../../../src/evaluation/seeded-random.js";
 
