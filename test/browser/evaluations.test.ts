@@ -65,8 +65,16 @@ async function viewReady(view: string): Promise<void> {
   await page.waitForFunction((id) => document.getElementById(id)?.getAttribute("aria-busy") !== "true", `view-${view}`);
 }
 
+/** Fills the evaluation form as a member would and presses Start. */
+async function startEvaluation(questions: string, file: string): Promise<void> {
+  await page.getByLabel("Questions").fill(questions);
+  await page.getByLabel("Examples (JSON Lines or CSV").setInputFiles(file);
+  await page.getByLabel("Credit cap").fill("1");
+  await page.getByRole("button", { name: "Start" }).click();
+}
+
 describe("evaluations in a real browser", () => {
-  it("uploads labelled examples, follows the progress, and shows the metrics and the reliability diagram", async () => {
+  it("uploads JSON Lines and CSV, follows the progress, shows the metrics, reliability diagram and confusion matrix, fits a calibration, and a decision names it", async () => {
     const account = await createTestAccount(database.db, { units: 5_000_000, name: "Acme" });
     const { token } = await inviteMember(database.db, account.accountId, "eve.evals@example.com", new Date(), "owner");
     await page.goto(`${service.url}/account/?invite=${token}`);
@@ -86,10 +94,7 @@ describe("evaluations in a real browser", () => {
 
     await page.getByRole("link", { name: "Evaluations" }).click();
     await viewReady("evaluations");
-    await page.getByLabel("Questions").fill(JSON.stringify(questions));
-    await page.getByLabel("Examples (JSON Lines or CSV").setInputFiles(file);
-    await page.getByLabel("Credit cap").fill("1");
-    await page.getByRole("button", { name: "Start" }).click();
+    await startEvaluation(JSON.stringify(questions), file);
     const finished = page.locator('#evaluations-table tr[data-state="finished"]', { hasText: "tickets.jsonl" });
     await finished.waitFor();
     expect(await finished.locator("td").nth(2).innerText()).toBe("20 / 20");
@@ -149,10 +154,7 @@ describe("evaluations in a real browser", () => {
     // A CSV file goes through the same upload.
     const csv = path.join(dir, "tickets.csv");
     await fs.writeFile(csv, ["state,urgent,team", ...Array.from({ length: 20 }, (_, i) => `ticket ${i}: I want a refund,${i < 10},${i % 4 === 0 ? "" : team(i)}`)].join("\r\n") + "\r\n");
-    await page.getByLabel("Questions").fill(JSON.stringify(questions));
-    await page.getByLabel("Examples (JSON Lines or CSV").setInputFiles(csv);
-    await page.getByLabel("Credit cap").fill("1");
-    await page.getByRole("button", { name: "Start" }).click();
+    await startEvaluation(JSON.stringify(questions), csv);
     const fromCsv = page.locator('#evaluations-table tr[data-state="finished"]', { hasText: "tickets.csv" });
     await fromCsv.waitFor();
     expect(await fromCsv.locator("td").nth(2).innerText()).toBe("20 / 20");
@@ -160,9 +162,7 @@ describe("evaluations in a real browser", () => {
     // A bad line is named with its number and field, and nothing is started.
     const bad = path.join(dir, "bad.jsonl");
     await fs.writeFile(bad, [lines[0], JSON.stringify({ state: "x", labels: { urgent: "maybe" } })].join("\n"));
-    await page.getByLabel("Questions").fill(JSON.stringify(questions));
-    await page.getByLabel("Examples (JSON Lines or CSV").setInputFiles(bad);
-    await page.getByRole("button", { name: "Start" }).click();
+    await startEvaluation(JSON.stringify(questions), bad);
     await page.locator("#evaluations-error:not(:empty)").waitFor();
     expect(await page.locator("#evaluations-error").innerText()).toBe("line 2: labels.urgent: a noul label must be true or false");
     expect(await page.locator("#evaluations-table tbody tr").count()).toBe(2);
