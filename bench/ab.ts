@@ -8,6 +8,7 @@
  * BENCH_STORE=embedded that database is an embedded store in a temp folder.
  *
  *   BENCH_AB="old=/tmp/old/dist/bundle/main.mjs,new=dist/bundle/main.mjs" npm run bench:ab
+ *   BENCH_AB="v8-default=dist/bundle/main.mjs --max-old-space-size=4096,start=dist/bundle/main.mjs" npm run bench:ab   # node options instead of npm start's
  *   BENCH_MODES=http,grpc-frames BENCH_ROUNDS=5 BENCH_DURATION_S=5 BENCH_QUESTIONS=1 npm run bench:ab
  *   BENCH_MODES=rate BENCH_RATE=500 npm run bench:ab     # latency at a fixed load (an open loop)
  *   BENCH_STORE=embedded BENCH_MODES=http npm run bench:ab   # each build on an embedded store of its own
@@ -15,14 +16,24 @@
  * A build of another revision: `git worktree add /tmp/old <rev> && cd /tmp/old && npm ci &&
  * npm run build` (its bundle carries its own dependencies). Prints every round, then per mode
  * and build the medians of req/s, p50, p99, and the CPU per call of the service and of
- * PostgreSQL (every postgres process of this machine; NaN for a remote database).
+ * PostgreSQL (every postgres process of this machine; NaN for a remote database),
+ * then each build's peak RSS over the whole run. A build runs with `npm start`'s node
+ * options unless its entry names others after the bundle.
  */
 import { createKnex } from "../src/db/database.js";
 import type { LoadOptions } from "./roles.js";
 import { databaseCpuSeconds, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
 import { createDefaultAccounts, decideBody, embeddedStoreUrl, median, openBenchStore, type BenchStore } from "./support.js";
 
-const BUILDS = (process.env.BENCH_AB ?? "").split(",").filter(Boolean).map((entry) => entry.split("=") as [string, string]);
+/** `name=bundle [node options]`: the options replace npm start's for that build. */
+const BUILDS = (process.env.BENCH_AB ?? "")
+  .split(",")
+  .filter(Boolean)
+  .map((entry) => {
+    const [name, rest] = entry.split(/=(.*)/s) as [string, string];
+    const [bundle, ...nodeOptions] = rest.trim().split(/\s+/);
+    return { name, bundle: bundle!, nodeOptions: nodeOptions.length > 0 ? nodeOptions : undefined };
+  });
 const MODES = (process.env.BENCH_MODES ?? "http,grpc-frames").split(",") as LoadOptions["mode"][];
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
@@ -47,10 +58,10 @@ async function main() {
   const load = await startLoadGenerator();
   const builds: Build[] = [];
   try {
-    for (const [name, bundle] of BUILDS) {
+    for (const { name, bundle, nodeOptions } of BUILDS) {
       const store = await openBenchStore(EMBEDDED ? undefined : serverUrl);
       // A build that cannot start (say a bundle copied away from src/gen/openapi.json) ends the run; its store goes too.
-      const service = await startService({ DATABASE_URL: "", ...store.env, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" }, { bundle }).catch(
+      const service = await startService({ DATABASE_URL: "", ...store.env, TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "bench-model" }, { bundle, ...(nodeOptions ? { nodeOptions } : {}) }).catch(
         async (err: unknown) => {
           await store.cleanup();
           throw err;
@@ -104,6 +115,7 @@ async function main() {
         `${key.padEnd(20)} ${median(entry.rps).toFixed(0)} req/s  p50 ${median(entry.p50).toFixed(2)} ms  p99 ${median(entry.p99).toFixed(2)} ms  service CPU ${median(entry.cpuMs).toFixed(3)} ms/call  PostgreSQL CPU ${median(entry.dbCpuMs).toFixed(3)} ms/call`,
       );
     }
+    for (const build of builds) console.log(`peak RSS of ${build.name.padEnd(12)} ${(await build.service.peakRssMb()).toFixed(0)} MB`);
   } finally {
     for (const build of builds) {
       await build.service.stop();

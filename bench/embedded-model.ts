@@ -167,7 +167,8 @@ async function promptCounter(file: string): Promise<{ fewest(state: string, spec
   };
 }
 
-async function rssMb(pid: number, field: "VmRSS" | "VmHWM"): Promise<number> {
+/** From /proc/<pid>/status: resident memory (VmRSS = RssAnon + RssFile + RssShmem), its peak, and its anonymous and file-backed parts. */
+async function rssMb(pid: number, field: "VmRSS" | "VmHWM" | "RssAnon" | "RssFile"): Promise<number> {
   const status = await fs.readFile(`/proc/${pid}/status`, "utf8");
   return Number(new RegExp(`${field}:\\s+(\\d+) kB`).exec(status)![1]) / 1024;
 }
@@ -204,6 +205,9 @@ async function main() {
     }
     const readyMs = performance.now() - spawned;
     const readyRss = await rssMb(pid, "VmRSS");
+    // Anonymous memory is what the process allocated (weights read into memory, caches, buffers); file-backed pages are mapped files the kernel can drop.
+    const readyAnon = await rssMb(pid, "RssAnon");
+    const readyFile = await rssMb(pid, "RssFile");
     const db = createKnex(scratch.url, 2);
     const keys = (await createBenchAccounts(db, CALLERS, 100)).map((a) => a.apiKey);
     await db.destroy();
@@ -261,7 +265,7 @@ async function main() {
     console.log(
       `| ${CALLERS} callers at once, 1 question each, new states | p50 ${(median(calls.map((c) => c.ms)) / 1000).toFixed(2)} s, all done in ${(wallMs / 1000).toFixed(2)} s | ${(floorMs / 1000).toFixed(2)} s | ${(floorMs / wallMs).toFixed(2)} | — | ${callersEvaluated} | ${fewest} | ${(callersEvaluated / fewest).toFixed(2)}× |`,
     );
-    console.log(`time to ready (spawn to model ready): ${(readyMs / 1000).toFixed(2)} s; RSS when ready ${readyRss.toFixed(0)} MB, peak ${(await rssMb(pid, "VmHWM")).toFixed(0)} MB`);
+    console.log(`time to ready (spawn to model ready): ${(readyMs / 1000).toFixed(2)} s; RSS when ready ${readyRss.toFixed(0)} MB (anonymous ${readyAnon.toFixed(0)}, file ${readyFile.toFixed(0)}), peak ${(await rssMb(pid, "VmHWM")).toFixed(0)} MB, at the end ${(await rssMb(pid, "VmRSS")).toFixed(0)} MB (anonymous ${(await rssMb(pid, "RssAnon")).toFixed(0)}, file ${(await rssMb(pid, "RssFile")).toFixed(0)})`);
   } finally {
     await service?.stop();
     await counter.dispose();

@@ -1,11 +1,12 @@
 /**
  * The processes a bench runs apart, as users run them: the service itself
- * (`node dist/bundle/main.mjs`, what `npm start` runs), the fake upstream, the bare
+ * (`node dist/bundle/main.mjs` with `npm start`'s node options, what `npm start` runs), the fake upstream, the bare
  * `node:http` baseline and the load generator, each in a process of its own
  * so none of them takes CPU from another's event loop. The parent only
  * orchestrates; children are driven over IPC. Loopback only.
  */
 import { fork, spawn, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
 import fs from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
@@ -15,6 +16,16 @@ import type { BareChainOptions } from "./support.js";
 
 const ROLES = fileURLToPath(new URL("./roles.ts", import.meta.url));
 const ROOT = fileURLToPath(new URL("..", import.meta.url));
+
+/** The node options of a start script (`exec node --opt … src/start.mjs`): what node runs the service with. */
+export function startNodeOptions(script: string): string[] {
+  const match = /\bnode((?:\s+--\S+)*)\s+src\/start\.mjs\b/.exec(script);
+  if (!match) throw new Error(`the start script does not run node on src/start.mjs: ${script}`);
+  return match[1]!.split(/\s+/).filter(Boolean);
+}
+
+/** The node options `npm start` gives the service (package.json's start script), so a bench measures the heap a user runs. */
+export const START_NODE_OPTIONS = startNodeOptions((JSON.parse(readFileSync(path.join(ROOT, "package.json"), "utf8")) as { scripts: { start: string } }).scripts.start);
 
 /** A child running one of bench/roles.ts's roles, answering each message with one reply. */
 async function startRole(role: string): Promise<{ child: ChildProcess; ask<T>(message: object): Promise<T>; first: unknown }> {
@@ -125,17 +136,19 @@ export async function buildService(): Promise<void> {
  * The service with `env` on top of this process's, ready when /readyz
  * answers: `node dist/bundle/main.mjs` (what `npm start` runs; `bundle` names
  * another build of it), or `npm start` itself (`via: "npm"`, for the start
- * time a user sees; npm passes a SIGTERM on). `nodeArgs` go to node before
- * the script (e.g. `--cpu-prof`).
+ * time a user sees; npm passes a SIGTERM on). Node runs it with `npm start`'s
+ * options (START_NODE_OPTIONS), or `nodeOptions` instead; `nodeArgs` go to
+ * node after them (e.g. `--cpu-prof`).
  */
 export async function startService(
   env: Record<string, string>,
-  options: { via?: "node" | "npm"; nodeArgs?: string[]; bundle?: string } = {},
+  options: { via?: "node" | "npm"; nodeOptions?: string[]; nodeArgs?: string[]; bundle?: string } = {},
 ): Promise<ServiceProcess> {
   const port = await freePort();
   const started = performance.now();
   const bundle = options.bundle ?? path.join(ROOT, "dist/bundle/main.mjs");
-  const [command, args] = options.via === "npm" ? ["npm", ["start", "--silent"]] : [process.execPath, [...(options.nodeArgs ?? []), bundle]];
+  const nodeArgs = [...(options.nodeOptions ?? START_NODE_OPTIONS), ...(options.nodeArgs ?? [])];
+  const [command, args] = options.via === "npm" ? ["npm", ["start", "--silent"]] : [process.execPath, [...nodeArgs, bundle]];
   const child = spawn(command, args, {
     cwd: ROOT,
     env: { ...process.env, PORT: String(port), ...env },

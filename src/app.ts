@@ -1,4 +1,5 @@
 import { setMaxListeners } from "node:events";
+import { getHeapStatistics } from "node:v8";
 import type { ConnectRouter } from "@connectrpc/connect";
 import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
@@ -21,7 +22,7 @@ import type { Logger } from "./logger.js";
 import { file_typesafe_error_v1_error } from "./gen/typesafe/error/v1/error_pb.js";
 import { file_google_rpc_error_details } from "./gen/google/rpc/error_details_pb.js";
 import { registerHealth } from "./rpc/health.js";
-import { createObserveInterceptor } from "./rpc/observe.js";
+import { createObserveInterceptor } from "./call/observe.js";
 import { registerReflection } from "./rpc/reflection.js";
 import { createSearchService } from "./search/service.js";
 import { startServer, type RunningServer } from "./server.js";
@@ -196,7 +197,8 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
   deliverer.start();
   keyExpiryWatch.start();
   evaluationRunner.start();
-  logger.info("listening", { url: server.url, database: database.kind });
+  // The JavaScript heap's ceiling (npm start sets it; see docs/performance.md), so an operator sees what the process runs with.
+  logger.info("listening", { url: server.url, database: database.kind, heap_limit_mb: Math.round(getHeapStatistics().heap_size_limit / 1_048_576) });
   logger.info("enabled", enabledSummary(config));
   // A development setting left on in production would let webhooks reach this machine's own services.
   if (config.webhooks.allowLoopback) {

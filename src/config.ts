@@ -154,9 +154,9 @@ export interface EmbeddedModelConfig {
   modelSha256: string;
   /** The file's name in the data folder. */
   modelFileName: string;
-  /** Tokens one sequence holds: the longest prompt one question may have. */
+  /** The longest prompt one question may have, in tokens. */
   contextTokens: number;
-  /** Questions evaluated side by side; memory grows with contextTokens × sequences. */
+  /** Questions evaluated side by side; each holds a cache of up to 2,048 tokens. */
   sequences: number;
   /** CPU threads for llama.cpp; 0: the machine's physical cores. */
   threads: number;
@@ -471,7 +471,7 @@ export const SETTING_MEANINGS: Readonly<Record<string, string>> = {
   TYPESAFE_LLM_EMBEDDED: "`off`: no embedded model; without an upstream, decisions answer 503 `NOT_CONFIGURED` (default on)",
   TYPESAFE_LLM_MODEL_PATH: "a local GGUF file for the embedded model; nothing is downloaded or pinned; a missing or unreadable file stops the start",
   TYPESAFE_LLM_MODEL_URL: "a mirror of the pinned model file (default: the pinned address); the pinned size and SHA-256 still apply",
-  TYPESAFE_LLM_CONTEXT_TOKENS: "tokens one sequence holds: the longest prompt of one question on the embedded model",
+  TYPESAFE_LLM_CONTEXT_TOKENS: "the longest prompt of one question on the embedded model, in tokens (sequences hold up to 2048; a longer prompt gets a cache of its own while it is answered)",
   TYPESAFE_LLM_SEQUENCES: "questions the embedded model evaluates side by side",
   TYPESAFE_LLM_THREADS: "CPU threads of llama.cpp; 0: the machine's physical cores (default); set fewer to leave cores to other work",
   TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS:

@@ -3,7 +3,7 @@ import http2 from "node:http2";
 import type net from "node:net";
 import type { ConnectionLimits } from "./config.js";
 import type { ConnectionTimeout } from "./metrics.js";
-import { closeLingering } from "./body/body.js";
+import { closeLingering } from "./http/body.js";
 
 /** Sent when a request head does not arrive in time, as Node's own headersTimeout and nginx answer. */
 const REQUEST_TIMEOUT_ANSWER = "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";

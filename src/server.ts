@@ -6,7 +6,7 @@ import type { ConnectionLimits } from "./config.js";
 import { guardConnection, type ConnectionGuard } from "./connection-guard.js";
 import type { Logger } from "./logger.js";
 import type { Metrics } from "./metrics.js";
-import { closeLingering } from "./body/body.js";
+import { closeLingering } from "./http/body.js";
 import { createRpcHandler, type RpcHandlerOptions } from "./rpc/adapter.js";
 
 /** The HTTP/2 client preface starts with these bytes; no HTTP/1.1 method does. */

@@ -518,7 +518,7 @@ async function limitsOption(db: Knex, accountId: string, options: Options, now: 
       budgetPeriod: stringOption(options, "budget-period") ?? "",
       rateLimit: rate,
     },
-    { now, accountRateLimit: money?.requestsPerMinute ?? 0, prefix: "limits" },
+    { now, accountRateLimit: money?.requestsPerMinute ?? 0, fieldPath: "limits" },
   );
   const violation = parsed.violations[0];
   if (violation) throw new UsageError(`${LIMIT_OPTIONS[violation.field] ?? violation.field}: ${violation.rule}`);

@@ -2,14 +2,16 @@ import { createContextKey, type HandlerContext } from "@connectrpc/connect";
 
 /**
  * Where one call's time went, in milliseconds: admission by the meter, the
- * work itself (upstream LLM or search providers), and the settle or release.
+ * work itself (upstream LLM or search providers), and the finish (a settle
+ * or a release; the log field and the Server-Timing entry keep their first
+ * name, `settle`).
  * meteredRpc fills it; the call log line and the gateway's Server-Timing
  * header read it. Phases a call never reached stay undefined.
  */
 export interface CallPhases {
   admitMs?: number;
   upstreamMs?: number;
-  settleMs?: number;
+  finishMs?: number;
   /**
    * What the work itself reports for the call's log line (a decision: its
    * prompt version, questions and tokens), so that a call logs one line,
@@ -32,12 +34,12 @@ export function callPhasesOf(ctx: HandlerContext): CallPhases {
 
 const round = (ms: number) => Math.round(ms * 10) / 10;
 
-/** The phases as log fields (`admit_ms`, `upstream_ms`, `settle_ms`), only those reached, then the work's details. */
+/** The phases as log fields (`admit_ms`, `upstream_ms`, `settle_ms` for the finish), only those reached, then the work's details. */
 export function phaseLogFields(phases: CallPhases | undefined): Record<string, string | number> {
   const fields: Record<string, string | number> = {};
   if (phases?.admitMs !== undefined) fields["admit_ms"] = round(phases.admitMs);
   if (phases?.upstreamMs !== undefined) fields["upstream_ms"] = round(phases.upstreamMs);
-  if (phases?.settleMs !== undefined) fields["settle_ms"] = round(phases.settleMs);
+  if (phases?.finishMs !== undefined) fields["settle_ms"] = round(phases.finishMs);
   return phases?.details ? Object.assign(fields, phases.details) : fields;
 }
 
@@ -46,7 +48,7 @@ export function serverTimingHeader(phases: CallPhases | undefined, totalMs: numb
   const entries: string[] = [];
   if (phases?.admitMs !== undefined) entries.push(`admit;dur=${round(phases.admitMs)}`);
   if (phases?.upstreamMs !== undefined) entries.push(`upstream;dur=${round(phases.upstreamMs)}`);
-  if (phases?.settleMs !== undefined) entries.push(`settle;dur=${round(phases.settleMs)}`);
+  if (phases?.finishMs !== undefined) entries.push(`settle;dur=${round(phases.finishMs)}`);
   entries.push(`total;dur=${round(totalMs)}`);
   return entries.join(", ");
 }

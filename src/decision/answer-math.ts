@@ -5,7 +5,7 @@ import type { LabelSet } from "./labels.js";
 
 /**
  * The numbers of an answer: a next-token window turned into a distribution
- * over labels, and the Jev-compatible answer of each type built from it.
+ * over labels, and the answer of each type built from it (only its own fields).
  * Pure functions; the engine supplies the windows.
  */
 
@@ -82,7 +82,7 @@ export function firstPositionWindow(topLogprobs: readonly TokenLogprob[] | undef
   return window;
 }
 
-/** Rounds to 6 decimals, as colibri does: the digits beyond carry only upstream noise. */
+/** Rounds to 6 decimals: the digits beyond carry only upstream noise. */
 export function round6(x: number): number {
   return Math.round(x * 1e6) / 1e6;
 }
@@ -94,7 +94,7 @@ export function argmax(probabilities: readonly number[]): number {
   return best;
 }
 
-/** Jev's choice confidence (colibri, kime-core `choice_jev`): clip((k·max − 1)/(k − 1), 0, 1). */
+/** A choice's confidence, clip((k·max − 1)/(k − 1), 0, 1): 0 when the k options are equally likely, 1 when one holds all the mass. */
 export function choiceConfidence(probabilities: readonly number[]): number {
   const k = probabilities.length;
   if (k < 2) return 1;
@@ -103,7 +103,7 @@ export function choiceConfidence(probabilities: readonly number[]): number {
 }
 
 /**
- * Jev's score confidence (kime-core `score_jev`): 1 minus the expected
+ * A score's confidence: 1 minus the expected
  * distance from the argmax level, relative to the mean distance of the
  * levels from the middle of the scale; 0 for a split between distant levels.
  */

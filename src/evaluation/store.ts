@@ -1,5 +1,5 @@
 import type { Knex } from "knex";
-import { resolveExampleHold } from "../metering/evaluation-holds.js";
+import { finishExampleHold } from "../metering/evaluation-holds.js";
 import type { ValidExample } from "./examples.js";
 
 /**
@@ -259,7 +259,7 @@ export async function finishExample(db: Knex, claimed: ClaimedExample, outcome: 
     }
     if (changed === 0) return false;
     const success = outcome.kind === "answered";
-    const resolved = await resolveExampleHold(tx, { requestId: claimed.requestId, success, chargeUnits: success ? outcome.chargeUnits : 0 });
+    const resolved = await finishExampleHold(tx, { requestId: claimed.requestId, success, chargeUnits: success ? outcome.chargeUnits : 0 });
     if (success) {
       await tx("evaluation_examples").where({ evaluation_id: claimed.evaluationId, position: claimed.position }).update({ charged_units: resolved.chargedUnits });
     }
@@ -301,7 +301,7 @@ export async function releaseOrphanedExamples(db: Knex): Promise<number> {
         .where("lease_until", "<=", tx.raw("clock_timestamp()"))
         .update({ status: "pending", request_id: null, lease_until: null, lease_token: null });
       if (n === 0) return false;
-      await resolveExampleHold(tx, { requestId: o.request_id, success: false, chargeUnits: 0 });
+      await finishExampleHold(tx, { requestId: o.request_id, success: false, chargeUnits: 0 });
       return true;
     });
     if (ok) released++;

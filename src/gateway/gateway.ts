@@ -4,15 +4,15 @@ import { apiError, describeError, toPublicError } from "../errors.js";
 import type { Logger } from "../logger.js";
 import { kCallPhases, serverTimingHeader, type CallPhases } from "../call/call-phases.js";
 import { kRemoteAddress, kRequestId } from "../call/context.js";
-import { observeCall, type CallObserver } from "../rpc/observe.js";
+import { observeCall, type CallObserver } from "../call/observe.js";
 import type { Metrics } from "../metrics.js";
 import { throwIfInvalid } from "../validation.js";
-import { drainNodeBody, readNodeBody } from "../body/body.js";
-import { ACCEPTED_ENCODING_NAMES, compressionNamed, decompressBody, unsupportedEncoding } from "../body/compression.js";
-import { decodeJsonRequest, parseJsonBody } from "../body/json-body.js";
+import { drainNodeBody, readNodeBody } from "../http/body.js";
+import { ACCEPTED_ENCODING_NAMES, compressionNamed, decompressBody, unsupportedEncoding } from "../http/compression.js";
+import { decodeJsonRequest, parseJsonBody } from "../http/json-body.js";
 import { createRequestId } from "../call/request-id.js";
-import { headerRecord, requestHeaders } from "../rpc/node-headers.js";
-import { sendEnvelope, sendError, sendOk, type NodeRequest, type NodeResponse } from "./envelope.js";
+import { headerRecord, requestHeaders } from "../http/node-headers.js";
+import { sendEnvelope, sendError, sendOk, type NodeRequest, type NodeResponse } from "../http/envelope.js";
 
 /**
  * One JSON path served by a unary RPC. The gateway calls the very

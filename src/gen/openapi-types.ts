@@ -718,7 +718,7 @@ export interface components {
             /** @description The wording of the prompts that produced these answers (e.g. "p1"): answers are comparable across calls only within one prompt version. */
             prompt_version: string;
         };
-        /** @description Answer is Jev-compatible: the fields present depend on `type` ("noul", "choice", "score", or "error" for a question that failed). */
+        /** @description Answer: the fields present depend on `type` ("noul", "choice", "score", or "error" for a question that failed). */
         "typesafe.decision.v1.Answer": {
             type: string;
             /** @description noul: P(yes). */
@@ -1104,7 +1104,7 @@ export interface components {
             id: string;
             /** @description The name its creator gave it, or empty. */
             name: string;
-            /** @description The key's recognisable start, e.g. "ts_live_". */
+            /** @description The key prefix every key starts with, "ts_live_" (the operator CLI's and the webhooks' display prefix adds the next 6 characters). */
             prefix: string;
             /** @description The last 4 characters of the secret. */
             last4: string;

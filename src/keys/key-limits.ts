@@ -44,39 +44,39 @@ export interface KeyLimitsInput {
 }
 
 /**
- * Checks limits as a caller sent them (field names under `prefix`, the JSON
+ * Checks limits as a caller sent them (field names under `fieldPath`, the JSON
  * path of the limits) and converts them; the account's rate limit bounds the
  * key's. Returns the violations, or the limits when there are none.
  */
 export function parseKeyLimits(
   input: KeyLimitsInput,
-  context: { now: Date; accountRateLimit: number; prefix: string },
+  context: { now: Date; accountRateLimit: number; fieldPath: string },
 ): { limits: KeyLimits; violations: [] } | { violations: Violation[] } {
-  const { prefix } = context;
+  const { fieldPath } = context;
   const violations: Violation[] = [];
   if (input.expiresAt && !(input.expiresAt.getTime() > context.now.getTime())) {
-    violations.push({ field: `${prefix}.expires_at`, rule: "must be in the future" });
+    violations.push({ field: `${fieldPath}.expires_at`, rule: "must be in the future" });
   }
   const scopes = input.scopes.length === 0 ? [...KEY_SCOPES] : [...new Set(input.scopes)];
   if (scopes.some((scope) => !KEY_SCOPES.includes(scope as KeyScope))) {
-    violations.push({ field: `${prefix}.scopes`, rule: 'each one of "decisions", "search"; empty means both' });
+    violations.push({ field: `${fieldPath}.scopes`, rule: 'each one of "decisions", "search"; empty means both' });
   }
   let budget: KeyLimits["budget"] = null;
   if (input.budgetCredits !== undefined) {
     const whole = creditsNumberToUnits(input.budgetCredits);
     if (whole === undefined) {
-      violations.push({ field: `${prefix}.budget_credits`, rule: "a number of credits from 0, with at most 6 decimals" });
+      violations.push({ field: `${fieldPath}.budget_credits`, rule: "a number of credits from 0, with at most 6 decimals" });
     } else if (!KEY_BUDGET_PERIODS.includes(input.budgetPeriod as KeyBudgetPeriod)) {
-      violations.push({ field: `${prefix}.budget_period`, rule: 'with a budget: "day", "week", "month" (UTC) or "total"' });
+      violations.push({ field: `${fieldPath}.budget_period`, rule: 'with a budget: "day", "week", "month" (UTC) or "total"' });
     } else {
       budget = { units: whole, period: input.budgetPeriod as KeyBudgetPeriod };
     }
   } else if (input.budgetPeriod !== "") {
-    violations.push({ field: `${prefix}.budget_period`, rule: "only with budget_credits" });
+    violations.push({ field: `${fieldPath}.budget_period`, rule: "only with budget_credits" });
   }
   if (!Number.isInteger(input.rateLimit) || input.rateLimit < 0 || input.rateLimit > context.accountRateLimit) {
     violations.push({
-      field: `${prefix}.requests_per_minute`,
+      field: `${fieldPath}.requests_per_minute`,
       rule: `from 1 to the account's ${context.accountRateLimit}, or 0 for the account's`,
     });
   }
@@ -161,7 +161,7 @@ export async function changeKeyLimits(
   return row;
 }
 
-/** How the activity list names a key: its prefix and last 4, and its name. */
+/** How the activity list names a key: its display prefix and last 4, and its name. */
 export function keyLabel(key: { display_prefix: string; last4: string; name: string }): string {
   return `${key.display_prefix}…${key.last4}${key.name ? ` (${key.name})` : ""}`;
 }

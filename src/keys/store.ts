@@ -2,6 +2,9 @@ import type { Knex } from "knex";
 import { isUuid } from "../validation.js";
 import { displayPrefix, generateApiKey, hashApiKey } from "./api-keys.js";
 
+/** The longest key name. */
+export const MAX_KEY_NAME_CHARS = 64;
+
 export interface DbApiKeyRow {
   id: string;
   account_id: string;

@@ -8,6 +8,9 @@ import { floorDay, floorHour, readRolledUntil } from "./usage-rollup.js";
  * Every query names the account, so a caller can only ever read its own.
  */
 
+/** The widest range GetUsageSummary counts, per granularity (a bound on the buckets one call returns). */
+export const MAX_SUMMARY_DAYS = { day: 400, hour: 31 } as const;
+
 /** An account's money and limits as they stand, in integer units. */
 export interface AccountMoney {
   id: string;

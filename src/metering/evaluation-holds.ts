@@ -56,14 +56,14 @@ export async function admitExampleHold(
   }
 }
 
-export type ExampleResolution = { outcome: "settled" | "released" | "not_active" | "not_found"; chargedUnits: number };
+export type ExampleFinish = { outcome: "settled" | "released" | "not_active" | "not_found"; chargedUnits: number };
 
 /** Settles (charging `chargeUnits`, capped at the hold) or releases an example's hold; a hold finishes at most once. */
-export async function resolveExampleHold(
+export async function finishExampleHold(
   db: Knex | Knex.Transaction,
   input: { requestId: string; success: boolean; chargeUnits: number; now?: Date },
-): Promise<ExampleResolution> {
-  const { rows } = await db.raw<{ rows: Array<{ outcome: ExampleResolution["outcome"]; charged: string | number | null }> }>(
+): Promise<ExampleFinish> {
+  const { rows } = await db.raw<{ rows: Array<{ outcome: ExampleFinish["outcome"]; charged: string | number | null }> }>(
     "SELECT * FROM evaluation_resolve_example(?::uuid, ?::boolean, ?::bigint, ?::timestamptz)",
     [input.requestId, input.success, input.chargeUnits, input.now ?? null],
   );

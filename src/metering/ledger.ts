@@ -95,7 +95,7 @@ const ABANDON: PooledStatement = { text: "SELECT * FROM metering_abandon($1::uui
 /** Runs every few seconds, so it is not worth a prepared statement on each connection: unnamed. */
 const SWEEP: PooledStatement = { text: "SELECT metering_sweep($1::timestamptz, $2::integer) AS expired" };
 
-/** One settle or release; several go in one FINISH_MANY, as admissions do. */
+/** One finish (a settle or a release); several go in one FINISH_MANY, as admissions do. */
 const FINISH: PooledStatement = {
   name: "metering_resolve_v2",
   text: "SELECT * FROM metering_resolve_v2($1::uuid, $2::boolean, $3::bigint, $4::jsonb, $5::timestamptz)",

@@ -118,7 +118,7 @@ export interface MeterDeps {
   /** Test clock passed to the database functions; the database clock when absent. */
   now?: () => Date;
   /**
-   * Waits between attempts of a settle or release when the database fails
+   * Waits between attempts of a finish (settle or release) when the database fails
    * (safe: a request finishes at most once). The default spans a PostgreSQL
    * restart of a few seconds.
    */

@@ -78,7 +78,7 @@ export async function meteredRpc<O extends DescMessage>(
       }
     },
   ).finally(() => {
-    if (workEnded !== undefined) phases.settleMs = performance.now() - workEnded;
+    if (workEnded !== undefined) phases.finishMs = performance.now() - workEnded;
   });
   setRateLimitHeaders(ctx.responseHeader, result.rate);
   if (result.kind === "replay") {

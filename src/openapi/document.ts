@@ -1,8 +1,8 @@
 import { ScalarType, type DescEnum, type DescField, type DescMessage, type DescMethod, type Registry } from "@bufbuild/protobuf";
 import { ACCOUNT_AREA_ANSWERS, ACCOUNT_AREA_REASONS, REASONS, type Reason } from "../errors.js";
 import { MAX_NESTING_DEPTH } from "../validation.js";
-import { httpBindingOf, jsonTouchesOf } from "../gateway/routes.js";
-import { SESSIONLESS_METHODS } from "../session-door/door.js";
+import { httpBindingOf, jsonTouchesOf } from "../http/http-bindings.js";
+import { SESSIONLESS_METHODS } from "../sign-in/sessions.js";
 import { DECIMAL_STRING, REQUEST_RULES } from "./request-rules.js";
 
 /** A JSON Schema (2020-12, OpenAPI 3.1's dialect) as plain data. */

@@ -5,13 +5,13 @@ import { errorToJsonBytes } from "@connectrpc/connect/protocol-connect";
 import { universalRequestFromNodeRequest, universalResponseToNodeResponse } from "@connectrpc/connect-node";
 import { REASONS, describeError } from "../errors.js";
 import type { Logger } from "../logger.js";
-import { abandonNodeBody } from "../body/body.js";
-import { ACCEPTED_COMPRESSIONS } from "../body/compression.js";
+import { abandonNodeBody } from "../http/body.js";
+import { ACCEPTED_COMPRESSIONS } from "../http/compression.js";
 import { createRequestId } from "../call/request-id.js";
 import { gateBody, gatedBody, isPayloadTooLarge, RECURSION_LIMIT, type BodyGateOptions } from "./body-gate.js";
 import { createGrpcUnaryPath } from "./grpc-unary.js";
 import { kRemoteAddress } from "../call/context.js";
-import { observeCall, type CallObserver } from "./observe.js";
+import { observeCall, type CallObserver } from "../call/observe.js";
 
 type NodeRequest = http.IncomingMessage | http2.Http2ServerRequest;
 type NodeResponse = http.ServerResponse | http2.Http2ServerResponse;

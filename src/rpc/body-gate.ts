@@ -4,20 +4,15 @@ import type { Compression } from "@connectrpc/connect/protocol";
 import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
 import { apiError, describeError } from "../errors.js";
 import { kApiKey } from "../call/authentication.js";
+import { kRequestProblem } from "../call/context.js";
 import { apiKeyFrom } from "../keys/api-keys.js";
-import { drainBody, payloadTooLarge, readBodyUpTo } from "../body/body.js";
-import { compressionNamed, decompressBody, undecompressable, unsupportedEncoding } from "../body/compression.js";
-import { decodeJsonRequest, parseJsonBody } from "../body/json-body.js";
+import { drainBody, payloadTooLarge, readBodyUpTo } from "../http/body.js";
+import { compressionNamed, decompressBody, undecompressable, unsupportedEncoding } from "../http/compression.js";
+import { decodeJsonRequest, parseJsonBody } from "../http/json-body.js";
 import { dropUnholdableDeadline, takeDeadlineProblem } from "./grpc-timeout.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
 
-/**
- * The problem the body gate found with a request, raised by the observe
- * interceptor so it travels like every other error (typed detail, log line,
- * the protocol's own error format).
- */
-export const kRequestProblem = createContextKey<ConnectError | undefined>(undefined, { description: "request problem found by the body gate" });
 
 /**
  * Deep enough that the 32-level rule on free-form JSON (each level of a

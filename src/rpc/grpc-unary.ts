@@ -16,7 +16,7 @@ import { setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import type { universalRequestFromNodeRequest } from "@connectrpc/connect-node";
 import { RECURSION_LIMIT, type GatedBody } from "./body-gate.js";
 import { grpcTimeoutMs } from "./grpc-timeout.js";
-import { headerRecord, requestHeaders } from "./node-headers.js";
+import { headerRecord, requestHeaders } from "../http/node-headers.js";
 
 type UniversalRequest = ReturnType<typeof universalRequestFromNodeRequest>;
 type UnarySpec = Extract<MethodImplSpec, { kind: "unary" }>;

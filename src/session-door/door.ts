@@ -1,6 +1,6 @@
 import { createContextKey, type HandlerContext, type Interceptor } from "@connectrpc/connect";
 import type { Knex } from "knex";
-import { resumeSession, type SessionMember, type SessionPolicy } from "../sign-in/sessions.js";
+import { resumeSession, SESSIONLESS_METHODS, type SessionMember, type SessionPolicy } from "../sign-in/sessions.js";
 import { apiError } from "../errors.js";
 import { AccountService } from "../gen/typesafe/account/v1/account_service_pb.js";
 import { readSessionToken, type SessionCookie } from "./cookie.js";
@@ -10,14 +10,6 @@ import { isCrossSite } from "./origin.js";
 export const kMember = createContextKey<SessionMember | undefined>(undefined);
 /** The session token the call's cookie carried, if any (sign-in and sign-out end it). */
 export const kSessionToken = createContextKey<string | undefined>(undefined);
-
-/** The calls that work without a session: they are how one starts or ends. */
-export const SESSIONLESS_METHODS: ReadonlySet<string> = new Set([
-  AccountService.method.signIn.name,
-  AccountService.method.signInSecondStep.name,
-  AccountService.method.acceptInvite.name,
-  AccountService.method.signOut.name,
-]);
 
 export interface AccountDoorOptions {
   db: Knex;

@@ -12,7 +12,7 @@ import type { AccountService } from "../gen/typesafe/account/v1/account_service_
 import { UNITS_PER_CREDIT, unitsToCredits } from "../units.js";
 import { throwIfInvalid } from "../validation.js";
 import { allowed } from "./access.js";
-import { decodePageToken, encodePageToken } from "./usage-query.js";
+import { decodePageToken, encodePageToken } from "../metering/usage-query.js";
 
 type EvaluationMethods = Pick<
   ServiceImpl<typeof AccountService>,

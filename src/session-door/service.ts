@@ -22,7 +22,7 @@ import { kRemoteAddress } from "../call/context.js";
 import { endMemberSessions, endSession, startSession, type SessionMember, type SessionPolicy } from "../sign-in/sessions.js";
 import { isRole, memberChangeRefusal, OWNER_ROLE_RULE, ROLES, type Role } from "../team/roles.js";
 import { clearSignInAttempts, countSignInAttempt } from "../sign-in/sign-in-throttle.js";
-import { countLiveKeysLocked, createApiKey, findAccountKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../keys/store.js";
+import { MAX_KEY_NAME_CHARS, countLiveKeysLocked, createApiKey, findAccountKey, listAccountKeys, revokeAccountKey, type AccountKeyRow } from "../keys/store.js";
 import { isUuid } from "../validation.js";
 import {
   changeKeyLimits,
@@ -59,14 +59,14 @@ import {
   ApiKeySchema,
   MemberSchema,
 } from "../gen/typesafe/account/v1/account_service_pb.js";
-import { listFinishedCalls, readAccountMoney, summarizeCalls } from "../metering/account-views.js";
+import { listFinishedCalls, MAX_SUMMARY_DAYS, readAccountMoney, summarizeCalls } from "../metering/account-views.js";
 import type { Metrics } from "../metrics.js";
 import { unitsToCredits } from "../units.js";
 import { storableTextViolations, throwIfInvalid } from "../validation.js";
 import { clearSessionCookie, setSessionCookie, type SessionCookie } from "./cookie.js";
 import { allowed } from "./access.js";
 import { kSessionToken, memberOf } from "./door.js";
-import { activityCursor, callCursor, checkedTime, encodePageToken, keyCursor, pageSize, usageFilter } from "./usage-query.js";
+import { activityCursor, callCursor, checkedTime, encodePageToken, keyCursor, pageSize, usageFilter } from "../metering/usage-query.js";
 import { DECISION_RESERVE_UNITS_PER_QUESTION } from "../metering/meter.js";
 import { listDeliveries, replayDelivery, sendTestEvent, type DeliveryView } from "../webhooks/deliveries.js";
 import { addEndpoint, enableEndpoint, findEndpoint, listEndpoints, MAX_ENDPOINTS, removeEndpoint, rotateSecret, type WebhookEndpointView } from "../webhooks/endpoints.js";
@@ -75,10 +75,6 @@ import { readAlertSettings, setAlertSettings, type AlertSettings } from "../webh
 import { thresholdViolations } from "../webhooks/thresholds.js";
 import { createEvaluationMethods } from "./evaluations.js";
 
-/** The longest key name. */
-export const MAX_KEY_NAME_CHARS = 64;
-/** The widest range GetUsageSummary counts, per granularity (a bound on the buckets one call returns). */
-export const MAX_SUMMARY_DAYS = { day: 400, hour: 31 } as const;
 const DAY_MS = 86_400_000;
 
 export interface AccountServiceDeps {
@@ -651,7 +647,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
   });
 
   /** Limits as the request states them, checked against the account's own rate limit; a 400 names the field. */
-  async function checkedLimits(accountId: string, message: KeyLimitsMessage | undefined, at: Date, prefix: string): Promise<KeyLimits> {
+  async function checkedLimits(accountId: string, message: KeyLimitsMessage | undefined, at: Date, fieldPath: string): Promise<KeyLimits> {
     const money = await readAccountMoney(db, accountId);
     const parsed = parseKeyLimits(
       {
@@ -661,7 +657,7 @@ export function createAccountService(deps: AccountServiceDeps): ServiceImpl<type
         budgetPeriod: message?.budgetPeriod ?? "",
         rateLimit: message?.requestsPerMinute ?? 0,
       },
-      { now: at, accountRateLimit: money?.requestsPerMinute ?? 0, prefix },
+      { now: at, accountRateLimit: money?.requestsPerMinute ?? 0, fieldPath },
     );
     throwIfInvalid(parsed.violations);
     return (parsed as { limits: KeyLimits }).limits;

@@ -1,15 +1,15 @@
 import crypto from "node:crypto";
 import type { Knex } from "knex";
 import { apiError } from "../errors.js";
-import { sendError, type NodeRequest, type NodeResponse } from "../gateway/envelope.js";
+import { sendError, type NodeRequest, type NodeResponse } from "../http/envelope.js";
 import { listFinishedCalls, type FinishedCall } from "../metering/account-views.js";
-import { observeCall, type CallObserver } from "../rpc/observe.js";
-import { requestHeaders } from "../rpc/node-headers.js";
+import { observeCall, type CallObserver } from "../call/observe.js";
+import { requestHeaders } from "../http/node-headers.js";
 import { unitsToCredits } from "../units.js";
 import { throwIfInvalid } from "../validation.js";
 import { allowedMember } from "./access.js";
 import { kMember, openAccountDoor, type AccountDoorOptions } from "./door.js";
-import { checkedTime, usageFilter } from "./usage-query.js";
+import { checkedTime, usageFilter } from "../metering/usage-query.js";
 import { createContextValues } from "@connectrpc/connect";
 import { csvField } from "../csv-field.js";
 

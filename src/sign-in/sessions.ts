@@ -1,6 +1,15 @@
 import type { Knex } from "knex";
+import { AccountService } from "../gen/typesafe/account/v1/account_service_pb.js";
 import type { Role } from "../team/roles.js";
 import { generateToken, hashToken, isWellFormedToken } from "./secret-tokens.js";
+
+/** The calls that work without a session: they are how one starts or ends. */
+export const SESSIONLESS_METHODS: ReadonlySet<string> = new Set([
+  AccountService.method.signIn.name,
+  AccountService.method.signInSecondStep.name,
+  AccountService.method.acceptInvite.name,
+  AccountService.method.signOut.name,
+]);
 
 /** How long sessions last: ended after `idleMs` unused, and `absoluteMs` after sign-in in any case. */
 export interface SessionPolicy {

@@ -25,12 +25,19 @@ import {
  * spellings form a trie: spellings that share first tokens are read from one
  * evaluation of the shared part, and one branch of continuations goes in the
  * same batch as the prompt's last tokens.
+ *
+ * The shared sequences are sized for the prompts decisions usually have, not
+ * for the longest one allowed: each holds its own cache (llama.cpp keeps one
+ * per sequence), and that cache is most of the memory beside the weights. A
+ * prompt too long for them gets a context of its own, sized for the
+ * per-question limit, made when such a prompt comes and freed when the last
+ * one is answered.
  */
 
 export interface EmbeddedModelSettings {
-  /** Tokens each sequence holds: the longest prompt one question may have. */
+  /** The longest prompt one question may have, in tokens. */
   contextTokens: number;
-  /** Sequences evaluated side by side (each holds its own cache of `contextTokens`). */
+  /** Sequences evaluated side by side (each holds its own cache of up to `SHARED_SEQUENCE_TOKENS`). */
   sequences: number;
   /** CPU threads llama.cpp uses; 0: the machine's physical cores. */
   threads: number;
@@ -49,6 +56,12 @@ export interface EmbeddedModel extends LlmClient {
   dispose(): Promise<void>;
 }
 
+/**
+ * Tokens each shared sequence holds (or `contextTokens`, when smaller): room
+ * for a state of several thousand characters and its question. A longer prompt
+ * is evaluated in a context of its own.
+ */
+export const SHARED_SEQUENCE_TOKENS = 2_048;
 /** Prompt tokens evaluated between two looks at the call's signal, so a cancelled call stops soon. */
 const EVALUATION_CHUNK_TOKENS = 512;
 /** A cache copy (a memory copy of one sequence) pays when it saves more than this many tokens of evaluation. */
@@ -87,14 +100,16 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
       if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) logger.warn("embedded model engine", { message: message.trim() });
     },
   });
-  // Read into memory rather than mapped: llama.cpp repacks most weights for the CPU's kernels into memory of its own,
-  // and with a mapping the file's pages stay resident beside that copy.
+  // Read into memory rather than mapped: llama.cpp repacks some weights for the CPU's kernels into memory of its own,
+  // and with a mapping those pages of the file stay resident beside that copy.
   const model = await llama.loadModel({ modelPath: file, useMmap: false });
   const threads = settings.threads > 0 ? settings.threads : llama.cpuMathCores;
+  const sharedTokens = Math.min(settings.contextTokens, SHARED_SEQUENCE_TOKENS);
   let context: LlamaContext;
   try {
     context = await model.createContext({
-      contextSize: settings.contextTokens * settings.sequences,
+      // node-llama-cpp gives each sequence a cache of its own of `contextSize` cells (llama.cpp's KV streams).
+      contextSize: sharedTokens,
       sequences: settings.sequences,
       threads,
     });
@@ -110,6 +125,9 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
   const sequences: LlamaContextSequence[] = Array.from({ length: settings.sequences }, () => context.getSequence());
   const free = new Set(sequences);
   const slots = createFairSemaphore(settings.sequences);
+  /** The context for prompts longer than a shared sequence holds: one at a time, freed when none waits. */
+  const longSlots = createFairSemaphore(1);
+  let long: { context: LlamaContext; sequence: LlamaContextSequence } | undefined;
   const noParty = {};
   let evaluated = 0;
 
@@ -229,6 +247,31 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
     if (signal.aborted) throw new LlmCallError("aborted", false);
   }
 
+  /** The long prompts' sequence, in a context made for it; the last call to give it back frees the context's memory. */
+  async function takeLongSequence(options: CallOptions): Promise<{ sequence: LlamaContextSequence; evaluated: () => void; release: () => void }> {
+    const release = await longSlots.acquire(options.party ?? noParty, options.signal);
+    if (!release) throw new LlmCallError("aborted", false);
+    try {
+      if (!long) {
+        const longContext = await model.createContext({ contextSize: settings.contextTokens, sequences: 1, threads });
+        long = { context: longContext, sequence: longContext.getSequence() };
+      }
+    } catch (err) {
+      release();
+      throw err;
+    }
+    return {
+      sequence: long.sequence,
+      evaluated: () => {},
+      release: () => {
+        const held = long;
+        if (longSlots.waiting() > 0 || !held) return release();
+        long = undefined;
+        void held.context.dispose().finally(release);
+      },
+    };
+  }
+
   /** Reads at a position: the logits of `tokens` and the largest, over the whole vocabulary's sum. */
   const readOf = (tokens: Iterable<Token>) => ({ generateNext: { logits: { filter: { tokens: [...tokens], includeTop: 1 } }, totalLogitWeight: true } }) as const;
 
@@ -343,13 +386,13 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
       // The engine reads every answer through scoreLabels; text generation is not offered.
       throw new LlmCallError("rejected", false);
     },
-    waitingCalls: () => slots.waiting(),
+    waitingCalls: () => slots.waiting() + longSlots.waiting(),
     promptTokens,
     async scoreLabels(request, options) {
       const prompt = promptTokens(request.messages);
       if (prompt.length + 8 > settings.contextTokens) throw new LlmCallError("rejected", false);
       const trie = labelTrie(request.spellings);
-      const { sequence, evaluated: done, release } = await takeSequence(prompt, options);
+      const { sequence, evaluated: done, release } = prompt.length + 8 > sharedTokens ? await takeLongSequence(options) : await takeSequence(prompt, options);
       const evaluated = settings.pace?.evaluating();
       let evaluatedTokens = 0;
       try {
@@ -370,6 +413,7 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
     describe: () => ({ file, contextTokens: settings.contextTokens, sequences: settings.sequences }),
     tokensEvaluated: () => evaluated,
     async dispose() {
+      await long?.context.dispose();
       await context.dispose();
       await model.dispose();
     },

@@ -3,7 +3,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { apiError, toPublicError } from "../errors.js";
-import { sendError, type NodeRequest, type NodeResponse } from "../gateway/envelope.js";
+import { sendError, type NodeRequest, type NodeResponse } from "../http/envelope.js";
 
 /**
  * The built account page (src/web/bundle-account-page.mjs writes it at build

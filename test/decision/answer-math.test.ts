@@ -108,7 +108,7 @@ describe("confidence and answers", () => {
     expect(scoreConfidence(probs)).toBeCloseTo(expected, 12);
   });
 
-  it("builds the Jev shapes, rounded to 6 decimals, options in order", () => {
+  it("builds each type's answer, rounded to 6 decimals, options in order", () => {
     expect(noulAnswer([0.84761234, 0.15238766], { method: "logprobs", mass: 0.9, unseen: 0 })).toEqual({
       type: "noul",
       noul: 0.847612,

@@ -8,7 +8,7 @@ describe("the deadline of a decision on the embedded model", () => {
   it.each([
     // Before any measurement, only the configured deadline is known.
     [{ ...base, ownTokens: 3_100, tokensPerSecond: undefined }, { run: true, timeoutMs: 60_000, estimateMs: undefined }],
-    // The slow machine: 40 questions, about 3,100 tokens at 97 tokens/s, with the margin: 48 s, inside the deadline.
+    // A slow machine: 40 questions, about 3,100 tokens at 97 tokens/s, with the margin: 48 s, inside the deadline.
     [{ ...base, ownTokens: 3_100, tokensPerSecond: 97 }, { run: true, timeoutMs: 60_000, estimateMs: 47_939 }],
     // Behind two such calls it needs longer than the configured deadline: it gets that time.
     [{ ...base, ownTokens: 3_100, queuedTokens: 6_200, tokensPerSecond: 97 }, { run: true, timeoutMs: 143_815, estimateMs: 143_815 }],

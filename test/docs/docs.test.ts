@@ -120,3 +120,17 @@ describe("shell commands in the pages", () => {
     expect(problems).toEqual([]);
   });
 });
+
+describe("docs/development.md: how CI runs", () => {
+  /** The numbered steps under "## How CI runs". */
+  const steps = () => read("docs/development.md").split("## How CI runs")[1]!.split("\n## ")[0]!;
+
+  it("names every suite .ci/run runs and every Debian package it installs outside the polyglot list", () => {
+    const ci = read(".ci/run");
+    const suites = [...ci.matchAll(/^\s*(?:env -u DATABASE_URL )?(npm (?:test|run (?:--silent )?[\w:-]+))/gm)].map((m) => m[1]!.replace("--silent ", ""));
+    const packages = [...ci.matchAll(/^if ! installed ([\w.-]+);/gm)].map((m) => m[1]!);
+    expect(suites).toEqual(expect.arrayContaining(["npm test", "npm run test:upgrade", "npm run test:failover"]));
+    expect(packages.length).toBeGreaterThan(0);
+    expect([...suites, ...packages].filter((name) => !steps().includes(name))).toEqual([]);
+  });
+});

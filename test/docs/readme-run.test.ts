@@ -16,7 +16,8 @@ import { startFakeSearch, type FakeSearch } from "../support/fake-search/provide
  * answers printed in the README must have the shape of what those commands
  * print: every field the README shows, with a value of the same kind, and the
  * same funding and answer types. The same commands in docs/decisions.md and
- * docs/operating.md run here too.
+ * docs/operating.md run here too, and docs/account-area.md's first invite,
+ * whose printed example must list every field the CLI prints.
  */
 const root = path.resolve(import.meta.dirname, "../..");
 const blocksOf = (page: string) =>
@@ -97,6 +98,26 @@ describe("README: the first key and the first decision, as written", () => {
     expect(search).toMatchObject({ code: 0, data: { q: "postgres vacuum", w: "7d" } });
     expect(search.data.results).toEqual(expect.any(Array));
   });
+});
+
+describe("docs/account-area.md: inviting the first member, as written", () => {
+  it("accounts create, then members invite with that account's id, print exactly the fields the page shows", async () => {
+    const block = blocksOf("docs/account-area.md").find((b) => b.lang === "sh" && b.text.includes("members invite"))!;
+    const lines = block.text.split("\n").filter((l) => l.trim() !== "");
+    const [create, invite] = lines.filter((l) => l.startsWith("npm run"));
+    const args = (command: string) => command.replace(/^npm run --silent admin -- /, "").trim().split(/\s+/);
+    const created = await runAdmin(args(create!), { DATABASE_URL: database.url });
+    expect(created.code).toBe(0);
+    const invited = await runAdmin(args(invite!.replace("<account_id>", JSON.parse(created.stdout).account_id)), { DATABASE_URL: database.url });
+    expect(invited.code).toBe(0);
+    const real = JSON.parse(invited.stdout) as Record<string, unknown>;
+    // The example elides values (…), never fields: it shows every field the command prints, in its order.
+    const shown = example(lines.find((l) => l.startsWith("# {"))!.replace(/^# /, "")) as Record<string, unknown>;
+    expect(Object.keys(shown)).toEqual(Object.keys(real));
+    expect(shapeDifferences(shown, real)).toEqual([]);
+    expect(real).toMatchObject({ email: shown["email"], role: shown["role"] });
+    expect(String(real["invite_url"])).toMatch(/^http:\/\/127\.0\.0\.1:8080\/account\/\?invite=/);
+  }, 90_000);
 });
 
 describe("README: the TypeScript snippet, run as the README says", () => {

@@ -38,6 +38,7 @@ import { isProbe, logprobsReply, PROBE_OK, startFakeLlm } from "../support/fake-
 import { startFakeSearch } from "../support/fake-search/providers.js";
 import { assertInvariants } from "../support/invariants.js";
 import { runAdmin, startServiceProcess, type ServiceProcess } from "../support/process.js";
+import { createChecks, runWithHardLimit, seconds, sleep } from "../support/runner.js";
 
 const HARD_LIMIT_MS = 300_000;
 const ACCOUNTS = 4;
@@ -71,18 +72,8 @@ const MONITOR_SETTINGS: Record<string, number> = {
 /** What the background workers log when one round fails (src/metering/sweeper.ts, src/webhooks/). */
 const BACKGROUND_FAILURES = ["sweep failed", "usage roll-up failed", "key expiry check failed", "webhook delivery failed"];
 
-interface Check {
-  name: string;
-  ok: boolean;
-  detail?: string;
-}
-const checks: Check[] = [];
-function check(name: string, ok: boolean, detail?: string): boolean {
-  checks.push({ name, ok, detail });
-  return ok;
-}
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-const seconds = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
+const checks = createChecks();
+const check = checks.check;
 
 // ---------------------------------------------------------------------------
 // The formation
@@ -512,11 +503,8 @@ async function main(): Promise<void> {
     await stopFormation(tmp);
     fs.rmSync(tmp, { recursive: true, force: true, maxRetries: 5 });
     tmp = undefined;
-    const failed = checks.filter((c) => !c.ok);
-    process.stdout.write("\n");
-    for (const c of checks) process.stdout.write(`${c.ok ? "ok  " : "FAIL"} ${c.name}${c.detail ? `: ${c.detail}` : ""}\n`);
-    process.stdout.write(`took ${seconds(Date.now() - startedAt)}\n${checks.length - failed.length} passed, ${failed.length} failed\n`);
-    process.exitCode = failed.length > 0 || checks.length === 0 ? 1 : 0;
+    process.stdout.write(checks.report(startedAt));
+    process.exitCode = checks.exitCode();
   }
 }
 
@@ -554,7 +542,7 @@ const orphanSegments: string[] = [];
 const nodes: Node[] = [];
 let tmp: string | undefined;
 
-setTimeout(() => {
+runWithHardLimit("failover", HARD_LIMIT_MS, main, () => {
   for (const node of nodes) {
     try {
       process.kill(-node.process.pid!, "SIGKILL");
@@ -563,13 +551,4 @@ setTimeout(() => {
     }
   }
   if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
-  process.stdout.write(`failover: did not finish within ${seconds(HARD_LIMIT_MS)}\n0 passed, 1 failed\n`);
-  process.exit(1);
-}, HARD_LIMIT_MS).unref();
-
-main()
-  .catch((err: unknown) => {
-    process.stdout.write(`failover: ${err instanceof Error ? err.message : String(err)}\n0 passed, 1 failed\n`);
-    process.exitCode = 1;
-  })
-  .finally(() => setTimeout(() => process.exit(), 100).unref());
+});

@@ -3,7 +3,7 @@ import fc from "fast-check";
 import type { Knex } from "knex";
 import { createInvite } from "../../src/team/invites.js";
 import { ensureMember } from "../../src/team/members.js";
-import { httpBindingOf } from "../../src/gateway/routes.js";
+import { httpBindingOf } from "../../src/http/http-bindings.js";
 import { AccountService } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
 import { createTestAccount } from "../support/app.js";
 import { callConnect, callGrpc } from "../support/wire.js";

@@ -5,7 +5,8 @@ import { http } from "../../src/gen/google/api/annotations_pb.js";
 import { HttpRuleSchema } from "../../src/gen/google/api/http_pb.js";
 import { DecisionService } from "../../src/gen/typesafe/decision/v1/decision_service_pb.js";
 import { SearchService } from "../../src/gen/typesafe/search/v1/search_service_pb.js";
-import { apiRoutes, httpBindingOf, served } from "../../src/gateway/routes.js";
+import { apiRoutes, served } from "../../src/gateway/routes.js";
+import { httpBindingOf } from "../../src/http/http-bindings.js";
 
 /**
  * The gateway's path table comes from the `google.api.http` annotations in

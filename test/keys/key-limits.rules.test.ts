@@ -5,7 +5,7 @@ import type { KeyLimitsRow } from "../../src/keys/store.js";
 /** A key's limits as pure rules: what a request may set, how a row reads back, where a budget period ends. */
 
 const now = new Date("2031-03-05T12:00:00.000Z");
-const context = { now, accountRateLimit: 60, prefix: "limits" };
+const context = { now, accountRateLimit: 60, fieldPath: "limits" };
 const input = (init: Partial<KeyLimitsInput> = {}): KeyLimitsInput => ({ scopes: [], budgetPeriod: "", rateLimit: 0, ...init });
 
 describe("parseKeyLimits", () => {
@@ -57,8 +57,8 @@ describe("parseKeyLimits", () => {
     expect(parsed.violations).toEqual(violation ? [violation] : []);
   });
 
-  it("reports every broken rule at once, under the caller's prefix", () => {
-    const parsed = parseKeyLimits(input({ expiresAt: now, scopes: ["x"], budgetPeriod: "day", rateLimit: 61 }), { ...context, prefix: "key.limits" });
+  it("reports every broken rule at once, under the caller's field path", () => {
+    const parsed = parseKeyLimits(input({ expiresAt: now, scopes: ["x"], budgetPeriod: "day", rateLimit: 61 }), { ...context, fieldPath: "key.limits" });
     expect(parsed.violations.map((v) => v.field)).toEqual(["key.limits.expires_at", "key.limits.scopes", "key.limits.budget_period", "key.limits.requests_per_minute"]);
   });
 });

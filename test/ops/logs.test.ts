@@ -5,7 +5,7 @@ import { listUsage } from "../../src/admin/usage.js";
 import { apiError } from "../../src/errors.js";
 import { createLogger } from "../../src/logger.js";
 import { admit, finish } from "../../src/metering/ledger.js";
-import { observeCall } from "../../src/rpc/observe.js";
+import { observeCall } from "../../src/call/observe.js";
 import { createTestAccount, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 

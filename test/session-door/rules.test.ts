@@ -5,7 +5,7 @@ import { kMember, memberOf } from "../../src/session-door/door.js";
 import { createHandlerContext } from "@connectrpc/connect";
 import { AccountService } from "../../src/gen/typesafe/account/v1/account_service_pb.js";
 import { csvField } from "../../src/session-door/usage-csv.js";
-import { callCursor, decodePageToken, encodePageToken, pageSize, usageFilter } from "../../src/session-door/usage-query.js";
+import { callCursor, decodePageToken, encodePageToken, pageSize, usageFilter } from "../../src/metering/usage-query.js";
 import { emailProblem, normalizeEmail } from "../../src/team/members.js";
 import { createDummyHash, hashPassword, passwordProblem, SCRYPT_PARAMS, verifyPassword } from "../../src/sign-in/passwords.js";
 import { generateToken, hashToken, isWellFormedToken } from "../../src/sign-in/secret-tokens.js";

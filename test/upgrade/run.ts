@@ -40,6 +40,7 @@ import { DecideRequestSchema, DecideResponseSchema, DecisionService } from "../.
 import { ErrorDetailSchema } from "../../src/gen/typesafe/error/v1/error_pb.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent } from "../support/fake-llm.js";
 import { assertInvariants } from "../support/invariants.js";
+import { createChecks, runWithHardLimit, seconds, sleep } from "../support/runner.js";
 
 const ROOT = path.resolve(import.meta.dirname, "../..");
 const RELEASE_FILE = path.join(ROOT, "test/upgrade/previous-release.txt");
@@ -72,19 +73,8 @@ const EXPECTED: Record<Surface, Record<"answered" | "upstream-fails", string>> =
   grpc: { answered: "OK", "upstream-fails": "Unavailable UPSTREAM_FAILED" },
 };
 
-interface Check {
-  name: string;
-  ok: boolean;
-  detail?: string;
-}
-const checks: Check[] = [];
-function check(name: string, ok: boolean, detail?: string): boolean {
-  checks.push({ name, ok, detail });
-  return ok;
-}
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-const seconds = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
+const checks = createChecks();
+const check = checks.check;
 
 // ---------------------------------------------------------------------------
 // The two builds
@@ -757,26 +747,14 @@ async function main(): Promise<void> {
     await serverDb.destroy();
     fs.rmSync(tmp, { recursive: true, force: true });
     tmp = undefined;
-    const failed = checks.filter((c) => !c.ok);
-    process.stdout.write("\n");
-    for (const c of checks) process.stdout.write(`${c.ok ? "ok  " : "FAIL"} ${c.name}${c.detail && (!c.ok || c.detail.length < 80) ? `: ${c.detail}` : ""}\n`);
-    process.stdout.write(`took ${seconds(Date.now() - startedAt)}\n${checks.length - failed.length} passed, ${failed.length} failed\n`);
-    process.exitCode = failed.length > 0 || checks.length === 0 ? 1 : 0;
+    process.stdout.write(checks.report(startedAt, 80));
+    process.exitCode = checks.exitCode();
   }
 }
 
 /** The temporary folder, removed on every way out. */
 let tmp: string | undefined;
 
-setTimeout(() => {
+runWithHardLimit("upgrade", HARD_LIMIT_MS, main, () => {
   if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
-  process.stdout.write(`upgrade: did not finish within ${seconds(HARD_LIMIT_MS)}\n0 passed, 1 failed\n`);
-  process.exit(1);
-}, HARD_LIMIT_MS).unref();
-
-main()
-  .catch((err: unknown) => {
-    process.stdout.write(`upgrade: ${err instanceof Error ? err.message : String(err)}\n0 passed, 1 failed\n`);
-    process.exitCode = 1;
-  })
-  .finally(() => setTimeout(() => process.exit(), 100).unref());
+});

@@ -8,7 +8,7 @@ import { createDecisionEngine, firstCallMessages, type QuestionSpec } from "../.
 import { letterLabels, NOUL_LABELS, scoreLabels } from "../../src/decision/labels.js";
 import { buildMessages, choiceBlock, noulBlock, renderState, scoreBlock } from "../../src/decision/prompt.js";
 import { createLogger } from "../../src/logger.js";
-import { loadEmbeddedModel, type EmbeddedModel } from "../../src/upstream/embedded-model.js";
+import { loadEmbeddedModel, SHARED_SEQUENCE_TOKENS, type EmbeddedModel } from "../../src/upstream/embedded-model.js";
 import { LlmCallError } from "../../src/upstream/llm-client.js";
 import { openReference, type Reference } from "../support/embedded-reference.js";
 import { writeTinyGguf } from "../support/tiny-gguf.js";
@@ -179,6 +179,34 @@ describe("decide on the embedded model", () => {
     const scored = await model.scoreLabels({ messages: long, spellings }, call());
     const expected = await reference.labelProbabilities(long, spellings);
     scored.probabilities.forEach((p, i) => expectNear(p, expected[i]!));
+  }, 120_000);
+
+  it("answers a prompt longer than a shared sequence holds in a context of its own, as the reference reads it", async () => {
+    // Shared sequences hold SHARED_SEQUENCE_TOKENS; the per-question limit here is twice that.
+    const roomy = await loadEmbeddedModel(writeTinyGguf(path.join(dir, "roomy.gguf")), { contextTokens: 2 * SHARED_SEQUENCE_TOKENS, sequences: 2, threads: 1 }, logger);
+    try {
+      const long = buildMessages(renderState(fromJson(ValueSchema, "word ".repeat(500))), noulBlock("Is it?").text);
+      const length = roomy.promptTokens(long).length;
+      expect(length).toBeGreaterThan(SHARED_SEQUENCE_TOKENS);
+      expect(length + 8).toBeLessThanOrEqual(2 * SHARED_SEQUENCE_TOKENS);
+      const spellings = [["yes"], ["no"]];
+      const expected = await reference.labelProbabilities(long, spellings);
+      // Two at once: the second waits for the first and reuses its context.
+      const [first, second] = await Promise.all([roomy.scoreLabels({ messages: long, spellings }, call()), roomy.scoreLabels({ messages: long, spellings }, call())]);
+      first.probabilities.forEach((p, i) => expectNear(p, expected[i]!));
+      second.probabilities.forEach((p, i) => expectNear(p, expected[i]!));
+      // Every prompt token once: the second call found them held.
+      expect(roomy.tokensEvaluated()).toBeLessThanOrEqual(length + 2);
+      // The context was freed; a later long prompt gets a new one and is read the same.
+      const again = await roomy.scoreLabels({ messages: long, spellings }, call());
+      again.probabilities.forEach((p, i) => expectNear(p, expected[i]!));
+      expect(again.usage.cachedTokens).toBe(0);
+      // A short prompt meanwhile goes to the shared sequences.
+      const short = await roomy.scoreLabels({ messages: buildMessages(STATE, noulBlock("Is it?").text), spellings: NOUL_LABELS.spellings }, call());
+      expectNear(short.probabilities[0]!, (await reference.labelProbabilities(buildMessages(STATE, noulBlock("Is it?").text), NOUL_LABELS.spellings))[0]!);
+    } finally {
+      await roomy.dispose();
+    }
   }, 120_000);
 
   it("refuses a prompt longer than a sequence holds, without evaluating it", async () => {

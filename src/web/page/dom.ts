@@ -59,7 +59,7 @@ export function formatCredits(credits: number): string {
   return credits.toLocaleString("en-US", { minimumFractionDigits: 0, maximumFractionDigits: 6 });
 }
 
-/** A key as people recognise it: its prefix, an ellipsis and its last four characters. */
-export function keyLabel(prefix: string, last4: string): string {
-  return `${prefix}…${last4}`;
+/** A key as people recognise it: its key prefix (`ts_live_`, what the account API sends of its start), an ellipsis and its last four characters. */
+export function keyLabel(keyPrefix: string, last4: string): string {
+  return `${keyPrefix}…${last4}`;
 }

@@ -5,33 +5,33 @@ import { byId, formatCredits, formatUtc } from "./dom.js";
 
 /**
  * The limits fields of a key (the create form's and the edit dialog's, told
- * apart by their id prefix): read into a KeyLimits message, filled from one.
+ * apart by the start of their ids, the form's name): read into a KeyLimits message, filled from one.
  * The service checks every rule and names the field it refuses.
  */
-export function readLimits(prefix: string): KeyLimits {
-  const scopes = ["decisions", "search"].filter((scope) => byId(`${prefix}-scope-${scope}`, HTMLInputElement).checked);
-  const budget = byId(`${prefix}-budget`, HTMLInputElement).value.trim();
-  const rate = byId(`${prefix}-rate`, HTMLInputElement).value.trim();
-  const expires = byId(`${prefix}-expires`, HTMLInputElement).value;
+export function readLimits(form: string): KeyLimits {
+  const scopes = ["decisions", "search"].filter((scope) => byId(`${form}-scope-${scope}`, HTMLInputElement).checked);
+  const budget = byId(`${form}-budget`, HTMLInputElement).value.trim();
+  const rate = byId(`${form}-rate`, HTMLInputElement).value.trim();
+  const expires = byId(`${form}-expires`, HTMLInputElement).value;
   return create(KeyLimitsSchema, {
     // Both boxes ticked is the default, sent as none; neither ticked is sent as is, and refused.
     scopes: scopes.length === 2 ? [] : scopes.length === 0 ? ["none"] : scopes,
     budgetCredits: budget === "" ? undefined : Number(budget),
-    budgetPeriod: budget === "" ? "" : byId(`${prefix}-period`, HTMLSelectElement).value,
+    budgetPeriod: budget === "" ? "" : byId(`${form}-period`, HTMLSelectElement).value,
     requestsPerMinute: rate === "" ? 0 : Number(rate),
     // datetime-local is the reader's local time; Date reads it so.
     expiresAt: expires === "" ? undefined : timestampFromDate(new Date(expires)),
   });
 }
 
-export function fillLimits(prefix: string, limits: KeyLimits | undefined): void {
+export function fillLimits(form: string, limits: KeyLimits | undefined): void {
   const scopes = limits?.scopes.length ? limits.scopes : ["decisions", "search"];
-  for (const scope of ["decisions", "search"]) byId(`${prefix}-scope-${scope}`, HTMLInputElement).checked = scopes.includes(scope);
-  byId(`${prefix}-budget`, HTMLInputElement).value = limits?.budgetCredits === undefined ? "" : String(limits.budgetCredits);
-  byId(`${prefix}-period`, HTMLSelectElement).value = limits?.budgetPeriod || "day";
-  byId(`${prefix}-rate`, HTMLInputElement).value = limits?.requestsPerMinute ? String(limits.requestsPerMinute) : "";
+  for (const scope of ["decisions", "search"]) byId(`${form}-scope-${scope}`, HTMLInputElement).checked = scopes.includes(scope);
+  byId(`${form}-budget`, HTMLInputElement).value = limits?.budgetCredits === undefined ? "" : String(limits.budgetCredits);
+  byId(`${form}-period`, HTMLSelectElement).value = limits?.budgetPeriod || "day";
+  byId(`${form}-rate`, HTMLInputElement).value = limits?.requestsPerMinute ? String(limits.requestsPerMinute) : "";
   const expires = limits?.expiresAt ? timestampDate(limits.expiresAt) : undefined;
-  byId(`${prefix}-expires`, HTMLInputElement).value = expires ? new Date(expires.getTime() - expires.getTimezoneOffset() * 60_000).toISOString().slice(0, 16) : "";
+  byId(`${form}-expires`, HTMLInputElement).value = expires ? new Date(expires.getTime() - expires.getTimezoneOffset() * 60_000).toISOString().slice(0, 16) : "";
 }
 
 const PERIODS: Record<string, string> = { day: "a day", week: "a week", month: "a month", total: "in total" };

@@ -742,7 +742,8 @@ export type ApiKey = Message<"typesafe.account.v1.ApiKey"> & {
   name: string;
 
   /**
-   * The key's recognisable start, e.g. "ts_live_".
+   * The key prefix every key starts with, "ts_live_" (the operator CLI's and
+   * the webhooks' display prefix adds the next 6 characters).
    *
    * @generated from field: string prefix = 3;
    */

@@ -136,7 +136,7 @@ export const DecideResponseSchema: GenMessage<DecideResponse> = /*@__PURE__*/
   messageDesc(file_typesafe_decision_v1_decision_service, 2);
 
 /**
- * Answer is Jev-compatible: the fields present depend on `type`
+ * Answer: the fields present depend on `type`
  * ("noul", "choice", "score", or "error" for a question that failed).
  *
  * @generated from message typesafe.decision.v1.Answer

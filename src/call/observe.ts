@@ -2,10 +2,9 @@ import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import { REASONS, describeError, toPublicError } from "../errors.js";
 import { withStack, type Logger } from "../logger.js";
 import type { Metrics } from "../metrics.js";
-import { kRequestProblem } from "./body-gate.js";
-import { kCallPhases, phaseLogFields, type CallPhases } from "../call/call-phases.js";
-import { kRequestId } from "../call/context.js";
-import { createRequestId } from "../call/request-id.js";
+import { kCallPhases, phaseLogFields, type CallPhases } from "./call-phases.js";
+import { kRequestId, kRequestProblem } from "./context.js";
+import { createRequestId } from "./request-id.js";
 
 /** Where a call's log line and its metrics go. */
 export interface CallObserver {

@@ -1,7 +1,7 @@
 import { isUuid } from "../validation.js";
 import { throwIfInvalid, type Violation } from "../validation.js";
-import type { Endpoint } from "../metering/ledger.js";
-import type { CallCursor, CallFilter } from "../metering/account-views.js";
+import type { Endpoint } from "./ledger.js";
+import type { CallCursor, CallFilter } from "./account-views.js";
 
 /** Page sizes of the account area's lists: 1 to MAX_PAGE_SIZE, 0 meaning DEFAULT_PAGE_SIZE. */
 export const DEFAULT_PAGE_SIZE = 50;

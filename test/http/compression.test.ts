@@ -2,7 +2,7 @@ import zlib from "node:zlib";
 import { ConnectError } from "@connectrpc/connect";
 import { describe, expect, it } from "vitest";
 import { describeError } from "../../src/errors.js";
-import { ACCEPTED_ENCODING_NAMES, compressionNamed, decompressBody } from "../../src/body/compression.js";
+import { ACCEPTED_ENCODING_NAMES, compressionNamed, decompressBody } from "../../src/http/compression.js";
 
 /** The one decompression step every door uses: bounded by the body limit while inflating, every failure a caller's error. */
 const MAX = 96 * 1024;
