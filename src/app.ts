@@ -33,6 +33,7 @@ import { listeningOrigins } from "./session-door/origin.js";
 import { answerHeadersFor } from "./session-door/answer-headers.js";
 import { accountRouteDoor, createAccountDoorInterceptor, type AccountDoorOptions } from "./session-door/door.js";
 import { createUsageCsvHandler, USAGE_CSV_PATH } from "./session-door/usage-csv.js";
+import { createEvaluationUploadHandler, EVALUATION_UPLOAD_PATH } from "./session-door/evaluation-upload.js";
 import { countLiveSessions } from "./sign-in/sessions.js";
 import { createPasswordWork } from "./sign-in/password-work.js";
 import type { ScryptParams } from "./sign-in/passwords.js";
@@ -132,6 +133,12 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     wakeEvaluationRunner: () => evaluationRunner.wake(),
   });
   const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
+  const evaluationUpload = createEvaluationUploadHandler({ db, door: accountDoor, observer, maxBodyBytes: config.maxBodyBytes, wakeRunner: () => evaluationRunner.wake() });
+  // The account area's two plain HTTP routes, beside its RPCs' JSON paths.
+  const accountRoutes = new Map([
+    [USAGE_CSV_PATH, usageCsv],
+    [EVALUATION_UPLOAD_PATH, evaluationUpload],
+  ]);
 
   // Ready only while a node accepts writes: during a failover, a standby that still answers is not enough.
   const isReady = () => reachesWritableNode(db);
@@ -163,7 +170,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     server = await startServer(
       {
         routes,
-        fallback: withAccountPage((req, res) => ((req.url ?? "").split("?", 1)[0] === USAGE_CSV_PATH ? usageCsv(req, res) : gateway(req, res))),
+        fallback: withAccountPage((req, res) => (accountRoutes.get((req.url ?? "").split("?", 1)[0]!) ?? gateway)(req, res)),
         // The account door runs inside the observer, so its refusals are logged and typed like any error.
         interceptors: [createObserveInterceptor(observer), createAccountDoorInterceptor(accountDoor)],
         maxBodyBytes: config.maxBodyBytes,
