@@ -4,11 +4,12 @@ import type { ConnectRouter } from "@connectrpc/connect";
 import type { Config } from "./config.js";
 import { openDatabase, type Database } from "./db/database.js";
 import { reachesWritableNode } from "./db/primary-client.js";
-import { createDecisionEngines, createDecisionService } from "./decision/service.js";
+import { chooseDecisionEngines, type DecisionEngines } from "./decision/engine-choice.js";
+import { createDecisionService } from "./decision/service.js";
 import { createEvaluationRunner, type EvaluationRunner } from "./evaluation/runner.js";
 import { createGateway, type DecisionsStatus } from "./gateway/gateway.js";
 import type { ModelPace } from "./upstream/model-pace.js";
-import { retryAfterSeconds, startEmbeddedModel, type EmbeddedModelHost, type SupervisorClock } from "./upstream/embedded-supervisor.js";
+import { retryAfterSeconds, type SupervisorClock } from "./upstream/embedded-supervisor.js";
 import { prepareStatementsOn } from "./metering/ledger.js";
 import { createMeter, type Meter } from "./metering/meter.js";
 import { createSweeper } from "./metering/sweeper.js";
@@ -32,6 +33,7 @@ import { listeningOrigins } from "./session-door/origin.js";
 import { answerHeadersFor } from "./session-door/answer-headers.js";
 import { accountRouteDoor, createAccountDoorInterceptor, type AccountDoorOptions } from "./session-door/door.js";
 import { createUsageCsvHandler, USAGE_CSV_PATH } from "./session-door/usage-csv.js";
+import { createEvaluationUploadHandler, EVALUATION_UPLOAD_PATH } from "./session-door/evaluation-upload.js";
 import { countLiveSessions } from "./sign-in/sessions.js";
 import { createPasswordWork } from "./sign-in/password-work.js";
 import type { ScryptParams } from "./sign-in/passwords.js";
@@ -98,17 +100,16 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     onRecorded: () => deliverer.wake(),
   });
   const sessionPolicy = { idleMs: config.account.sessionIdleMs, absoluteMs: config.account.sessionAbsoluteMs };
-  const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()), embeddedTokensEvaluated: () => embedded?.model()?.tokensEvaluated() }) : undefined;
-  // Without an upstream, decisions run on a model in this process, fetched and loaded while the service already serves.
-  const embedded =
-    config.llm.baseUrl === undefined && config.llm.embedded.enabled ? startEmbeddedModel(config.llm.embedded, config.dataDir, logger, { clock: overrides.modelClock, pace: overrides.modelPace }) : undefined;
-  const engines = createDecisionEngines({ llm: config.llm, logger, metrics, embedded });
-  const decision = createDecisionService({ db, meter, llm: config.llm, logger, metrics, embedded, engines });
+  const metrics = config.metrics ? createMetrics({ meter, db, liveSessions: () => countLiveSessions(db, sessionPolicy, now()), embeddedTokensEvaluated: () => (engines.kind === "embedded" ? engines.host.model()?.tokensEvaluated() : undefined) }) : undefined;
+  // The upstream, or the model in this process (fetched and loaded while the service already serves), or none.
+  const engines = chooseDecisionEngines({ llm: config.llm, dataDir: config.dataDir, logger, metrics, embedded: { clock: overrides.modelClock, pace: overrides.modelPace } });
+  const decision = createDecisionService({ db, meter, llm: config.llm, metrics, engines });
   const evaluationRunner = createEvaluationRunner({
     db,
     engines,
     config: config.evaluations,
     requestTimeoutMs: config.llm.requestTimeoutMs,
+    llm: config.llm,
     leaseMarginMs: config.metering.leaseMarginMs,
     logger,
   });
@@ -133,6 +134,12 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     wakeEvaluationRunner: () => evaluationRunner.wake(),
   });
   const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
+  const evaluationUpload = createEvaluationUploadHandler({ db, door: accountDoor, observer, maxBodyBytes: config.maxBodyBytes, wakeRunner: () => evaluationRunner.wake() });
+  // The account area's two plain HTTP routes, beside its RPCs' JSON paths.
+  const accountRoutes = new Map([
+    [USAGE_CSV_PATH, usageCsv],
+    [EVALUATION_UPLOAD_PATH, evaluationUpload],
+  ]);
 
   // Ready only while a node accepts writes: during a failover, a standby that still answers is not enough.
   const isReady = () => reachesWritableNode(db);
@@ -157,14 +164,14 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     shutdownSignal: shutdown.signal,
     metrics,
     openApiDocument: readOpenApiDocument(),
-    decisionsStatus: () => decisionsStatus(config, embedded),
+    decisionsStatus: () => decisionsStatus(engines),
   });
   let server: RunningServer;
   try {
     server = await startServer(
       {
         routes,
-        fallback: withAccountPage((req, res) => ((req.url ?? "").split("?", 1)[0] === USAGE_CSV_PATH ? usageCsv(req, res) : gateway(req, res))),
+        fallback: withAccountPage((req, res) => (accountRoutes.get((req.url ?? "").split("?", 1)[0]!) ?? gateway)(req, res)),
         // The account door runs inside the observer, so its refusals are logged and typed like any error.
         interceptors: [createObserveInterceptor(observer), createAccountDoorInterceptor(accountDoor)],
         maxBodyBytes: config.maxBodyBytes,
@@ -180,7 +187,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
       config.port,
     );
   } catch (err) {
-    await embedded?.stop();
+    await engines.stop();
     await database.close();
     throw err;
   }
@@ -212,17 +219,16 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
       // Calls cut off by the grace period give their holds back now, not at lease expiry.
       await meter.releaseAll();
       await meter.stop();
-      await embedded?.stop();
+      await engines.stop();
       await database.close();
       logger.info("stopped");
     },
   };
 }
 
-function decisionsStatus(config: Config, embedded: EmbeddedModelHost | undefined): DecisionsStatus {
-  if (config.llm.baseUrl !== undefined) return { engine: "upstream" };
-  if (!embedded) return { engine: "off" };
-  const status = embedded.status();
+function decisionsStatus(engines: DecisionEngines): DecisionsStatus {
+  if (engines.kind !== "embedded") return { engine: engines.kind };
+  const status = engines.host.status();
   return {
     engine: "embedded",
     model_state: status.state,

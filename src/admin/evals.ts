@@ -1,3 +1,4 @@
+import { createReadStream } from "node:fs";
 import fs from "node:fs/promises";
 import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import type { Knex } from "knex";
@@ -6,8 +7,8 @@ import { findAccount } from "./account-funding.js";
 import { isUuid } from "../validation.js";
 import { csvField } from "../csv-field.js";
 import { describeError } from "../errors.js";
-import { createEvaluation, evaluationActivityDetail, evaluationMessage } from "../evaluation/evaluations.js";
-import { MAX_EXAMPLES, MAX_LINE_BYTES, parseExamplesFile } from "../evaluation/examples.js";
+import { createEvaluationFromFile, evaluationActivityDetail, evaluationMessage } from "../evaluation/evaluations.js";
+import { MAX_EXAMPLES, MAX_EXAMPLES_FILE_BYTES, MAX_LINE_BYTES } from "../evaluation/examples.js";
 import { evaluationResults } from "../evaluation/results.js";
 import { cancelEvaluation, deleteEvaluation, findEvaluation, listEvaluations, resumeEvaluation } from "../evaluation/store.js";
 import { EvaluationSchema, QuestionResultsSchema as QuestionResultsJson } from "../gen/typesafe/account/v1/account_service_pb.js";
@@ -16,9 +17,6 @@ import { parseCredits } from "../units.js";
 import { UsageError } from "./usage-error.js";
 
 type Options = Record<string, string | boolean | undefined>;
-
-/** The largest examples file read: every example at its longest line would not fit, and none needs to. */
-const MAX_FILE_BYTES = 64 * 1024 * 1024;
 
 /** The metrics columns of `evals results --csv`, in order; a metric a question type has not is an empty cell. */
 const CSV_METRICS = ["accuracy", "brier", "log_loss", "ece", "auroc", "macro_f1", "mae_steps"] as const;
@@ -38,20 +36,18 @@ export async function runEvals(db: Knex, command: string, options: Options, now:
       const format = path.toLowerCase().endsWith(".csv") ? "csv" : "jsonl";
       const stat = await fs.stat(path).catch(() => undefined);
       if (!stat?.isFile()) throw new UsageError(`--file: no file ${path}`);
-      if (stat.size > MAX_FILE_BYTES) throw new UsageError(`--file: at most ${MAX_FILE_BYTES} bytes (${MAX_EXAMPLES} examples of up to ${MAX_LINE_BYTES} bytes a line)`);
-      const parsed = parseExamplesFile(await fs.readFile(path, "utf8"), format, questions);
-      if (parsed.violations.length > 0) throw new UsageError(violationLines(parsed.violations.map((v) => `line ${v.line}: ${v.field === "" ? "" : `${v.field}: `}${v.rule}`)));
+      if (stat.size > MAX_EXAMPLES_FILE_BYTES) throw new UsageError(`--file: at most ${MAX_EXAMPLES_FILE_BYTES} bytes (${MAX_EXAMPLES} examples of up to ${MAX_LINE_BYTES} bytes a line)`);
       const inFlight = options["in-flight"] === undefined ? 0 : Number(options["in-flight"]);
       try {
-        const row = await createEvaluation(db, {
+        const row = await createEvaluationFromFile(db, {
           accountId,
           createdBy: OPERATOR,
           name: typeof options["name"] === "string" ? options["name"] : "",
           questions,
-          examples: parsed.examples,
+          file: createReadStream(path),
+          format,
           capUnits: capOption(required(options, "cap")),
           examplesInFlight: inFlight,
-          fieldOf: (v) => `line ${v.line}: ${v.field}`,
           at: now,
         });
         return evaluationJson(row);

@@ -9,7 +9,7 @@ import { findCalibrations, type DbCalibrationRow } from "../evaluation/calibrati
 import { CalibratedAnswerSchema, type Answer, type CalibratedAnswer } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { pathOf } from "../validation.js";
 import { argmax, expectedLevel, round6 } from "./answer-math.js";
-import type { CallOptions } from "../upstream/llm-client.js";
+import type { CallOptions } from "../upstream/model-call.js";
 import type { DecisionEngine, QuestionSpec, UsageTotals } from "./engine.js";
 import { renderState } from "./prompt.js";
 

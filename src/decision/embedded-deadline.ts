@@ -1,4 +1,6 @@
-import type { ChatMessage } from "../upstream/llm-client.js";
+import type { LlmConfig } from "../config.js";
+import type { DecisionEngines } from "./engine-choice.js";
+import type { ChatMessage } from "../upstream/model-call.js";
 import type { ModelPace } from "../upstream/model-pace.js";
 import { firstCallMessages, type QuestionSpec } from "./engine.js";
 
@@ -99,4 +101,23 @@ export function planEmbeddedCall(input: {
   });
   if (!plan.run) return { run: false, refusal: plan, ownTokens, queuedTokens };
   return { run: true, timeoutMs: plan.timeoutMs, giveBack: input.pace.book(ownTokens) };
+}
+
+/**
+ * The deadline of a call of these questions, for the API's decisions and the
+ * evaluation's examples alike: the configured one on an upstream; on the
+ * embedded model, what its tokens and those queued ahead need (booked until
+ * `giveBack`), or a refusal when that is past the longest wait or `callerMs`.
+ */
+export function planDecision(
+  engines: DecisionEngines,
+  llm: Pick<LlmConfig, "requestTimeoutMs" | "embedded">,
+  stateBlock: string,
+  questions: readonly QuestionSpec[],
+  callerMs: number | undefined,
+): EmbeddedCallPlan {
+  const model = engines.kind === "embedded" ? engines.host.model() : undefined;
+  if (!model || engines.kind !== "embedded") return { run: true, timeoutMs: llm.requestTimeoutMs, giveBack: () => {} };
+  const { sequences, maxWaitMs } = llm.embedded;
+  return planEmbeddedCall({ model, pace: engines.host.pace, stateBlock, questions, sequences, configuredMs: llm.requestTimeoutMs, maxWaitMs, callerMs });
 }

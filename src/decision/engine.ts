@@ -1,30 +1,19 @@
-import crypto from "node:crypto";
 import { setMaxListeners } from "node:events";
 import type { Logger } from "../logger.js";
 import { linkedSignal } from "../abort-signals.js";
-import {
-  LlmCallError,
-  type CallOptions,
-  type ChatCompletion,
-  type ChatMessage,
-  type ChatUsage,
-  type LlmCapabilities,
-  type LlmClient,
-} from "../upstream/llm-client.js";
-import { isReasoningOpener, mostProbable } from "../upstream/logprob-window.js";
+import { LlmCallError, type CallOptions, type ChatMessage, type ChatUsage } from "../upstream/model-call.js";
 import {
   averageDistributions,
   choiceAnswer,
   combineTwoStage,
   errorAnswer,
   groupsToExpand,
-  firstPositionWindow,
   noulAnswer,
-  readLabelDistribution,
   scoreAnswer,
   type AnswerInit,
   type LabelDistribution,
 } from "./answer-math.js";
+import { NoSignal, Refused, type DistributionReader, type LabelReader, type LabelScorer, type Readout, type VerbalizedReader } from "./label-scorer.js";
 import { letterLabels, MAX_LABELS_PER_CALL, NOUL_LABELS, scoreLabels, splitIntoGroups, type LabelSet } from "./labels.js";
 import { unknownQuestionType } from "./validate.js";
 import {
@@ -35,25 +24,23 @@ import {
   noulBlock,
   scoreBlock,
   verbalizedBlock,
-  VERBALIZED_FEEDBACK,
   type LabelLine,
   type QuestionBlock,
 } from "./prompt.js";
 
 /**
- * The decision engine: one upstream call per question (two stages for a
- * choice over more than 26 options), all questions of a request in parallel
- * over one byte-identical prefix, answers read from the next-token
- * distribution. Failures stay with their question; the engine never
- * invents a number for a question it could not answer.
+ * The decision engine: one read per question (two stages for a choice over
+ * more than 26 options), all questions of a request in parallel over one
+ * byte-identical prefix, answers read through a label scorer
+ * (label-scorer.ts: the upstream's or the embedded model's). Failures stay
+ * with their question; the engine never invents a number for a question it
+ * could not answer.
  */
 
 /** The contract lets a question use this many input tokens; it is also what is reserved for one. */
 export const QUESTION_BUDGET_TOKENS = 32_000;
 /** Option-order permutations averaged on the verbalized path. */
 const VERBALIZED_SAMPLES = 3;
-/** Retries with feedback after a verbalized reply that is not the JSON asked for (not billed). */
-const VERBALIZED_FORMAT_RETRIES = 2;
 
 export type QuestionSpec =
   | { key: string; type: "noul"; instructions: string }
@@ -107,67 +94,42 @@ function groupListing(options: readonly string[], perGroup = MAX_LABELS_PER_CALL
   return groups.map((members, g) => ({ symbol: symbols[g]!, names: members.map((i) => options[i]!) }));
 }
 
-class NoSignal extends Error {
-  constructor() {
-    super("no label in the window");
-    this.name = "NoSignal";
-  }
-}
-
-class Refused extends Error {
-  constructor() {
-    super("the model refused");
-    this.name = "Refused";
-  }
-}
-
-interface Readout {
-  distribution: LabelDistribution;
-  usage: ChatUsage;
-}
-
 interface QuestionResult {
   answer: AnswerInit;
   /** Usage of the calls whose output went into the answer. */
   billed: ChatUsage[];
 }
 
-/** What every call of one request shares: the prefix, the cache key and the request's signal and deadline. */
+/** What every read of one request shares: the prefix and the reader (which holds the request's signal and deadline). */
 interface Asker {
   stateBlock: string;
-  cacheKey: string;
-  options: CallOptions;
-  /** Labels one call can read: 26 letters, or fewer when the server caps its logprob window. */
+  reader: DistributionReader;
+  /** Labels one read can tell apart: 26 letters, or fewer when the server caps its logprob window. */
   labelsPerCall: number;
 }
 
-/** The engine over one LLM client; it keeps no state between requests (the client caches the probe). */
-export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): DecisionEngine {
-  const { llm, logger } = deps;
+/** The engine over one label scorer; it keeps no state between requests (the upstream's client caches its probe). */
+export function createDecisionEngine(deps: { scorer: LabelScorer; logger: Logger }): DecisionEngine {
+  const { scorer, logger } = deps;
 
   async function decide(input: { stateBlock: string; questions: readonly QuestionSpec[] }, options: CallOptions): Promise<DecideOutcome> {
-    let caps: LlmCapabilities;
+    // Every read of the request listens on one signal: up to 40 questions × (call, retry wait, semaphore).
+    const request = linkedSignal([options.signal]);
+    setMaxListeners(0, request.signal);
+    let reader: LabelReader;
     try {
-      caps = await llm.capabilities(options);
+      // This request is one party of the fair share of upstream slots, unless the caller names one (the evaluation runner: all its examples are one).
+      reader = await scorer.begin(input.stateBlock, { signal: request.signal, deadlineMs: options.deadlineMs, party: options.party ?? {} });
     } catch (err) {
+      request.dispose();
       const failed = failureAnswer(err);
       return { answers: input.questions.map((q) => [q.key, failed]), usage: sumUsage([]), answered: 0 };
     }
-    const cacheKey = crypto.createHash("sha256").update(input.stateBlock).digest("hex").slice(0, 32);
-    // Every call of the request listens on one signal: up to 40 questions × (call, retry wait, semaphore).
-    const request = linkedSignal([options.signal]);
-    setMaxListeners(0, request.signal);
-    const ask: Asker = {
-      stateBlock: input.stateBlock,
-      cacheKey,
-      // This request is one party of the fair share of upstream slots, unless the caller names one (the evaluation runner: all its examples are one).
-      options: { signal: request.signal, deadlineMs: options.deadlineMs, party: options.party ?? {} },
-      labelsPerCall: Math.min(MAX_LABELS_PER_CALL, caps.topLogprobs),
-    };
+    const answer = answering(input.stateBlock, reader);
     const results = await Promise.all(
       input.questions.map(async (q): Promise<QuestionResult> => {
         try {
-          return caps.logprobs ? await answerWithLogprobs(q, ask) : await answerVerbalized(q, ask);
+          return await answer(q);
         } catch (err) {
           return { answer: failureAnswer(err), billed: [] };
         }
@@ -181,48 +143,28 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
     };
   }
 
-  /** One logprobs call, read over `labels`; once more with the closing line repeated if no label came back. */
-  async function readout(ask: Asker, block: QuestionBlock, labels: LabelSet): Promise<Readout> {
-    const first = buildMessages(ask.stateBlock, block.text);
-    if (llm.scoreLabels) return exactReadout(llm.scoreLabels.bind(llm), first, labels, ask);
-    const again = buildMessages(ask.stateBlock, `${block.text}\n${block.closing}`);
-    for (const messages of [first, again]) {
-      const completion = await llm.complete({ kind: "logprobs", messages, cacheKey: ask.cacheKey }, ask.options);
-      if (completion.refused) throw new Refused();
-      const window = firstPositionWindow(completion.topLogprobs, completion.firstToken);
-      if (isReasoningOpener(mostProbable(window)?.token)) continue;
-      const distribution = readLabelDistribution(window, labels, completion.topLogprobs ?? []);
-      if (distribution.mass > 0) return { distribution, usage: usageOf(completion, messages) };
-    }
-    throw new NoSignal();
-  }
-
-  /** The whole distribution: every label's probability exact, so none is unseen and the mass is the true one. */
-  async function exactReadout(score: NonNullable<LlmClient["scoreLabels"]>, messages: ChatMessage[], labels: LabelSet, ask: Asker): Promise<Readout> {
-    const scored = await score({ messages, spellings: labels.spellings }, ask.options);
-    const mass = scored.probabilities.reduce((a, b) => a + b, 0);
-    if (!(mass > 0)) throw new NoSignal();
-    return {
-      distribution: { probabilities: scored.probabilities.map((p) => p / mass), mass: Math.min(mass, 1), unseen: 0, unseenMassMax: 0 },
-      usage: scored.usage,
-    };
+  /** How a question is answered with this reader: from the distribution it reads, or from distributions the model states. */
+  function answering(stateBlock: string, reader: LabelReader): (q: QuestionSpec) => Promise<QuestionResult> {
+    if (reader.kind === "verbalized") return (q) => answerVerbalized(q, stateBlock, reader);
+    const ask: Asker = { stateBlock, reader, labelsPerCall: Math.min(MAX_LABELS_PER_CALL, reader.labelsPerRead) };
+    return (q) => answerWithLogprobs(q, ask);
   }
 
   async function answerWithLogprobs(q: QuestionSpec, ask: Asker): Promise<QuestionResult> {
     switch (q.type) {
       case "noul": {
-        const r = await readout(ask, noulBlock(q.instructions), NOUL_LABELS);
+        const r = await ask.reader.read(noulBlock(q.instructions), NOUL_LABELS);
         return { answer: noulAnswer(r.distribution.probabilities, logprobExtras(r.distribution)), billed: [r.usage] };
       }
       case "score": {
         const labels = scoreLabels(q.labels.length);
-        const r = await readout(ask, scoreBlock(q.instructions, lines(labels, q.labels)), labels);
+        const r = await ask.reader.read(scoreBlock(q.instructions, lines(labels, q.labels)), labels);
         return { answer: scoreAnswer(q.labels, r.distribution.probabilities, logprobExtras(r.distribution)), billed: [r.usage] };
       }
       case "choice": {
         if (q.options.length > ask.labelsPerCall) return twoStageChoice(q.instructions, q.options, ask);
         const labels = letterLabels(q.options.length);
-        const r = await readout(ask, choiceBlock(q.instructions, lines(labels, q.options)), labels);
+        const r = await ask.reader.read(choiceBlock(q.instructions, lines(labels, q.options)), labels);
         return { answer: choiceAnswer(q.options, r.distribution.probabilities, logprobExtras(r.distribution)), billed: [r.usage] };
       }
     }
@@ -238,7 +180,7 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
    */
   async function twoStageChoice(instructions: string, options: readonly string[], ask: Asker): Promise<QuestionResult> {
     const groups = splitIntoGroups(options.length, ask.labelsPerCall);
-    const stage1 = await readout(ask, groupBlock(instructions, groupListing(options, ask.labelsPerCall)), letterLabels(groups.length));
+    const stage1 = await ask.reader.read(groupBlock(instructions, groupListing(options, ask.labelsPerCall)), letterLabels(groups.length));
     const groupProbabilities = stage1.distribution.probabilities;
     let budget = QUESTION_BUDGET_TOKENS - stage1.usage.promptTokens;
     const planned: Array<{ group: number; block: QuestionBlock; labels: LabelSet }> = [];
@@ -254,7 +196,7 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
     type GroupRead = { group: number; readout: Readout } | { group: number; error: unknown };
     const readGroup = async (p: (typeof planned)[number]): Promise<GroupRead> => {
       try {
-        return { group: p.group, readout: await readout(ask, p.block, p.labels) };
+        return { group: p.group, readout: await ask.reader.read(p.block, p.labels) };
       } catch (err) {
         if (err instanceof LlmCallError && err.code === "aborted") throw err;
         return { group: p.group, error: err };
@@ -299,49 +241,24 @@ export function createDecisionEngine(deps: { llm: LlmClient; logger: Logger }): 
    * once per option-order permutation (as many as the 32K budget allows), and
    * the un-permuted distributions are averaged.
    */
-  async function answerVerbalized(q: QuestionSpec, ask: Asker): Promise<QuestionResult> {
+  async function answerVerbalized(q: QuestionSpec, stateBlock: string, reader: VerbalizedReader): Promise<QuestionResult> {
     const plan = verbalizedPlan(q);
     if (!plan) return { answer: errorAnswer("unsupported", false), billed: [] };
-    const perSample = estimateTokens(buildMessages(ask.stateBlock, verbalizedBlock(q.instructions, plan.samples[0]!.lines, plan.heading).text));
+    const perSample = estimateTokens(buildMessages(stateBlock, verbalizedBlock(q.instructions, plan.samples[0]!.lines, plan.heading).text));
     const samples = plan.samples.slice(0, Math.max(1, Math.floor(QUESTION_BUDGET_TOKENS / perSample)));
     const settled = await Promise.allSettled(
-      samples.map((sample) => verbalizedSample(ask, verbalizedBlock(q.instructions, sample.lines, plan.heading), plan.symbols, sample.canonical)),
+      samples.map(async (sample) => {
+        const { probabilities: stated, usage } = await reader.state(verbalizedBlock(q.instructions, sample.lines, plan.heading), plan.symbols);
+        const probabilities = new Array<number>(stated.length).fill(0);
+        stated.forEach((p, i) => (probabilities[sample.canonical(i)] = p));
+        return { probabilities, usage };
+      }),
     );
     const ok = settled.flatMap((s) => (s.status === "fulfilled" ? [s.value] : []));
     if (ok.length === 0) throw (settled[0] as PromiseRejectedResult).reason;
     const { probabilities, agreement } = averageDistributions(ok.map((s) => s.probabilities));
     const extras = { method: "verbalized" as const, agreement };
     return { answer: verbalizedAnswer(q, probabilities, extras), billed: ok.map((s) => s.usage) };
-  }
-
-  async function verbalizedSample(
-    ask: Asker,
-    block: QuestionBlock,
-    symbols: readonly string[],
-    canonical: (symbolIndex: number) => number,
-  ): Promise<{ probabilities: number[]; usage: ChatUsage }> {
-    const schema = {
-      type: "object",
-      properties: Object.fromEntries(symbols.map((s) => [s, { type: "number" }])),
-      required: [...symbols],
-      additionalProperties: false,
-    };
-    let messages = buildMessages(ask.stateBlock, block.text);
-    for (let attempt = 0; attempt <= VERBALIZED_FORMAT_RETRIES; attempt++) {
-      const completion = await llm.complete(
-        { kind: "json", messages, schema, maxTokens: 16 + 12 * symbols.length, cacheKey: ask.cacheKey },
-        ask.options,
-      );
-      if (completion.refused) throw new Refused();
-      const stated = parseVerbalized(completion.content, symbols);
-      if (stated) {
-        const probabilities = new Array<number>(symbols.length).fill(0);
-        stated.forEach((p, i) => (probabilities[canonical(i)] = p));
-        return { probabilities, usage: usageOf(completion, messages) };
-      }
-      messages = [...messages, { role: "assistant", content: completion.content.slice(0, 2_000) }, { role: "user", content: VERBALIZED_FEEDBACK }];
-    }
-    throw new NoSignal();
   }
 
   function failureAnswer(err: unknown): AnswerInit {
@@ -403,57 +320,8 @@ function verbalizedPlan(q: QuestionSpec): VerbalizedPlan | undefined {
   };
 }
 
-/**
- * A stated distribution: a JSON object (possibly inside other text) with a
- * non-negative number for every symbol, normalized; undefined otherwise.
- */
-export function parseVerbalized(content: string, symbols: readonly string[]): number[] | undefined {
-  const text = withoutReasoning(content).trim();
-  const start = text.indexOf("{");
-  const end = text.lastIndexOf("}");
-  if (start < 0 || end <= start) return undefined;
-  let json: unknown;
-  try {
-    json = JSON.parse(text.slice(start, end + 1));
-  } catch {
-    return undefined;
-  }
-  if (typeof json !== "object" || json === null || Array.isArray(json)) return undefined;
-  const entries = new Map(Object.entries(json).map(([k, v]) => [k.trim().toLowerCase(), v]));
-  const values: number[] = [];
-  for (const symbol of symbols) {
-    const value: unknown = (json as Record<string, unknown>)[symbol] ?? entries.get(symbol.toLowerCase());
-    if (typeof value !== "number" || !Number.isFinite(value) || value < 0) return undefined;
-    values.push(value);
-  }
-  const sum = values.reduce((a, b) => a + b, 0);
-  if (!(sum > 0)) return undefined;
-  return values.map((v) => v / sum);
-}
-
-/**
- * The answer part of a reply from a model that reasons in its content: what
- * follows the last `</think>` (DeepSeek-R1, Qwen3 without a reasoning parser)
- * or the final channel of gpt-oss's harmony format; nothing when the
- * reasoning never closed (the budget ran out).
- */
-export function withoutReasoning(content: string): string {
-  const closed = content.toLowerCase().lastIndexOf(THINK_CLOSE);
-  if (closed >= 0) return content.slice(closed + THINK_CLOSE.length);
-  const final = content.lastIndexOf(HARMONY_FINAL);
-  if (final >= 0) return content.slice(final + HARMONY_FINAL.length);
-  return /^\s*(<think>|<\|channel\|>)/i.test(content) ? "" : content;
-}
-const THINK_CLOSE = "</think>";
-const HARMONY_FINAL = "<|channel|>final<|message|>";
-
 function logprobExtras(d: LabelDistribution) {
   return { method: "logprobs" as const, mass: d.mass, unseen: d.unseen, unseenMassMax: d.unseenMassMax };
-}
-
-/** The usage a call reported, or an estimate from its prompt when it reported none. */
-function usageOf(completion: ChatCompletion, messages: readonly ChatMessage[]): ChatUsage {
-  return completion.usage ?? { promptTokens: estimateTokens(messages), cachedTokens: 0, completionTokens: 1 };
 }
 
 function sumUsage(calls: readonly ChatUsage[]): UsageTotals {

@@ -1,6 +1,6 @@
 import { toJson } from "@bufbuild/protobuf";
 import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
-import type { ChatMessage } from "../upstream/llm-client.js";
+import type { ChatMessage } from "../upstream/model-call.js";
 
 /**
  * The prompt wording. Every question of a request starts with the same bytes

@@ -11,17 +11,16 @@ import {
   type DecideRequest,
   type DecisionService,
 } from "../gen/typesafe/decision/v1/decision_service_pb.js";
-import type { Logger } from "../logger.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
 import { hashApiKey } from "../keys/api-keys.js";
 import { authenticate, requireApiKey } from "../call/authentication.js";
 import { callPhasesOf } from "../call/call-phases.js";
-import { createLlmClient, type LlmClient } from "../upstream/llm-client.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
-import { notReadyMessage, retryAfterSeconds, type EmbeddedModelHost } from "../upstream/embedded-supervisor.js";
-import { planEmbeddedCall, type EmbeddedCallPlan, type EmbeddedDeadline } from "./embedded-deadline.js";
-import { createDecisionEngine, firstCallMessages, type DecisionEngine, QUESTION_BUDGET_TOKENS, type QuestionSpec, type UsageTotals } from "./engine.js";
+import { notReadyMessage, retryAfterSeconds } from "../upstream/embedded-supervisor.js";
+import { planDecision, type EmbeddedDeadline } from "./embedded-deadline.js";
+import type { DecisionEngines } from "./engine-choice.js";
+import { firstCallMessages, QUESTION_BUDGET_TOKENS, type QuestionSpec, type UsageTotals } from "./engine.js";
 import {
   CONTENT_FREE_STATES,
   CONTEXTUAL,
@@ -50,63 +49,19 @@ export function engineDeadlineMs(timeoutMs: number): number {
 export interface DecisionServiceDeps {
   db: Knex;
   meter: Meter;
-  /** Without `baseUrl`, Decide uses `embedded` (503 MODEL_NOT_READY until its model is loaded), or answers 503 NOT_CONFIGURED when there is none; both after authenticating. */
+  /** The deadlines of a decision, and the embedded model's sequences and longest wait. */
   llm: LlmConfig;
-  logger: Logger;
-  /** Defaults to the OpenAI-compatible client built from `llm`. */
-  llmClient?: LlmClient;
-  /** The in-process model, used when `llm.baseUrl` is unset. */
-  embedded?: EmbeddedModelHost;
-  metrics?: Pick<Metrics, "recordLlmCall" | "recordDecision">;
-  /** The engines to answer with; built from `llm` / `llmClient` / `embedded` when absent (the app shares one with the evaluation runner). */
-  engines?: DecisionEngines;
+  metrics?: Pick<Metrics, "recordDecision">;
+  /**
+   * What decisions run on (engine-choice.ts): on the embedded model, 503
+   * MODEL_NOT_READY until it is loaded; with none, 503 NOT_CONFIGURED; both
+   * after authenticating.
+   */
+  engines: DecisionEngines;
   /** Calibrations read so far; a bounded one of its own when absent. */
   calibrations?: CalibrationCache;
   /** Contextual calibration's answers to the content-free state; a bounded one of its own when absent. */
   probes?: ProbeCache;
-}
-
-/** The engine that answers decisions now, and what it runs on. */
-export interface DecisionEngines {
-  /** The engine over the upstream, or over the embedded model once it is loaded; undefined while there is none. */
-  current(): DecisionEngine | undefined;
-  /** The upstream model's name, or "embedded". */
-  upstream: string;
-  /** Whether decisions run on the model inside this process (whose deadline follows its queue). */
-  onEmbeddedModel: boolean;
-  /**
-   * The deadline of a call of these questions, for the API's decisions and the
-   * evaluation's examples alike: the configured one on an upstream; on the
-   * embedded model, what its tokens and those queued ahead need (booked until
-   * `giveBack`), or a refusal when that is past the longest wait or `callerMs`.
-   */
-  plan(stateBlock: string, questions: readonly QuestionSpec[], callerMs: number | undefined): EmbeddedCallPlan;
-}
-
-/** One engine per process, shared by the API's decisions and the evaluation runner (one fair share of upstream slots). */
-export function createDecisionEngines(deps: Pick<DecisionServiceDeps, "llm" | "logger" | "llmClient" | "embedded" | "metrics">): DecisionEngines {
-  const { llm, logger, metrics, embedded } = deps;
-  const client = deps.llmClient ?? (llm.baseUrl !== undefined ? createLlmClient({ config: llm, logger, metrics }) : undefined);
-  const httpEngine = client ? createDecisionEngine({ llm: client, logger }) : undefined;
-  let embeddedEngine: { model: LlmClient; engine: DecisionEngine } | undefined;
-  const onEmbeddedModel = !client && embedded !== undefined;
-  return {
-    upstream: client ? llm.model : "embedded",
-    onEmbeddedModel,
-    plan(stateBlock, questions, callerMs) {
-      const model = onEmbeddedModel ? embedded?.model() : undefined;
-      if (!model || !embedded) return { run: true, timeoutMs: llm.requestTimeoutMs, giveBack: () => {} };
-      const { sequences, maxWaitMs } = llm.embedded;
-      return planEmbeddedCall({ model, pace: embedded.pace, stateBlock, questions, sequences, configuredMs: llm.requestTimeoutMs, maxWaitMs, callerMs });
-    },
-    current() {
-      if (httpEngine || !embedded) return httpEngine;
-      const model = embedded.model();
-      if (!model) return undefined;
-      if (embeddedEngine?.model !== model) embeddedEngine = { model, engine: createDecisionEngine({ llm: model, logger }) };
-      return embeddedEngine.engine;
-    },
-  };
 }
 
 /** The first question whose prompt (state included) is above the question budget: a decision refuses it before anything is held. */
@@ -132,9 +87,7 @@ export function promptTooLong(stateBlock: string, questions: readonly QuestionSp
  * wrapper, which settles the actual cost or releases the hold.
  */
 export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<typeof DecisionService> {
-  const { db, meter, llm, logger, metrics, embedded } = deps;
-  const engines = deps.engines ?? createDecisionEngines(deps);
-  const currentEngine = engines.current;
+  const { db, meter, llm, metrics, engines } = deps;
   const calibrationCache = deps.calibrations ?? createCalibrationCache();
   const probeCache = deps.probes ?? createProbeCache();
 
@@ -173,10 +126,10 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
       const contextual = questions.filter((spec) => request.questions[spec.key]!.calibration === CONTEXTUAL).map((spec) => ({ spec, digest: signatureDigest(signatureOf(spec, asked)) }));
       const toProbe = contextual.filter((c, i) => !probeCache.get(c.digest) && contextual.findIndex((o) => o.digest === c.digest) === i);
       const probeQuestions = toProbe.length * CONTENT_FREE_STATES.length;
-      const engine = currentEngine();
-      if (!engine && embedded) {
+      const engine = engines.current();
+      if (!engine && engines.kind === "embedded") {
         await authenticate(db, apiKey);
-        const status = embedded.status();
+        const status = engines.host.status();
         const retryAfter = retryAfterSeconds(status);
         throw apiError("MODEL_NOT_READY", notReadyMessage(status), {
           metadata: { model_state: status.state, ...(retryAfter === undefined ? {} : { retry_after_seconds: String(retryAfter) }) },
@@ -188,7 +141,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
       }
 
       // On the embedded model, the deadline is what the call's tokens and those queued ahead need (embedded-deadline.ts).
-      const plan = engines.plan(stateBlock, questions, ctx.timeoutMs());
+      const plan = planDecision(engines, llm, stateBlock, questions, ctx.timeoutMs());
       if (!plan.run) {
         await authenticate(db, apiKey);
         throw modelBusy(plan.refusal, plan.ownTokens, plan.queuedTokens);

@@ -6,7 +6,7 @@ import { apiError } from "../errors.js";
 import { EvaluationSchema, type Evaluation } from "../gen/typesafe/account/v1/account_service_pb.js";
 import { QuestionSchema, type Question } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { unitsToCredits } from "../units.js";
-import { validateEvaluation, type ExampleInput, type ExampleViolation } from "./examples.js";
+import { fileLineField, parseExamples, validateEvaluation, type ExampleInput, type ExampleViolation } from "./examples.js";
 import { insertEvaluation, type DbEvaluationRow, type EvaluationView } from "./store.js";
 
 /** Examples in flight when the caller does not say. */
@@ -77,6 +77,25 @@ export async function createEvaluation(db: Knex, input: CreateEvaluationInput): 
 /** What the activity log says of a cancelled, resumed or deleted evaluation: which one, and what it has spent against its cap. */
 export function evaluationActivityDetail(row: Pick<DbEvaluationRow, "id" | "charged_units" | "cap_units">): string {
   return `${row.id}: charged ${unitsToCredits(row.charged_units)} credits, cap ${unitsToCredits(row.cap_units)} credits`;
+}
+
+/** An evaluation whose examples come as a file (JSON Lines or CSV), read as it arrives. */
+export interface CreateFromFileInput extends Omit<CreateEvaluationInput, "examples" | "fieldOf"> {
+  file: AsyncIterable<Uint8Array | string>;
+  format: "jsonl" | "csv";
+}
+
+/**
+ * The file doors' create (the operator CLI, the account area's upload): the
+ * file is parsed line by line, every bad line reported with its number and
+ * field (`line 4: labels.urgent`), and nothing stored unless every line and
+ * every example passes.
+ */
+export async function createEvaluationFromFile(db: Knex, input: CreateFromFileInput): Promise<DbEvaluationRow> {
+  const { file, format, ...rest } = input;
+  const parsed = await parseExamples(file, format, input.questions);
+  throwIfAnyInvalid(parsed.violations.map((v) => ({ field: fileLineField(v), rule: v.rule })));
+  return createEvaluation(db, { ...rest, examples: parsed.examples, fieldOf: fileLineField });
 }
 
 /** A 400 naming the first violation, with every violation (up to a bound) in its metadata. */

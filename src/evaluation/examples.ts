@@ -1,6 +1,8 @@
 import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
-import { parse as parseCsv } from "csv-parse/sync";
+import { Readable } from "node:stream";
+import { finished } from "node:stream/promises";
+import { CsvError, parse as parseCsv } from "csv-parse";
 import { SUPPORTED_MODEL, validateDecideRequest } from "../decision/validate.js";
 import { promptTooLong, questionSpecs } from "../decision/service.js";
 import { renderState } from "../decision/prompt.js";
@@ -105,41 +107,89 @@ function listed(names: readonly string[]): string {
   return names.length > 10 ? `${shown.join(", ")}, … (${names.length} in all)` : shown.join(", ");
 }
 
-/**
- * Reads an examples file: JSON Lines (`{"state": …, "labels": {"key": …}}`
- * per line) or CSV (a header `state,<key>,<key>…`; an empty cell labels
- * nothing; `true`/`false` for noul; a state cell that is a JSON object is read
- * as one). Blank lines are skipped; line numbers are the file's.
- */
-export function parseExamplesFile(text: string, format: "jsonl" | "csv", questions: Record<string, Question>): { examples: ExampleInput[]; violations: ExampleViolation[] } {
-  return format === "jsonl" ? parseJsonLines(text) : parseCsvExamples(text, questions);
+/** The largest examples file read, on every door: 10,000 examples of a few KB each fit many times over, and the parsed set is held until it is stored whole. */
+export const MAX_EXAMPLES_FILE_BYTES = 64 * 1024 * 1024;
+
+/** How a file's violation is named on the doors that read files (the CLI, the upload route): `line 4: labels.urgent`. */
+export function fileLineField(violation: ExampleViolation): string {
+  if (violation.line === 0) return violation.field;
+  return violation.field === "" ? `line ${violation.line}` : `line ${violation.line}: ${violation.field}`;
 }
 
-function parseJsonLines(text: string): { examples: ExampleInput[]; violations: ExampleViolation[] } {
+/**
+ * Reads an examples file as it arrives, a line at a time: JSON Lines
+ * (`{"state": …, "labels": {"key": …}}` per line) or CSV (a header
+ * `state,<key>,<key>…`; an empty cell labels nothing; `true`/`false` for
+ * noul; a state cell that is a JSON object is read as one). Blank lines are
+ * skipped; line numbers are the file's. Only the parsed examples are kept,
+ * never the text; past MAX_EXAMPLES the rest is read and thrown away, so the
+ * source always ends (a door's body is never left half-read).
+ */
+export async function parseExamples(
+  source: AsyncIterable<Uint8Array | string>,
+  format: "jsonl" | "csv",
+  questions: Record<string, Question>,
+): Promise<{ examples: ExampleInput[]; violations: ExampleViolation[] }> {
+  return format === "jsonl" ? parseJsonLines(source) : parseCsvExamples(source, questions);
+}
+
+/** A source's lines, a chunk's worth at a time, as they arrive; a line over MAX_LINE_BYTES is given as undefined (its text is never held whole). */
+async function* linesOf(source: AsyncIterable<Uint8Array | string>): AsyncGenerator<Array<string | undefined>> {
+  const decoder = new TextDecoder("utf-8");
+  let partial = "";
+  let tooLong = false;
+  const take = (text: string): Array<string | undefined> => {
+    const lines: Array<string | undefined> = [];
+    let from = 0;
+    for (let at = text.indexOf("\n"); at !== -1; at = text.indexOf("\n", from)) {
+      const piece = partial + text.slice(from, at);
+      lines.push(tooLong || Buffer.byteLength(piece) > MAX_LINE_BYTES ? undefined : piece);
+      partial = "";
+      tooLong = false;
+      from = at + 1;
+    }
+    if (!tooLong) {
+      partial += text.slice(from);
+      if (partial.length > MAX_LINE_BYTES) {
+        tooLong = true;
+        partial = "";
+      }
+    }
+    return lines;
+  };
+  for await (const chunk of source) yield take(typeof chunk === "string" ? chunk : decoder.decode(chunk, { stream: true }));
+  yield take(decoder.decode() + "\n");
+}
+
+async function parseJsonLines(source: AsyncIterable<Uint8Array | string>): Promise<{ examples: ExampleInput[]; violations: ExampleViolation[] }> {
   const examples: ExampleInput[] = [];
   const violations: ExampleViolation[] = [];
-  const lines = text.split("\n");
-  for (const [index, raw] of lines.entries()) {
-    const line = index + 1;
-    if (raw.trim() === "") continue;
-    if (examples.length + violations.length >= MAX_EXAMPLES + 1) {
-      violations.push({ line, field: "examples", rule: `at most ${MAX_EXAMPLES} examples` });
-      break;
+  let line = 0;
+  let full = false;
+  for await (const lines of linesOf(source)) {
+    for (const raw of lines) {
+      line += 1;
+      if (full || (raw !== undefined && raw.trim() === "")) continue;
+      if (examples.length + violations.length >= MAX_EXAMPLES) {
+        violations.push({ line, field: "examples", rule: `at most ${MAX_EXAMPLES} examples` });
+        full = true;
+        continue;
+      }
+      if (raw === undefined) {
+        violations.push({ line, field: "", rule: `a line is at most ${MAX_LINE_BYTES} bytes` });
+        continue;
+      }
+      let parsed: unknown;
+      try {
+        parsed = JSON.parse(raw);
+      } catch {
+        violations.push({ line, field: "", rule: "must be one JSON object" });
+        continue;
+      }
+      const example = exampleFromJson(parsed, line);
+      if ("rule" in example) violations.push(example);
+      else examples.push(example);
     }
-    if (Buffer.byteLength(raw) > MAX_LINE_BYTES) {
-      violations.push({ line, field: "", rule: `a line is at most ${MAX_LINE_BYTES} bytes` });
-      continue;
-    }
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(raw);
-    } catch {
-      violations.push({ line, field: "", rule: "must be one JSON object" });
-      continue;
-    }
-    const example = exampleFromJson(parsed, line);
-    if ("rule" in example) violations.push(example);
-    else examples.push(example);
   }
   return { examples, violations };
 }
@@ -160,39 +210,61 @@ export function exampleFromJson(parsed: unknown, line: number): ExampleInput | E
   }
 }
 
-function parseCsvExamples(text: string, questions: Record<string, Question>): { examples: ExampleInput[]; violations: ExampleViolation[] } {
-  let records: Array<{ record: string[]; info: { lines: number } }>;
-  try {
-    records = parseCsv(text, { info: true, relax_column_count: true, skip_empty_lines: true, bom: true }) as unknown as Array<{ record: string[]; info: { lines: number } }>;
-  } catch (err) {
-    const line = typeof err === "object" && err !== null && "lines" in err ? Number((err as { lines: number }).lines) : 0;
-    return { examples: [], violations: [{ line, field: "", rule: "not valid CSV (RFC 4180): check the quotes" }] };
-  }
-  const header = records[0]?.record;
-  if (!header || header[0] !== "state") return { examples: [], violations: [{ line: 1, field: "", rule: "the header must start with state, then question keys" }] };
-  const violations: ExampleViolation[] = [];
-  for (const key of header.slice(1)) {
-    if (!Object.hasOwn(questions, key)) violations.push({ line: 1, field: key, rule: "not a question key" });
-  }
-  if (records.length - 1 > MAX_EXAMPLES) violations.push({ line: records[MAX_EXAMPLES + 1]!.info.lines, field: "examples", rule: `at most ${MAX_EXAMPLES} examples` });
-  if (violations.length > 0) return { examples: [], violations };
+async function parseCsvExamples(source: AsyncIterable<Uint8Array | string>, questions: Record<string, Question>): Promise<{ examples: ExampleInput[]; violations: ExampleViolation[] }> {
   const examples: ExampleInput[] = [];
-  for (const { record, info } of records.slice(1)) {
-    const line = info.lines;
-    if (record.length !== header.length) {
-      violations.push({ line, field: "", rule: `has ${record.length} cells; the header has ${header.length}` });
-      continue;
+  const violations: ExampleViolation[] = [];
+  const parser = parseCsv({ info: true, relax_column_count: true, skip_empty_lines: true, bom: true, max_record_size: MAX_LINE_BYTES });
+  const input = Readable.from(source, { objectMode: false });
+  input.on("error", (err) => parser.destroy(err));
+  input.pipe(parser);
+  let header: string[] | undefined;
+  let full = false;
+  try {
+    for await (const { record, info } of parser as AsyncIterable<{ record: string[]; info: { lines: number } }>) {
+      const line = info.lines;
+      if (full) continue;
+      if (!header) {
+        header = record;
+        if (header[0] !== "state") {
+          violations.push({ line: 1, field: "", rule: "the header must start with state, then question keys" });
+          full = true;
+        }
+        for (const key of header.slice(1)) {
+          if (!Object.hasOwn(questions, key)) violations.push({ line: 1, field: key, rule: "not a question key" });
+        }
+        full ||= violations.length > 0;
+        continue;
+      }
+      if (examples.length + violations.length >= MAX_EXAMPLES) {
+        violations.push({ line, field: "examples", rule: `at most ${MAX_EXAMPLES} examples` });
+        full = true;
+        continue;
+      }
+      if (record.length !== header.length) {
+        violations.push({ line, field: "", rule: `has ${record.length} cells; the header has ${header.length}` });
+        continue;
+      }
+      const labels: Record<string, Value> = {};
+      for (const [i, key] of header.entries()) {
+        if (i === 0 || record[i] === "") continue;
+        const cell = record[i]!;
+        const type = questions[key]!.type;
+        labels[key] = fromJson(ValueSchema, type === "noul" && (cell === "true" || cell === "false") ? cell === "true" : cell);
+      }
+      examples.push({ line, state: stateCell(record[0]!), labels });
     }
-    const labels: Record<string, Value> = {};
-    for (const [i, key] of header.entries()) {
-      if (i === 0 || record[i] === "") continue;
-      const cell = record[i]!;
-      const type = questions[key]!.type;
-      labels[key] = fromJson(ValueSchema, type === "noul" && (cell === "true" || cell === "false") ? cell === "true" : cell);
-    }
-    examples.push({ line, state: stateCell(record[0]!), labels });
+  } catch (err) {
+    // The source's own failure (a body cut, over its bound) is the door's to report, not a CSV rule.
+    if (!(err instanceof CsvError)) throw err;
+    input.unpipe(parser);
+    input.resume();
+    await finished(input).catch(() => undefined);
+    const line = (err as CsvError & { lines?: number }).lines ?? 0;
+    violations.push({ line, field: "", rule: err.code === "CSV_MAX_RECORD_SIZE" ? `a line is at most ${MAX_LINE_BYTES} bytes` : "not valid CSV (RFC 4180): check the quotes" });
+    return { examples: [], violations };
   }
-  return { examples, violations };
+  if (!header) violations.push({ line: 1, field: "", rule: "the header must start with state, then question keys" });
+  return { examples: violations.length === 0 ? examples : [], violations };
 }
 
 function stringValue(text: string): Value {

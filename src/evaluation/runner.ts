@@ -4,10 +4,12 @@ import { create, fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import type { Knex } from "knex";
 import { linkedSignal } from "../abort-signals.js";
-import type { EvaluationConfig } from "../config.js";
+import type { EvaluationConfig, LlmConfig } from "../config.js";
 import { PROMPT_VERSION, renderState } from "../decision/prompt.js";
 import type { DecisionEngine, QuestionSpec } from "../decision/engine.js";
-import { engineDeadlineMs, questionSpecs, type DecisionEngines } from "../decision/service.js";
+import type { DecisionEngines } from "../decision/engine-choice.js";
+import { planDecision } from "../decision/embedded-deadline.js";
+import { engineDeadlineMs, questionSpecs } from "../decision/service.js";
 import { AnswerSchema, DecideRequestSchema, type Question } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { QuestionSchema } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import type { Logger } from "../logger.js";
@@ -24,6 +26,8 @@ export interface EvaluationRunnerDeps {
   config: EvaluationConfig;
   /** The configured deadline of a decision; an example on the embedded model gets longer when its queue needs it (DecisionEngines.plan). */
   requestTimeoutMs: number;
+  /** The embedded model's limits, for the deadline a Decide call of the same questions gets (planDecision). */
+  llm: Pick<LlmConfig, "requestTimeoutMs" | "embedded">;
   /** Added to the deadline to form an example's lease (the metering's lease margin). */
   leaseMarginMs: number;
   logger: Logger;
@@ -92,7 +96,7 @@ export function createEvaluationRunner(deps: EvaluationRunnerDeps): EvaluationRu
     const specs = questionSpecs(create(DecideRequestSchema, { questions }));
     const stateBlock = renderState(fromJson(ValueSchema, claimed.state as JsonValue));
     // The deadline a Decide call of these questions would get now (on the embedded model, after the queue ahead); refused, the example waits.
-    const plan = engines.plan(stateBlock, specs, undefined);
+    const plan = planDecision(engines, deps.llm, stateBlock, specs, undefined);
     if (!plan.run) return { kind: "retry", error: "model_busy" };
     try {
       return await decideExample(claimed, engine, stateBlock, specs, plan.timeoutMs);

@@ -1615,7 +1615,7 @@ export interface components {
             questions?: {
                 [key: string]: components["schemas"]["typesafe.decision.v1.Question"];
             } | null;
-            /** @description 1 to 10,000 examples. The JSON body is bounded (96 KB); larger sets go through the operator CLI. */
+            /** @description 1 to 10,000 examples. The JSON body is bounded (96 KB); larger sets go through POST /account/v1/evaluations/upload, a file streamed as a form. */
             examples?: components["schemas"]["typesafe.account.v1.EvaluationExample"][] | null;
             /** @description The most the examples may be charged together, above 0. */
             credit_cap_credits?: (number | string) | null;
@@ -1968,7 +1968,7 @@ export interface components {
                 };
             };
         };
-        /** @description PAYLOAD_TOO_LARGE: The body exceeds 96 KB. */
+        /** @description PAYLOAD_TOO_LARGE: The body exceeds its bound: 96 KB, or 64 MiB for an evaluation upload. */
         Error413: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -1987,7 +1987,7 @@ export interface components {
                 };
             };
         };
-        /** @description UNSUPPORTED_MEDIA_TYPE: The body must be application/json. UNSUPPORTED_ENCODING: The body's encoding is not one the server accepts (identity, gzip, br); the answer lists them. */
+        /** @description UNSUPPORTED_MEDIA_TYPE: The body must be application/json (multipart/form-data for an evaluation upload). UNSUPPORTED_ENCODING: The body's encoding is not one the server accepts (identity, gzip, br); the answer lists them. */
         Error415: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -2277,7 +2277,7 @@ export interface components {
                 };
             };
         };
-        /** @description PAYLOAD_TOO_LARGE: The body exceeds 96 KB. */
+        /** @description PAYLOAD_TOO_LARGE: The body exceeds its bound: 96 KB, or 64 MiB for an evaluation upload. */
         AccountError413: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -2298,7 +2298,7 @@ export interface components {
                 };
             };
         };
-        /** @description UNSUPPORTED_MEDIA_TYPE: The body must be application/json. UNSUPPORTED_ENCODING: The body's encoding is not one the server accepts (identity, gzip, br); the answer lists them. */
+        /** @description UNSUPPORTED_MEDIA_TYPE: The body must be application/json (multipart/form-data for an evaluation upload). UNSUPPORTED_ENCODING: The body's encoding is not one the server accepts (identity, gzip, br); the answer lists them. */
         AccountError415: {
             headers: {
                 /** @description The id of this call, also in the service log. */

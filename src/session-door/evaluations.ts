@@ -175,7 +175,7 @@ function stateError(state: string, action: string, rule: string) {
 }
 
 /** Credits as sent (a double) to integer units; NaN or more than 6 decimals give a non-integer, which validation refuses. */
-function creditsToUnits(credits: number): number {
+export function creditsToUnits(credits: number): number {
   const units = credits * UNITS_PER_CREDIT;
   const rounded = Math.round(units);
   return Math.abs(units - rounded) < 1e-6 ? rounded : units;

@@ -2,15 +2,7 @@ import type { ChatHistoryItem, LlamaContext, LlamaContextSequence, LlamaModel, T
 import type { Logger } from "../logger.js";
 import { createFairSemaphore } from "./fair-semaphore.js";
 import type { ModelPace } from "./model-pace.js";
-import {
-  LlmCallError,
-  type CallOptions,
-  type ChatMessage,
-  type LabelScoreRequest,
-  type LabelScores,
-  type LlmCapabilities,
-  type LlmClient,
-} from "./llm-client.js";
+import { LlmCallError, type CallOptions, type ChatMessage, type ChatUsage } from "./model-call.js";
 
 /**
  * A GGUF model run in this process through node-llama-cpp (llama.cpp's
@@ -45,8 +37,25 @@ export interface EmbeddedModelSettings {
   pace?: Pick<ModelPace, "evaluating">;
 }
 
-/** The loaded model as a client of the decision engine, and what the health report shows. */
-export interface EmbeddedModel extends LlmClient {
+export interface LabelScoreRequest {
+  messages: ChatMessage[];
+  /** Per label, the spellings that count as it; their probabilities are summed. */
+  spellings: readonly (readonly string[])[];
+}
+
+export interface LabelScores {
+  /** Per label, the probability that the reply starts with one of its spellings (not renormalized). */
+  probabilities: number[];
+  usage: ChatUsage;
+}
+
+/**
+ * The loaded model: a scorer of labels over its whole vocabulary (not a chat
+ * client: it generates no text), and what the health report and the deadline
+ * of a call read from it.
+ */
+export interface EmbeddedModel {
+  /** The probability that the reply starts with each label, exact: read from the whole next-token distribution. */
   scoreLabels(request: LabelScoreRequest, options: CallOptions): Promise<LabelScores>;
   /** The prompt's tokens under the model's chat template, as metering counts them. */
   promptTokens(messages: readonly ChatMessage[]): Token[];
@@ -369,24 +378,6 @@ export async function loadEmbeddedModel(file: string, settings: EmbeddedModelSet
   }
 
   return {
-    async capabilities(): Promise<LlmCapabilities> {
-      return {
-        logprobs: true,
-        topLogprobs: Number.MAX_SAFE_INTEGER,
-        maxTokensField: "max_tokens",
-        thinkingSwitch: false,
-        reasoningEffort: undefined,
-        alwaysThinks: false,
-        jsonSchema: false,
-        sampling: true,
-        systemRole: true,
-      };
-    },
-    async complete() {
-      // The engine reads every answer through scoreLabels; text generation is not offered.
-      throw new LlmCallError("rejected", false);
-    },
-    waitingCalls: () => slots.waiting() + longSlots.waiting(),
     promptTokens,
     async scoreLabels(request, options) {
       const prompt = promptTokens(request.messages);

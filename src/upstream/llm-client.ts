@@ -4,6 +4,7 @@ import type { Logger } from "../logger.js";
 import { isRetryableStatus, postWithRetry, UpstreamError, type HttpResponse } from "./http.js";
 import { createFairSemaphore } from "./fair-semaphore.js";
 import { isReasoningOpener, mostProbable, type TokenLogprob } from "./logprob-window.js";
+import { LlmCallError, type CallOptions, type ChatMessage, type ChatUsage } from "./model-call.js";
 
 /**
  * A client for OpenAI-compatible Chat Completions, shaped for reading one
@@ -23,24 +24,6 @@ export interface LlmClient {
   complete(request: ChatRequest, options: CallOptions): Promise<ChatCompletion>;
   /** Calls waiting for one of the TYPESAFE_LLM_MAX_CONCURRENT_CALLS slots. */
   waitingCalls(): number;
-  /**
-   * Present where the model's whole next-token distribution is at hand (the
-   * embedded model): the exact probability that the reply starts with each
-   * label, read in place of a top-k window.
-   */
-  scoreLabels?(request: LabelScoreRequest, options: CallOptions): Promise<LabelScores>;
-}
-
-export interface LabelScoreRequest {
-  messages: ChatMessage[];
-  /** Per label, the spellings that count as it; their probabilities are summed. */
-  spellings: readonly (readonly string[])[];
-}
-
-export interface LabelScores {
-  /** Per label, the probability that the reply starts with one of its spellings (not renormalized). */
-  probabilities: number[];
-  usage: ChatUsage;
 }
 
 export interface LlmCapabilities {
@@ -78,32 +61,9 @@ export type ReasoningEffort = (typeof REASONING_EFFORTS)[number];
 /** Output tokens a model that always thinks gets on top of its answer's budget. */
 export const THINKING_BUDGET_TOKENS = 2_048;
 
-export interface ChatMessage {
-  role: "system" | "user" | "assistant";
-  content: string;
-}
-
 export type ChatRequest =
   | { kind: "logprobs"; messages: ChatMessage[]; cacheKey?: string }
   | { kind: "json"; messages: ChatMessage[]; schema: Record<string, unknown>; maxTokens: number; cacheKey?: string };
-
-export interface CallOptions {
-  signal: AbortSignal;
-  deadlineMs: number;
-  /**
-   * Who the call is for (one decision request): the concurrent-call slots go
-   * round-robin between parties, so a 40-question request cannot starve a
-   * 1-question one queued behind it.
-   */
-  party?: object;
-}
-
-export interface ChatUsage {
-  /** All prompt tokens, cached ones included. */
-  promptTokens: number;
-  cachedTokens: number;
-  completionTokens: number;
-}
 
 export interface ChatCompletion {
   content: string;
@@ -115,20 +75,6 @@ export interface ChatCompletion {
   usage: ChatUsage | undefined;
   /** The model refused (a `refusal` message or a content filter stop). */
   refused: boolean;
-}
-
-export type LlmCallErrorCode = "timeout" | "upstream_error" | "rejected" | "aborted";
-
-/** A failed call. The message is fixed text: no upstream body ever goes in it. */
-export class LlmCallError extends Error {
-  constructor(
-    readonly code: LlmCallErrorCode,
-    readonly retryable: boolean,
-    readonly status?: number,
-  ) {
-    super(status === undefined ? `llm call failed: ${code}` : `llm call failed: ${code} (HTTP ${status})`);
-    this.name = "LlmCallError";
-  }
 }
 
 const PROBE_MESSAGES: ChatMessage[] = [

@@ -5,17 +5,20 @@ import type { Browser, BrowserContext, Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { bundleAccountPage } from "../../src/web/bundle-account-page.mjs";
 import { inviteMember } from "../session-door/support.js";
-import { createTestAccount, startTestApp, type TestApp } from "../support/app.js";
+import { createTestAccount, postJson, startTestApp, type TestApp } from "../support/app.js";
 import { launchChromium, seriousAxeFindings } from "../support/browser.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../support/fake-llm.js";
 
 /**
  * An evaluation in the real browser: an owner uploads a JSON Lines file of
- * labelled states, follows the progress until it finishes, and reads the
- * metrics and the reliability diagram with its table. The fake upstream
- * answers with the documented response shape (fake-llm.ts), overconfident:
- * P(yes) 0.95 for every "refund" state, of which half are labelled false.
+ * labelled states (and a CSV file), follows the progress until it finishes,
+ * reads the metrics, the reliability diagram and the confusion matrix with
+ * their tables, fits a calibration, and a decision through the API with a
+ * key names it and gets raw and calibrated values. The fake upstream answers
+ * with the documented response shape (fake-llm.ts), overconfident: P(yes)
+ * 0.95 for every "refund" state, of which half are labelled false; the team
+ * question leans to billing (option A) for refunds.
  */
 const PASSWORD = "correct horse battery staple";
 let database: TestDatabase;
@@ -32,7 +35,9 @@ beforeAll(async () => {
   database = await createTestDatabase(10, { runsEvaluations: true });
   fake = await startFakeLlm((request) => {
     if (isProbe(request.body)) return PROBE_OK;
-    const p = userContent(request).includes("refund") ? 0.95 : 0.05;
+    const refund = userContent(request).includes("refund");
+    if (userContent(request).includes("Which team")) return logprobsReply(refund ? { A: 0.9, B: 0.1 } : { A: 0.3, B: 0.7 }, { prompt: 100 });
+    const p = refund ? 0.95 : 0.05;
     return logprobsReply({ yes: p, no: 1 - p }, { prompt: 100 });
   });
   service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "fake-model", TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT: "4", TYPESAFE_EVALUATION_POLL_MS: "50" });
@@ -60,8 +65,16 @@ async function viewReady(view: string): Promise<void> {
   await page.waitForFunction((id) => document.getElementById(id)?.getAttribute("aria-busy") !== "true", `view-${view}`);
 }
 
+/** Fills the evaluation form as a member would and presses Start. */
+async function startEvaluation(questions: string, file: string): Promise<void> {
+  await page.getByLabel("Questions").fill(questions);
+  await page.getByLabel("Examples (JSON Lines or CSV").setInputFiles(file);
+  await page.getByLabel("Credit cap").fill("1");
+  await page.getByRole("button", { name: "Start" }).click();
+}
+
 describe("evaluations in a real browser", () => {
-  it("uploads labelled examples, follows the progress, and shows the metrics and the reliability diagram", async () => {
+  it("uploads JSON Lines and CSV, follows the progress, shows the metrics, reliability diagram and confusion matrix, fits a calibration, and a decision names it", async () => {
     const account = await createTestAccount(database.db, { units: 5_000_000, name: "Acme" });
     const { token } = await inviteMember(database.db, account.accountId, "eve.evals@example.com", new Date(), "owner");
     await page.goto(`${service.url}/account/?invite=${token}`);
@@ -70,18 +83,20 @@ describe("evaluations in a real browser", () => {
     await page.keyboard.press("Enter");
     await viewReady("overview");
 
-    const lines = Array.from({ length: 20 }, (_, i) => JSON.stringify({ state: i < 10 ? `ticket ${i}: I want a refund` : `ticket ${i}: where is my parcel`, labels: { urgent: i < 5 || i >= 18 } }));
+    // Teams: refunds 0–7 and parcels 10–11 are billing's, the rest shipping's; the fake reads billing for every refund.
+    const team = (i: number) => (i < 8 || i === 10 || i === 11 ? "billing" : "shipping");
+    const lines = Array.from({ length: 20 }, (_, i) =>
+      JSON.stringify({ state: i < 10 ? `ticket ${i}: I want a refund` : `ticket ${i}: where is my parcel`, labels: { urgent: i < 5 || i >= 18, team: team(i) } }),
+    );
     const file = path.join(dir, "tickets.jsonl");
     await fs.writeFile(file, lines.join("\n") + "\n");
+    const questions = { urgent: { type: "noul", instructions: "Is it urgent?" }, team: { type: "choice", instructions: "Which team should answer?", criteria: { billing: null, shipping: null } } };
 
     await page.getByRole("link", { name: "Evaluations" }).click();
     await viewReady("evaluations");
-    await page.getByLabel("Examples (JSON Lines").setInputFiles(file);
-    await page.getByLabel("Credit cap").fill("1");
-    await page.getByRole("button", { name: "Start" }).click();
-    await page.locator('#evaluations-table tr[data-state="finished"]').waitFor();
-    const finished = page.locator('#evaluations-table tr[data-state="finished"]');
-    expect(await finished.locator("td").nth(0).innerText()).toBe("tickets.jsonl");
+    await startEvaluation(JSON.stringify(questions), file);
+    const finished = page.locator('#evaluations-table tr[data-state="finished"]', { hasText: "tickets.jsonl" });
+    await finished.waitFor();
     expect(await finished.locator("td").nth(2).innerText()).toBe("20 / 20");
 
     await finished.getByRole("button", { name: "Results" }).click();
@@ -97,6 +112,60 @@ describe("evaluations in a real browser", () => {
     expect(await bins.nth(0).locator("td").nth(1).innerText()).toBe("10");
     expect(await bins.nth(9).locator("td").nth(3).innerText()).toBe("0.500");
     expect(await page.locator("#reliability-chart").boundingBox()).not.toBeNull();
+    // A noul question has no confusion matrix; the team question has one, drawn and tabled.
+    expect(await page.locator("#confusion").isHidden()).toBe(true);
+    await page.getByLabel("Question", { exact: true }).selectOption("team");
+    await page.locator("#confusion:not([hidden])").waitFor();
+    // Expected billing: 8 refunds read billing, 2 parcels read shipping; expected shipping: 2 refunds read billing, 8 parcels shipping.
+    const confusion = await page.locator("#confusion-table tbody tr").evaluateAll((rows) => rows.map((r) => [...r.children].map((c) => c.textContent)));
+    expect(confusion).toEqual([
+      ["billing", "8", "2"],
+      ["shipping", "2", "8"],
+    ]);
+    expect(await page.locator("#confusion-chart").boundingBox()).not.toBeNull();
+    expect(await page.locator("#calibration-method option").allTextContents()).toEqual(["Temperature scaling", "Vector scaling (temperature and a bias per label)"]);
+
+    // Fit Platt scaling on urgent; the list shows its held-out metrics before and after.
+    await page.getByLabel("Question", { exact: true }).selectOption("urgent");
+    await page.getByLabel("Method").selectOption("platt");
+    await page.getByRole("button", { name: "Fit calibration" }).click();
+    const fitted = page.locator('#calibrations-table tr[data-question="urgent"]');
+    await fitted.waitFor();
+    expect(await page.locator("#calibration-status").innerText()).toMatch(/^Fitted urgent, version 1: held-out ECE 0\.\d{3} before, 0\.\d{3} after\.$/);
+    const cells = fitted.locator("td");
+    expect([await cells.nth(1).innerText(), await cells.nth(2).innerText(), await cells.nth(7).innerText()]).toEqual(["platt", "1", "20"]);
+    expect(await cells.nth(3).innerText()).toMatch(/^0\.\d{3} → 0\.\d{3}$/);
+    const calibrationId = (await fitted.getAttribute("data-id"))!;
+
+    // A decision through the API, with the account's key, names the calibration: raw and calibrated values side by side.
+    const decided = await postJson(
+      `${service.url}/api/v1/decisions`,
+      { model: "typesafe/service-1.13", state: "ticket 99: I want a refund", questions: { urgent: { ...questions.urgent, calibration: calibrationId } } },
+      { apiKey: account.apiKey },
+    );
+    expect(decided.status).toBe(200);
+    const answer = (decided.body.data["answers"] as Record<string, Record<string, unknown>>)["urgent"]!;
+    expect(answer["noul"]).toBeCloseTo(0.95, 6);
+    const calibrated = answer["x_calibrated"] as { calibration_id: string; method: string; noul: number };
+    expect([calibrated.calibration_id, calibrated.method]).toEqual([calibrationId, "platt"]);
+    // Half the refunds were urgent: the calibrated reading moves from 0.95 towards 0.5.
+    expect(calibrated.noul).toBeLessThan(0.9);
+
+    // A CSV file goes through the same upload.
+    const csv = path.join(dir, "tickets.csv");
+    await fs.writeFile(csv, ["state,urgent,team", ...Array.from({ length: 20 }, (_, i) => `ticket ${i}: I want a refund,${i < 10},${i % 4 === 0 ? "" : team(i)}`)].join("\r\n") + "\r\n");
+    await startEvaluation(JSON.stringify(questions), csv);
+    const fromCsv = page.locator('#evaluations-table tr[data-state="finished"]', { hasText: "tickets.csv" });
+    await fromCsv.waitFor();
+    expect(await fromCsv.locator("td").nth(2).innerText()).toBe("20 / 20");
+
+    // A bad line is named with its number and field, and nothing is started.
+    const bad = path.join(dir, "bad.jsonl");
+    await fs.writeFile(bad, [lines[0], JSON.stringify({ state: "x", labels: { urgent: "maybe" } })].join("\n"));
+    await startEvaluation(JSON.stringify(questions), bad);
+    await page.locator("#evaluations-error:not(:empty)").waitFor();
+    expect(await page.locator("#evaluations-error").innerText()).toBe("line 2: labels.urgent: a noul label must be true or false");
+    expect(await page.locator("#evaluations-table tbody tr").count()).toBe(2);
     expect(await seriousAxeFindings(page)).toEqual([]);
     expect(pageErrors).toEqual([]);
   });

@@ -14,7 +14,7 @@ import {
   scoreConfidence,
 } from "../../src/decision/answer-math.js";
 import { isReasoningOpener, mostProbable } from "../../src/upstream/logprob-window.js";
-import { parseVerbalized } from "../../src/decision/engine.js";
+import { parseVerbalized } from "../../src/decision/upstream-scorer.js";
 import { letterLabels, NOUL_LABELS, optionOrder, scoreLabels, splitIntoGroups } from "../../src/decision/labels.js";
 import { choiceBlock, estimateTokens, renderState } from "../../src/decision/prompt.js";
 import { fromJson } from "@bufbuild/protobuf";

@@ -2,6 +2,7 @@ import { fromJson } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { describe, expect, it, onTestFinished } from "vitest";
 import { createDecisionEngine, type QuestionSpec } from "../../src/decision/engine.js";
+import { createUpstreamScorer } from "../../src/decision/upstream-scorer.js";
 import { renderState, SYSTEM_PROMPT } from "../../src/decision/prompt.js";
 import { createLogger } from "../../src/logger.js";
 import { createLlmClient } from "../../src/upstream/llm-client.js";
@@ -23,7 +24,7 @@ async function decide(handler: FakeHandler, questions: QuestionSpec[]) {
   const fake = await startFakeLlm(handler);
   onTestFinished(() => fake.close());
   const logger = createLogger("silent");
-  const engine = createDecisionEngine({ llm: createLlmClient({ config: fakeLlmConfig(fake, { maxConcurrentCalls: 64 }), logger }), logger });
+  const engine = createDecisionEngine({ scorer: createUpstreamScorer(createLlmClient({ config: fakeLlmConfig(fake, { maxConcurrentCalls: 64 }), logger })), logger });
   const outcome = await engine.decide({ stateBlock: STATE, questions }, { signal: new AbortController().signal, deadlineMs: Date.now() + 5_000 });
   return { outcome, answers: Object.fromEntries(outcome.answers), fake };
 }

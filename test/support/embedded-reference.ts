@@ -1,5 +1,5 @@
 import { getLlama, LlamaLogLevel, type LlamaModel, type Token } from "node-llama-cpp";
-import type { ChatMessage } from "../../src/upstream/llm-client.js";
+import type { ChatMessage } from "../../src/upstream/model-call.js";
 
 /**
  * The reference the embedded path is checked against: the same GGUF loaded

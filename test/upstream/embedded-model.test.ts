@@ -4,12 +4,13 @@ import path from "node:path";
 import { fromJson } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createEmbeddedScorer } from "../../src/decision/embedded-scorer.js";
 import { createDecisionEngine, firstCallMessages, type QuestionSpec } from "../../src/decision/engine.js";
 import { letterLabels, NOUL_LABELS, scoreLabels } from "../../src/decision/labels.js";
 import { buildMessages, choiceBlock, noulBlock, renderState, scoreBlock } from "../../src/decision/prompt.js";
 import { createLogger } from "../../src/logger.js";
 import { loadEmbeddedModel, SHARED_SEQUENCE_TOKENS, type EmbeddedModel } from "../../src/upstream/embedded-model.js";
-import { LlmCallError } from "../../src/upstream/llm-client.js";
+import { LlmCallError } from "../../src/upstream/model-call.js";
 import { openReference, type Reference } from "../support/embedded-reference.js";
 import { writeTinyGguf } from "../support/tiny-gguf.js";
 
@@ -33,7 +34,7 @@ afterAll(async () => {
 
 const call = () => ({ signal: new AbortController().signal, deadlineMs: Date.now() + 20_000 });
 const normalized = (ps: number[]) => ps.map((p) => p / ps.reduce((a, b) => a + b, 0));
-const engine = () => createDecisionEngine({ llm: model, logger });
+const engine = () => createDecisionEngine({ scorer: createEmbeddedScorer(model), logger });
 /**
  * llama.cpp's sums depend on how tokens were batched: a prompt read in one
  * batch matches the reference to 1e-9 (first test), one read after a cached

@@ -1,15 +1,8 @@
 import { describe, expect, it, onTestFinished } from "vitest";
 import type { LlmConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
-import {
-  CAPABILITIES_TTL_MS,
-  createLlmClient,
-  LlmCallError,
-  PROBE_FAILURE_TTL_MS,
-  REPROBE_AFTER_REJECTIONS,
-  readUsage,
-  type CallOptions,
-} from "../../src/upstream/llm-client.js";
+import { CAPABILITIES_TTL_MS, createLlmClient, PROBE_FAILURE_TTL_MS, REPROBE_AFTER_REJECTIONS, readUsage } from "../../src/upstream/llm-client.js";
+import { LlmCallError, type CallOptions } from "../../src/upstream/model-call.js";
 import {
   deferred,
   fakeLlmConfig,

@@ -1,7 +1,8 @@
 import { describe, expect, it, onTestFinished } from "vitest";
-import { parseVerbalized, withoutReasoning } from "../../src/decision/engine.js";
+import { parseVerbalized, withoutReasoning } from "../../src/decision/upstream-scorer.js";
 import { createLogger } from "../../src/logger.js";
-import { adjustAfterRejection, createLlmClient, logprobCapIn, type CallOptions, type LlmCapabilities } from "../../src/upstream/llm-client.js";
+import { adjustAfterRejection, createLlmClient, logprobCapIn, type LlmCapabilities } from "../../src/upstream/llm-client.js";
+import type { CallOptions } from "../../src/upstream/model-call.js";
 import { fakeLlmConfig, isProbe, logprobsReply, PROBE_OK, startFakeLlm, textReply, vllmMaxLogprobs, type ChatBody, type FakeReply } from "../support/fake-llm.js";
 
 /**

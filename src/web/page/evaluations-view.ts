@@ -1,9 +1,8 @@
-import { fromJson, type JsonValue } from "@bufbuild/protobuf";
-import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
 import { Chart, LinearScale, LineController, LineElement, PointElement, ScatterController, Tooltip, Legend } from "chart.js";
-import type { Evaluation, GetEvaluationResultsResponse } from "../../gen/typesafe/account/v1/account_service_pb.js";
-import { QuestionSchema, type Question } from "../../gen/typesafe/decision/v1/decision_service_pb.js";
-import type { AccountClient } from "./client.js";
+import type { Evaluation, GetEvaluationResultsResponse, QuestionResults } from "../../gen/typesafe/account/v1/account_service_pb.js";
+import { createCalibrationsView } from "./calibrations-view.js";
+import { uploadEvaluation, type AccountClient } from "./client.js";
+import { drawConfusion } from "./confusion-chart.js";
 import { byId, emptyRow, formatCredits, numberCell, row } from "./dom.js";
 
 Chart.register(ScatterController, LineController, LineElement, PointElement, LinearScale, Tooltip, Legend);
@@ -19,8 +18,11 @@ export interface EvaluationsViewOptions {
 
 /**
  * The evaluations view: start one from a questions object and a JSON Lines
- * file of labelled examples, follow its progress, and read its results: a
- * metrics table per question and the reliability diagram with its table.
+ * or CSV file of labelled examples (streamed to the upload route), follow its
+ * progress, and read its results: a metrics table per question, and for the
+ * question chosen the reliability diagram and the confusion matrix, each with
+ * its table; then fit a calibration of that question and compare it with the
+ * account's others.
  */
 export function createEvaluationsView(options: EvaluationsViewOptions): { load(): Promise<void>; clear(): void } {
   const { client } = options;
@@ -28,47 +30,45 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   const questionsInput = byId("evaluation-questions", HTMLTextAreaElement);
   const fileInput = byId("evaluation-file", HTMLInputElement);
   const capInput = byId("evaluation-cap", HTMLInputElement);
+  const uploadStatus = byId("evaluation-upload-status", HTMLElement);
   const error = byId("evaluations-error", HTMLElement);
   const table = byId("evaluations-table", HTMLTableElement);
   const results = byId("evaluation-results", HTMLElement);
+  const questionSelect = byId("results-question", HTMLSelectElement);
   const metricsTable = byId("evaluation-metrics-table", HTMLTableElement);
   const reliabilityTable = byId("reliability-table", HTMLTableElement);
   const canvas = byId("reliability-chart", HTMLCanvasElement);
+  const confusionBox = byId("confusion", HTMLElement);
+  const confusionCanvas = byId("confusion-chart", HTMLCanvasElement);
+  const confusionTable = byId("confusion-table", HTMLTableElement);
+  const calibrations = createCalibrationsView(options);
   let timer: ReturnType<typeof setTimeout> | undefined;
   let chart: Chart | undefined;
+  let confusionChart: Chart<"matrix"> | undefined;
+  let shown: GetEvaluationResultsResponse | undefined;
 
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     error.textContent = "";
-    void start().catch((err: unknown) => options.fail(err, error));
+    void start()
+      .catch((err: unknown) => options.fail(err, error))
+      .finally(() => (uploadStatus.textContent = ""));
   });
+  questionSelect.addEventListener("change", () => showQuestion(questionSelect.value));
 
   async function start(): Promise<void> {
-    let questions: Record<string, Question>;
-    try {
-      const parsed = JSON.parse(questionsInput.value) as Record<string, JsonValue>;
-      questions = Object.fromEntries(Object.entries(parsed).map(([key, q]) => [key, fromJson(QuestionSchema, q)]));
-    } catch {
-      error.textContent = "Write the questions as a JSON object of question key to question, as a decision takes them.";
-      return;
-    }
     const file = fileInput.files?.[0];
     if (!file) {
-      error.textContent = "Choose a JSON Lines file of examples.";
+      error.textContent = "Choose a JSON Lines (.jsonl) or CSV (.csv) file of examples.";
       return;
     }
-    const examples: Array<{ state: Value; labels: Record<string, Value> }> = [];
-    for (const [index, line] of (await file.text()).split("\n").entries()) {
-      if (line.trim() === "") continue;
-      try {
-        const { state, labels } = JSON.parse(line) as { state: JsonValue; labels: Record<string, JsonValue> };
-        examples.push({ state: fromJson(ValueSchema, state), labels: Object.fromEntries(Object.entries(labels).map(([k, v]) => [k, fromJson(ValueSchema, v)])) });
-      } catch {
-        error.textContent = `Line ${index + 1} is not a JSON object with state and labels.`;
-        return;
-      }
-    }
-    await client.createEvaluation({ name: file.name, questions, examples, creditCapCredits: Number(capInput.value) });
+    const body = new FormData();
+    body.set("name", file.name);
+    body.set("questions", questionsInput.value);
+    body.set("credit_cap_credits", capInput.value);
+    body.set("examples", file, file.name);
+    uploadStatus.textContent = `Uploading ${file.name}…`;
+    await uploadEvaluation(location.origin, body);
     form.reset();
     await load();
   }
@@ -94,7 +94,7 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
 
   async function load(): Promise<void> {
     if (timer) clearTimeout(timer);
-    const { evaluations } = await client.listEvaluations({});
+    const [{ evaluations }] = await Promise.all([client.listEvaluations({}), calibrations.load()]);
     const body = table.tBodies[0]!;
     body.replaceChildren(...(evaluations.length > 0 ? evaluations.map(evaluationRow) : [emptyRow(table, "No evaluation yet.")]));
     if (evaluations.some((e) => e.state === "running") && !byId("view-evaluations", HTMLElement).hidden) {
@@ -103,11 +103,36 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   }
 
   async function showResults(evaluationId: string): Promise<void> {
-    const answer = await client.getEvaluationResults({ evaluationId });
-    writeMetrics(answer);
-    const [key, first] = Object.entries(answer.questions)[0] ?? [];
-    const bins = first?.reliability ?? [];
-    reliabilityTable.caption!.textContent = `Reliability of ${key ?? ""}: mean predicted probability against observed frequency, per bin`;
+    shown = await client.getEvaluationResults({ evaluationId });
+    writeMetrics(shown);
+    const keys = Object.keys(shown.questions);
+    questionSelect.replaceChildren(
+      ...keys.map((key) => {
+        const option = document.createElement("option");
+        option.value = key;
+        option.textContent = `${key} (${shown!.questions[key]!.type})`;
+        return option;
+      }),
+    );
+    results.hidden = false;
+    if (keys[0] !== undefined) showQuestion(keys[0]);
+  }
+
+  /** The diagrams of one question of the results shown, and the fit's target. */
+  function showQuestion(key: string): void {
+    const question = shown?.questions[key];
+    if (!shown || !question) return;
+    drawReliability(key, question);
+    confusionChart?.destroy();
+    confusionChart = undefined;
+    confusionBox.hidden = question.confusion.length === 0;
+    if (question.confusion.length > 0) confusionChart = drawConfusion(confusionCanvas, confusionTable, key, question);
+    calibrations.target({ evaluationId: shown.evaluation!.id, questionKey: key, type: question.type, finished: shown.evaluation!.state === "finished" });
+  }
+
+  function drawReliability(key: string, question: QuestionResults): void {
+    const bins = question.reliability;
+    reliabilityTable.caption!.textContent = `Reliability of ${key}: mean predicted probability against observed frequency, per bin`;
     reliabilityTable.tBodies[0]!.replaceChildren(
       ...bins.map((bin) =>
         row([`${bin.lower.toFixed(1)}–${bin.upper.toFixed(1)}`, numberCell(String(bin.count)), numberCell(bin.meanPredicted?.toFixed(3) ?? "–"), numberCell(bin.observed?.toFixed(3) ?? "–")]),
@@ -131,7 +156,6 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
         },
       },
     });
-    results.hidden = false;
   }
 
   function writeMetrics(answer: GetEvaluationResultsResponse): void {
@@ -150,6 +174,11 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
       if (timer) clearTimeout(timer);
       chart?.destroy();
       chart = undefined;
+      confusionChart?.destroy();
+      confusionChart = undefined;
+      shown = undefined;
+      calibrations.clear();
+      confusionTable.tBodies[0]!.replaceChildren();
       table.tBodies[0]!.replaceChildren();
       metricsTable.tBodies[0]!.replaceChildren();
       reliabilityTable.tBodies[0]!.replaceChildren();

@@ -2255,7 +2255,7 @@ export type CreateEvaluationRequest = Message<"typesafe.account.v1.CreateEvaluat
 
   /**
    * 1 to 10,000 examples. The JSON body is bounded (96 KB); larger sets go
-   * through the operator CLI.
+   * through POST /account/v1/evaluations/upload, a file streamed as a form.
    *
    * @generated from field: repeated typesafe.account.v1.EvaluationExample examples = 3;
    */
