@@ -140,7 +140,7 @@ function receive(
     form.on("error", () => fail(apiError("INVALID_ARGUMENT", "body: not a valid multipart/form-data body", { field: "body", rule: "multipart/form-data (RFC 7578)" })));
     form.on("field", (name, value, info) => {
       if (file) return;
-      if (!(FIELDS as readonly string[]).includes(name)) return fail(fieldError(name, `not a field of the upload (${FIELDS.join(", ")}, then the examples file)`));
+      if (!(FIELDS as readonly string[]).includes(name)) return fail(partError(name, `not a field of the upload (${FIELDS.join(", ")}, then the examples file)`));
       if (fields.has(name as FieldName)) return fail(fieldError(name, "given once"));
       if (info.valueTruncated) return fail(fieldError(name, `at most ${maxFieldBytes} bytes`));
       fields.set(name as FieldName, value);
@@ -149,7 +149,7 @@ function receive(
       if (file || done) return void stream.resume();
       if (name !== "examples") {
         stream.resume();
-        return fail(fieldError(name, FIELDS.includes(name as FieldName) ? "a form field, not a file" : "not a field of the upload: the file part is examples"));
+        return fail(partError(name, FIELDS.includes(name as FieldName) ? "a form field, not a file" : "not a field of the upload: the file part is examples"));
       }
       const format = formatOf(info.filename, info.mimeType);
       if (!format) {
@@ -227,6 +227,14 @@ function decodeFields(fields: Map<FieldName, string>) {
   }
   const request = decodeJsonRequest(CreateEvaluationRequestSchema, json);
   return { name: request.name, questions: request.questions, creditCapCredits: request.creditCapCredits, examplesInFlight: request.examplesInFlight };
+}
+
+/**
+ * A part the upload does not read: named by its own name when that is a plain word, else as a part
+ * of the body (busboy gives an empty name as undefined, and an odd name is no field to point at).
+ */
+function partError(name: string | undefined, rule: string) {
+  return name !== undefined && /^[A-Za-z0-9_.-]{1,64}$/.test(name) ? fieldError(name, rule) : fieldError("body", `a form part without a plain name: ${rule}`);
 }
 
 function fieldError(field: string, rule: string) {

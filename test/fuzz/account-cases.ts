@@ -128,6 +128,66 @@ export const csvCase = fc
   .array(fc.tuple(fc.constantFrom("endpoint", "key_id", "since", "until", "x"), fc.oneof(text, timestamp)), { maxLength: 5 })
   .map((pairs) => new URLSearchParams(pairs).toString());
 
+/** One part of an examples upload: a form field or a file, under any name. */
+interface UploadPart {
+  name: string;
+  value: string;
+  filename?: string;
+}
+
+const EXAMPLE_LINE = fc.oneof(
+  fc.constant('{"state":"s","labels":{"q":true}}'),
+  fc.constant('state,q\ns,true'),
+  fc.jsonValue({ maxDepth: 2 }).map((v) => JSON.stringify(v)),
+  text,
+);
+
+/**
+ * The examples upload's multipart form: its four fields and the examples file with odd values,
+ * in any order, repeated, missing, under other names or other file names; sometimes a body
+ * that is not multipart at all behind a multipart content type.
+ */
+export const uploadCase: fc.Arbitrary<{ parts: UploadPart[]; broken?: string }> = fc.oneof(
+  {
+    arbitrary: fc
+      .array(
+        fc.oneof(
+          fc.record({
+            name: fc.oneof(fc.constantFrom("name", "questions", "credit_cap_credits", "examples_in_flight"), text),
+            value: fc.oneof(text, fc.constantFrom('{"q":{"type":"noul","instructions":"Is it?"}}', "1", "0.5", "-1", "1e400", "5e-324"), fc.jsonValue({ maxDepth: 2 }).map((v) => JSON.stringify(v))),
+          }),
+          fc.record({
+            name: fc.oneof(fc.constant("examples"), text),
+            value: fc.array(EXAMPLE_LINE, { maxLength: 4 }).map((lines) => lines.join("\n")),
+            filename: fc.oneof(fc.constantFrom("examples.jsonl", "examples.csv", "examples.ndjson", "examples.txt", ""), text),
+          }),
+        ),
+        { maxLength: 6 },
+      )
+      .map((parts) => ({ parts })),
+    weight: 4,
+  },
+  { arbitrary: text.map((broken) => ({ parts: [], broken })), weight: 1 },
+);
+
+/** Sends one upload case with the session cookie and the page's own origin. */
+export async function sendUpload(baseUrl: string, cookie: string, c: { parts: UploadPart[]; broken?: string }): Promise<Verdict> {
+  const headers: Record<string, string> = { cookie, origin: baseUrl };
+  let body: FormData | string;
+  if (c.broken !== undefined) {
+    headers["content-type"] = "multipart/form-data; boundary=fuzz";
+    body = c.broken;
+  } else {
+    body = new FormData();
+    for (const part of c.parts) {
+      if (part.filename === undefined) body.append(part.name, part.value);
+      else body.append(part.name, new Blob([part.value]), part.filename);
+    }
+  }
+  const response = await fetch(`${baseUrl}/account/v1/evaluations/upload`, { method: "POST", headers, body });
+  return envelopeVerdict("upload", response.status, await response.text());
+}
+
 /** An owner of a fresh account, signed in through the JSON path: the session cookie the account cases carry. */
 export async function signedInOwner(baseUrl: string, db: Knex): Promise<{ cookie: string; email: string }> {
   const { accountId } = await createTestAccount(db, { units: 1_000_000, name: "fuzz" });

@@ -4,7 +4,7 @@ import { createTestAccount, startTestApp, type TestApp } from "../support/app.js
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { runToExit } from "../support/process.js";
 import { callGrpc } from "../support/wire.js";
-import { accountCase, csvCase, sendAccount, sendCsv, signedInOwner } from "./account-cases.js";
+import { accountCase, csvCase, sendAccount, sendCsv, sendUpload, signedInOwner, uploadCase } from "./account-cases.js";
 import { binaryCase, comparableVerdicts, compressedCase, grpcCase, grpcOutcome, jsonCase, problemOf, sendBinary, sendCompressed, sendJson } from "./cases.js";
 
 /**
@@ -71,11 +71,11 @@ describe("fuzzing compressed bodies", () => {
 });
 
 describe("fuzzing the account area", () => {
-  it("every AccountService method (JSON path, Connect JSON, gRPC) and the usage CSV, with an owner's session: no 5xx of ours, a reason (and field) on every error, no leak", async () => {
+  it("every AccountService method (JSON path, Connect JSON, gRPC) and the usage CSV and the examples upload, with an owner's session: no 5xx of ours, a reason (and field) on every error, no leak", async () => {
     const { cookie } = await signedInOwner(service.url, database.db);
     await fc.assert(
-      fc.asyncProperty(accountCase, csvCase, async (c, query) => {
-        const verdicts = [...(await sendAccount(service.url, cookie, c)), await sendCsv(service.url, cookie, query)];
+      fc.asyncProperty(accountCase, csvCase, uploadCase, async (c, query, upload) => {
+        const verdicts = [...(await sendAccount(service.url, cookie, c)), await sendCsv(service.url, cookie, query), await sendUpload(service.url, cookie, upload)];
         expect(verdicts.flatMap((v) => (v.problem ? [`${v.surface} ${c.method.name}: ${v.problem}`] : []))).toEqual([]);
       }),
       settings,

@@ -17,7 +17,7 @@ import { startApp } from "../../src/app.js";
 import { loadConfig } from "../../src/config.js";
 import { createLogger } from "../../src/logger.js";
 import { createTestAccount } from "../support/app.js";
-import { accountCase, csvCase, sendAccount, sendCsv, signedInOwner } from "./account-cases.js";
+import { accountCase, csvCase, sendAccount, sendCsv, sendUpload, signedInOwner, uploadCase } from "./account-cases.js";
 import { binaryCase, comparableVerdicts, compressedCase, jsonCase, sendBinary, sendCompressed, sendJson, type Verdict } from "./cases.js";
 
 const { values } = parseArgs({ options: { seconds: { type: "string", default: "60" }, seed: { type: "string", default: "1" } } });
@@ -58,6 +58,7 @@ async function main(): Promise<void> {
     const compressed = fc.sample(compressedCase, { seed, numRuns: 20 });
     const accounts = fc.sample(accountCase, { seed, numRuns: 20 });
     const csvs = fc.sample(csvCase, { seed, numRuns: 20 });
+    const uploads = fc.sample(uploadCase, { seed, numRuns: 20 });
     for (let i = 0; i < 20 && Date.now() < deadline; i++) {
       const json = jsons[i]!;
       record("json", await sendJson(app.server.url, apiKey, json.rpc, json.body), json);
@@ -72,7 +73,8 @@ async function main(): Promise<void> {
       // Account calls change state (a key made, an invite sent), so the surfaces need not agree; none may break a rule.
       record("acct", accountVerdicts, { method: account.method.name, body: account.body }, ["-"]);
       record("csv", [await sendCsv(app.server.url, cookie, csvs[i]!)], { query: csvs[i] });
-      calls += 8 + accountVerdicts.length;
+      record("upload", [await sendUpload(app.server.url, cookie, uploads[i]!)], uploads[i]!);
+      calls += 9 + accountVerdicts.length;
     }
   }
   clearInterval(rssSampler);
