@@ -35,7 +35,7 @@ import { PROMPT_VERSION } from "../src/decision/prompt.js";
 import { SUPPORTED_MODEL } from "../src/decision/validate.js";
 import { fitCalibration } from "../src/evaluation/calibration-fit.js";
 import { signatureDigest } from "../src/evaluation/calibration-signature.js";
-import { insertCalibration, type CalibrationSignature } from "../src/evaluation/calibration-store.js";
+import { insertCalibration, signatureColumns, type CalibrationSignature } from "../src/evaluation/calibration-store.js";
 import { seededRandom } from "../src/evaluation/seeded-random.js";
 import type { LoadOptions } from "./roles.js";
 import { buildService, databaseCpuSeconds, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
@@ -107,13 +107,7 @@ async function plattBodies(db: Knex, body: string, apiKeys: readonly string[]): 
       evaluation_id: crypto.randomUUID(),
       question_key: key,
       method: "platt",
-      question_type: "noul",
-      instructions: signature.instructions,
-      labels: [],
-      prompt_version: signature.promptVersion,
-      model: signature.model,
-      upstream: signature.upstream,
-      signature: signatureDigest(signature),
+      ...signatureColumns(signature, signatureDigest(signature)),
       parameters: fit.params,
       held_out: fit.heldOut,
       created_by: "bench",

@@ -35,6 +35,19 @@ export interface DbCalibrationRow {
 
 export type NewCalibration = Omit<DbCalibrationRow, "id" | "version" | "created_at">;
 
+/** The columns that store a signature, beside its digest (which the caller computes: the digest is the signature's own module's). */
+export function signatureColumns(signature: CalibrationSignature, digest: string): Pick<NewCalibration, "question_type" | "instructions" | "labels" | "prompt_version" | "model" | "upstream" | "signature"> {
+  return {
+    question_type: signature.type,
+    instructions: signature.instructions,
+    labels: signature.labels,
+    prompt_version: signature.promptVersion,
+    model: signature.model,
+    upstream: signature.upstream,
+    signature: digest,
+  };
+}
+
 /** Unique violation: another fit of the same signature took the version first. */
 const UNIQUE_VIOLATION = "23505";
 const VERSION_ATTEMPTS = 5;

@@ -9,7 +9,7 @@ import { DecideRequestSchema, QuestionSchema } from "../gen/typesafe/decision/v1
 import { SUPPORTED_MODEL } from "../decision/validate.js";
 import { throwIfInvalid } from "../validation.js";
 import { fitCalibration, type FitRequest, type HeldOutMetrics } from "./calibration-fit.js";
-import { insertCalibration, type DbCalibrationRow } from "./calibration-store.js";
+import { insertCalibration, signatureColumns, type DbCalibrationRow } from "./calibration-store.js";
 import { signatureDigest, signatureOf } from "./calibration-signature.js";
 import { questionPoints } from "./results.js";
 import { answeredExamples, type DbEvaluationRow } from "./store.js";
@@ -70,13 +70,7 @@ export async function fitFromEvaluation(db: Knex, input: FitFromEvaluationInput)
     evaluation_id: evaluation.id,
     question_key: spec!.key,
     method: fit.params.method,
-    question_type: signature.type,
-    instructions: signature.instructions,
-    labels: signature.labels,
-    prompt_version: signature.promptVersion,
-    model: signature.model,
-    upstream: signature.upstream,
-    signature: signatureDigest(signature),
+    ...signatureColumns(signature, signatureDigest(signature)),
     parameters: fit.params,
     held_out: fit.heldOut,
     created_by: input.createdBy,

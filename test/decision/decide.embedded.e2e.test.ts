@@ -17,7 +17,7 @@ import { balanceUnits, createTestAccount, postJson, startTestApp, type TestApp }
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { openReference, type Reference } from "../support/embedded-reference.js";
 import { assertInvariants } from "../support/invariants.js";
-import { writeTinyGguf } from "../support/tiny-gguf.js";
+import { tinyModelSettings, writeTinyGguf } from "../support/tiny-gguf.js";
 import { waitFor } from "../support/wait.js";
 import { createManualClock } from "../support/manual-clock.js";
 import { createModelPace } from "../../src/upstream/model-pace.js";
@@ -54,11 +54,7 @@ describe("with no upstream URL and a local model file", () => {
   let service: TestApp;
   beforeAll(async () => {
     service = await startTestApp(database, {
-      TYPESAFE_LLM_EMBEDDED: "on",
-      TYPESAFE_LLM_MODEL_PATH: modelFile,
-      TYPESAFE_LLM_CONTEXT_TOKENS: "2048",
-      TYPESAFE_LLM_THREADS: "1",
-      TYPESAFE_DATA_DIR: dir,
+      ...tinyModelSettings(modelFile, dir),
     });
   });
   afterAll(() => service?.stop());
@@ -242,11 +238,7 @@ describe("a call whose tokens need longer than the configured deadline", () => {
     service = await startTestApp(
       database,
       {
-        TYPESAFE_LLM_EMBEDDED: "on",
-        TYPESAFE_LLM_MODEL_PATH: modelFile,
-        TYPESAFE_LLM_CONTEXT_TOKENS: "2048",
-        TYPESAFE_LLM_THREADS: "1",
-        TYPESAFE_DATA_DIR: dir,
+        ...tinyModelSettings(modelFile, dir),
         // Far shorter than 40 long questions take on any machine.
         TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "100",
         TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS: "600000",

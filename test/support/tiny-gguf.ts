@@ -267,3 +267,17 @@ export function writeTinyGguf(file: string): string {
   fs.writeFileSync(file, tinyGgufBytes());
   return file;
 }
+
+/**
+ * The settings that run a test service on the tiny model in `dir`: the embedded model on, one
+ * thread, and a context that holds the tests' longest prompts.
+ */
+export function tinyModelSettings(modelFile: string, dir: string): Record<string, string> {
+  return {
+    TYPESAFE_LLM_EMBEDDED: "on",
+    TYPESAFE_LLM_MODEL_PATH: modelFile,
+    TYPESAFE_LLM_CONTEXT_TOKENS: "2048",
+    TYPESAFE_LLM_THREADS: "1",
+    TYPESAFE_DATA_DIR: dir,
+  };
+}

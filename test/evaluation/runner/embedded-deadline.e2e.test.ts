@@ -8,7 +8,7 @@ import { createModelPace } from "../../../src/upstream/model-pace.js";
 import { balanceUnits, createTestAccount, startTestApp, type TestApp } from "../../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../../support/database.js";
 import { assertInvariants } from "../../support/invariants.js";
-import { writeTinyGguf } from "../../support/tiny-gguf.js";
+import { tinyModelSettings, writeTinyGguf } from "../../support/tiny-gguf.js";
 import { waitFor } from "../../support/wait.js";
 
 /**
@@ -47,11 +47,7 @@ beforeAll(async () => {
   service = await startTestApp(
     database,
     {
-      TYPESAFE_LLM_EMBEDDED: "on",
-      TYPESAFE_LLM_MODEL_PATH: modelFile,
-      TYPESAFE_LLM_CONTEXT_TOKENS: "2048",
-      TYPESAFE_LLM_THREADS: "1",
-      TYPESAFE_DATA_DIR: dir,
+      ...tinyModelSettings(modelFile, dir),
       TYPESAFE_LLM_REQUEST_TIMEOUT_MS: "100",
       TYPESAFE_LLM_EMBEDDED_MAX_WAIT_MS: "600000",
       TYPESAFE_LEASE_MARGIN_MS: "1000",
