@@ -71,7 +71,7 @@ function compileModules() {
   const src = path.join(root, "src");
   const entryPoints = fs
     .readdirSync(src, { recursive: true })
-    .filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts") && !f.startsWith(`web${path.sep}account${path.sep}`))
+    .filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts") && !f.startsWith(`web${path.sep}page${path.sep}`))
     .map((f) => path.join(src, f));
   esbuild.buildSync({ entryPoints, outdir: path.join(root, "dist"), outbase: src, platform: "node", format: "esm", target: "node20", sourcemap: true, logLevel: "warning" });
   return entryPoints.length;

@@ -21,7 +21,7 @@ const prepareScript = (JSON.parse(fs.readFileSync(path.join(root, "package.json"
 
 beforeAll(() => {
   scratch = fs.mkdtempSync(path.join(os.tmpdir(), "typesafe-start-line-"));
-  fs.mkdirSync(path.join(scratch, "src", "web", "account"), { recursive: true });
+  fs.mkdirSync(path.join(scratch, "src", "web", "page"), { recursive: true });
   for (const file of ["start.mjs", "build.mjs", "web/bundle-account-page.mjs"]) {
     fs.copyFileSync(path.join(root, "src", file), path.join(scratch, "src", file));
   }
@@ -31,9 +31,9 @@ beforeAll(() => {
   fs.writeFileSync(path.join(scratch, "tsconfig.json"), JSON.stringify({ compilerOptions: { target: "ES2022", verbatimModuleSyntax: true } }));
   fs.writeFileSync(path.join(scratch, "src", "main.ts"), "import { said } from './said.js';\nconsole.log(said satisfies string);\n");
   fs.writeFileSync(path.join(scratch, "src", "said.ts"), "export const said: string = 'the server runs';\n");
-  fs.writeFileSync(path.join(scratch, "src", "web", "account", "app.ts"), "document.title = 'account';\n");
-  fs.writeFileSync(path.join(scratch, "src", "web", "account", "app.css"), "body { margin: 0 }\n");
-  fs.writeFileSync(path.join(scratch, "src", "web", "account", "index.html"), '<link rel="stylesheet" href="./app.css"><script type="module" src="./app.js"></script>\n');
+  fs.writeFileSync(path.join(scratch, "src", "web", "page", "app.ts"), "document.title = 'account';\n");
+  fs.writeFileSync(path.join(scratch, "src", "web", "page", "app.css"), "body { margin: 0 }\n");
+  fs.writeFileSync(path.join(scratch, "src", "web", "page", "index.html"), '<link rel="stylesheet" href="./app.css"><script type="module" src="./app.js"></script>\n');
 });
 
 afterAll(() => fs.rmSync(scratch, { recursive: true, force: true }));
