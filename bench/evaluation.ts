@@ -67,7 +67,7 @@ async function main() {
       createdBy: "operator",
       name: "bench",
       questions: { urgent: fromJson(QuestionSchema, QUESTION) },
-      examples: Array.from({ length: EXAMPLES }, (_, i) => ({ line: i + 1, state: fromJson(ValueSchema, { ...STATE, n: i }), labels: { urgent: fromJson(ValueSchema, i % 2 === 0) } })),
+      examples: Array.from({ length: EXAMPLES }, (_, i) => ({ line: i + 1, state: JSON.stringify({ ...STATE, n: i }), labels: { urgent: fromJson(ValueSchema, i % 2 === 0) } })),
       capUnits: 1e14,
       examplesInFlight: Math.min(8, IN_FLIGHT),
       fieldOf: (v) => `line ${v.line}: ${v.field}`,

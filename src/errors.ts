@@ -41,6 +41,7 @@ export const REASONS = {
   CONCURRENCY_LIMITED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42902, meaning: "More than 5 calls in flight." },
   SIGN_IN_THROTTLED: { grpc: Code.ResourceExhausted, http: 429, envelope: 42903, meaning: "Account area: 5 failed sign-ins (or second steps) for this email within 15 minutes; wait Retry-After." },
   PASSWORD_CHECKS_BUSY: { grpc: Code.ResourceExhausted, http: 429, envelope: 42904, meaning: "Account area: too many password checks are waiting, from this client or in all; wait Retry-After." },
+  UPLOADS_BUSY: { grpc: Code.ResourceExhausted, http: 429, envelope: 42905, meaning: "Account area: the service is reading as many evaluation uploads as it reads at once; wait Retry-After." },
   CANCELLED: { grpc: Code.Canceled, http: 499, envelope: 49901, meaning: "The caller went away before the answer; nothing was charged." },
   INTERNAL: { grpc: Code.Internal, http: 500, envelope: 50001, meaning: "Unexpected error; the request id is in the log." },
   UPSTREAM_FAILED: { grpc: Code.Unavailable, http: 502, envelope: 50201, meaning: "The upstream LLM or every search source failed." },

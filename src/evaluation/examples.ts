@@ -16,18 +16,27 @@ export const MAX_EXAMPLES = 10_000;
 /** The longest line of an examples file (a state is at most a prompt's budget, far below this). */
 export const MAX_LINE_BYTES = 512 * 1024;
 
-/** One example as the caller sent it, with the 1-based line (or position) it came from. */
+/**
+ * One example as the caller sent it, with the 1-based line (or position) it came from. The state
+ * is kept as its JSON text: a file's examples are all held until their one transaction, and a
+ * text takes a fraction of the memory of the same state as objects.
+ */
 export interface ExampleInput {
   line: number;
-  state: Value | undefined;
+  state: string | undefined;
   labels: Record<string, Value>;
 }
 
-/** One example ready to store: the state as JSON, and each label as a boolean or a text. */
+/** One example ready to store: the state as JSON text, and each label as a boolean or a text. */
 export interface ValidExample {
   position: number;
-  state: JsonValue;
+  state: string;
   labels: Record<string, boolean | string>;
+}
+
+/** An example of a CreateEvaluation request, at its 1-based position. */
+export function exampleFromMessage(example: { state?: Value; labels: Record<string, Value> }, position: number): ExampleInput {
+  return { line: position, state: example.state === undefined ? undefined : JSON.stringify(toJson(ValueSchema, example.state)), labels: example.labels };
 }
 
 /** A broken rule of an examples set: the line, the field on that line, the rule. */
@@ -63,11 +72,13 @@ export function validateEvaluation(
   const valid: ValidExample[] = [];
   for (const example of examples) {
     const before = violations.length;
-    for (const v of validateDecideRequest(create(DecideRequestSchema, { model: SUPPORTED_MODEL, questions, state: example.state }))) {
+    // The state as a message only while its example is checked.
+    const state = example.state === undefined ? undefined : fromJson(ValueSchema, JSON.parse(example.state) as JsonValue);
+    for (const v of validateDecideRequest(create(DecideRequestSchema, { model: SUPPORTED_MODEL, questions, state }))) {
       if (!v.field.startsWith("questions")) violations.push({ line: example.line, ...v });
     }
     if (violations.length === before) {
-      const tooLong = promptTooLong(renderState(example.state!), specs);
+      const tooLong = promptTooLong(renderState(state!), specs);
       if (tooLong) violations.push({ line: example.line, field: "state", rule: `with ${tooLong.field}, ${tooLong.message}` });
     }
     const labels: Record<string, boolean | string> = {};
@@ -84,7 +95,7 @@ export function validateEvaluation(
       if (typeof label === "object") violations.push({ line: example.line, field, rule: label.rule });
       else labels[key] = label;
     }
-    if (violations.length === before) valid.push({ position: example.line, state: toJson(ValueSchema, example.state!), labels });
+    if (violations.length === before) valid.push({ position: example.line, state: example.state!, labels });
   }
   return { questions: specs, examples: violations.length === 0 ? valid : [], violations };
 }
@@ -204,7 +215,7 @@ export function exampleFromJson(parsed: unknown, line: number): ExampleInput | E
   try {
     const values: Record<string, Value> = {};
     for (const [key, label] of Object.entries(labels)) values[key] = fromJson(ValueSchema, label as JsonValue);
-    return { line, state: state === undefined ? undefined : fromJson(ValueSchema, state as JsonValue), labels: values };
+    return { line, state: state === undefined ? undefined : JSON.stringify(state), labels: values };
   } catch {
     return { line, field: "state", rule: "must be valid JSON values" };
   }
@@ -267,18 +278,14 @@ async function parseCsvExamples(source: AsyncIterable<Uint8Array | string>, ques
   return { examples: violations.length === 0 ? examples : [], violations };
 }
 
-function stringValue(text: string): Value {
-  return fromJson(ValueSchema, text);
-}
-
-/** A state cell: a JSON object when it reads as one, the text otherwise. */
-function stateCell(cell: string): Value {
+/** A state cell, as JSON text: a JSON object when it reads as one, the text otherwise. */
+function stateCell(cell: string): string {
   if (cell.trimStart().startsWith("{")) {
     try {
-      return fromJson(ValueSchema, JSON.parse(cell) as JsonValue);
+      return JSON.stringify(JSON.parse(cell));
     } catch {
-      return stringValue(cell);
+      return JSON.stringify(cell);
     }
   }
-  return stringValue(cell);
+  return JSON.stringify(cell);
 }

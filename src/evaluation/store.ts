@@ -74,7 +74,7 @@ export async function insertEvaluation(db: Knex, input: NewEvaluation): Promise<
         input.examples.slice(i, i + INSERT_CHUNK).map((e) => ({
           evaluation_id: row.id,
           position: e.position,
-          state: JSON.stringify(e.state),
+          state: e.state,
           labels: JSON.stringify(e.labels),
         })),
       );

@@ -2025,7 +2025,7 @@ export interface components {
                 };
             };
         };
-        /** @description RATE_LIMITED: More than 60 calls in a rolling minute, or more than the API key's own limit. CONCURRENCY_LIMITED: More than 5 calls in flight. */
+        /** @description RATE_LIMITED: More than 60 calls in a rolling minute, or more than the API key's own limit. CONCURRENCY_LIMITED: More than 5 calls in flight. UPLOADS_BUSY: Account area: the service is reading as many evaluation uploads as it reads at once; wait Retry-After. */
         Error429: {
             headers: {
                 /** @description The id of this call, also in the service log. */
@@ -2043,11 +2043,11 @@ export interface components {
             content: {
                 "application/json": {
                     /** @enum {integer} */
-                    code: 42901 | 42902;
+                    code: 42901 | 42902 | 42905;
                     message: string;
                     data: components["schemas"]["typesafe.error.v1.ErrorDetail"] & {
                         /** @enum {string} */
-                        reason?: "RATE_LIMITED" | "CONCURRENCY_LIMITED";
+                        reason?: "RATE_LIMITED" | "CONCURRENCY_LIMITED" | "UPLOADS_BUSY";
                     };
                 };
             };

@@ -23,6 +23,14 @@ import { creditsToUnits } from "./evaluations.js";
 /** Where an examples file is uploaded: CreateEvaluation with a JSON Lines or CSV file in place of the examples list. */
 export const EVALUATION_UPLOAD_PATH = "/account/v1/evaluations/upload";
 
+/**
+ * Uploads read at once in this process. A file's examples are held until their one transaction
+ * (up to the body bound each), so this bounds what uploads can hold together.
+ */
+export const UPLOADS_AT_ONCE = 2;
+/** How long a refused upload is told to wait: an upload of the largest file takes about this long. */
+const UPLOADS_BUSY_RETRY_SECONDS = 10;
+
 /** The form fields the upload reads besides the file; each at most the JSON body limit. */
 const FIELDS = ["name", "questions", "credit_cap_credits", "examples_in_flight"] as const;
 type FieldName = (typeof FIELDS)[number];
@@ -50,6 +58,7 @@ export interface EvaluationUploadDeps {
  * and field; nothing is stored unless every line and example passes.
  */
 export function createEvaluationUploadHandler(deps: EvaluationUploadDeps) {
+  let uploadsReading = 0;
   return (req: NodeRequest, res: NodeResponse): void => {
     const requestId = crypto.randomUUID();
     const headers: Record<string, string> = { "x-request-id": requestId, "cache-control": "no-store" };
@@ -67,6 +76,12 @@ export function createEvaluationUploadHandler(deps: EvaluationUploadDeps) {
       const compression = compressionNamed(encoding);
       if (compression === undefined) throw unsupportedEncoding(String(encoding), "content-encoding", "accept-encoding");
       if (Number(req.headers["content-length"] ?? NaN) > MAX_EXAMPLES_FILE_BYTES) throw payloadTooLarge(MAX_EXAMPLES_FILE_BYTES);
+      if (uploadsReading >= UPLOADS_AT_ONCE) {
+        throw apiError("UPLOADS_BUSY", `${UPLOADS_AT_ONCE} uploads are being read: try again in ${UPLOADS_BUSY_RETRY_SECONDS} s`, {
+          metadata: { retry_after_seconds: String(UPLOADS_BUSY_RETRY_SECONDS) },
+        });
+      }
+      uploadsReading += 1;
       reading = true;
       const row = await receive(req, contentType, compression?.name, deps.maxBodyBytes, (fields, file, format) =>
         createEvaluationFromFile(deps.db, {
@@ -91,6 +106,7 @@ export function createEvaluationUploadHandler(deps: EvaluationUploadDeps) {
         sendError(res, err, headers);
       })
       .finally(() => {
+        if (reading) uploadsReading -= 1;
         // Whatever of the body was not read is read and thrown away (bounded), so the answer reaches a client still sending.
         if (!req.readableEnded) {
           if (reading) req.unpipe();

@@ -4,6 +4,7 @@ import { recordActivity } from "../team/activity.js";
 import { isUuid } from "../validation.js";
 import { apiError } from "../errors.js";
 import { createEvaluation, evaluationActivityDetail, evaluationMessage } from "../evaluation/evaluations.js";
+import { exampleFromMessage } from "../evaluation/examples.js";
 import { evaluationResults } from "../evaluation/results.js";
 import { calibrationMessage, fitFromEvaluation } from "../evaluation/calibrations.js";
 import { findCalibration, listCalibrations } from "../evaluation/calibration-store.js";
@@ -62,7 +63,7 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
         createdBy: member.email,
         name: req.name,
         questions: req.questions,
-        examples: req.examples.map((e, i) => ({ line: i + 1, state: e.state, labels: e.labels })),
+        examples: req.examples.map((e, i) => exampleFromMessage(e, i + 1)),
         capUnits: creditsToUnits(req.creditCapCredits),
         examplesInFlight: req.examplesInFlight,
         fieldOf: (v) => `examples[${v.line - 1}]${v.field === "" ? "" : `.${v.field}`}`,

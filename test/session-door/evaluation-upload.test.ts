@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Role } from "../../src/team/roles.js";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { waitFor } from "../support/wait.js";
 import { accountClient, inviteMember, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "./support.js";
 
 /**
@@ -194,6 +195,35 @@ describe("a body past the bound", () => {
     const member = await signedIn();
     const response = await fetch(`${service.url}${PATH}`, { method: "POST", body: form(jsonLines(2), "a.jsonl"), headers: { cookie: member.cookie, "content-encoding": "zstd" } });
     expect([response.status, response.headers.get("accept-encoding")]).toEqual([415, "gzip,br"]);
+  });
+});
+
+describe("uploads at once", () => {
+  it("while two uploads are being read, a third is 429 UPLOADS_BUSY with Retry-After before its body is read; once they end, uploads go through again", async () => {
+    const member = await signedIn();
+    // Three uploads send their fields and the start of the file, then hold the body open: the two
+    // counted first are read (and never end), so exactly one is answered, and it is the refusal.
+    const held = [1, 2, 3].map(() => {
+      const req = http.request(`${service.url}${PATH}`, { method: "POST", headers: { cookie: member.cookie, "content-type": "multipart/form-data; boundary=held" } });
+      const answered = new Promise<{ status: number; retryAfter: string | undefined; body: string }>((resolve) => {
+        req.on("response", (res) => {
+          let body = "";
+          res.on("data", (chunk: Buffer) => (body += chunk.toString()));
+          res.on("end", () => resolve({ status: res.statusCode!, retryAfter: res.headers["retry-after"], body }));
+        });
+      });
+      req.on("error", () => {});
+      req.write(`--held\r\ncontent-disposition: form-data; name="questions"\r\n\r\n${JSON.stringify(QUESTIONS)}\r\n`);
+      req.write(`--held\r\ncontent-disposition: form-data; name="credit_cap_credits"\r\n\r\n1\r\n`);
+      req.write(`--held\r\ncontent-disposition: form-data; name="examples"; filename="held.jsonl"\r\n\r\n${jsonLines(1)}`);
+      return { req, answered };
+    });
+    const refused = await Promise.race(held.map((h) => h.answered));
+    expect(refused.status).toBe(429);
+    expect(refused.retryAfter).toBe("10");
+    expect(JSON.parse(refused.body).data).toMatchObject({ reason: "UPLOADS_BUSY" });
+    for (const { req } of held) req.destroy();
+    await waitFor(async () => (await upload(member.cookie, form(jsonLines(2), "tickets.jsonl"))).status === 200, "an upload to go through once the held ones ended");
   });
 });
 

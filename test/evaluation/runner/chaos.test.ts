@@ -59,7 +59,7 @@ describe("an evaluation across kill -9 of the service and a PostgreSQL crash", (
       createdBy: "operator",
       name: "chaos",
       questions: { urgent: fromJson(QuestionSchema, { type: "noul", instructions: "Is it urgent?" }) },
-      examples: Array.from({ length: EXAMPLES }, (_, i) => ({ line: i + 1, state: fromJson(ValueSchema, `ticket ${i}`), labels: { urgent: fromJson(ValueSchema, i % 3 === 0) } })),
+      examples: Array.from({ length: EXAMPLES }, (_, i) => ({ line: i + 1, state: JSON.stringify(`ticket ${i}`), labels: { urgent: fromJson(ValueSchema, i % 3 === 0) } })),
       capUnits: 50_000_000,
       examplesInFlight: 8,
       fieldOf: (v) => `line ${v.line}: ${v.field}`,

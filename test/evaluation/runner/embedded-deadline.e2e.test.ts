@@ -81,7 +81,7 @@ describe("an evaluation on the embedded model", () => {
       capUnits: 10_000_000,
       examplesInFlight: 2,
       createdBy: "test",
-      examples: [1, 2].map((position) => ({ position, state: { ticket: `case ${position}: I was charged twice for my pro plan` }, labels: { q0: true } })),
+      examples: [1, 2].map((position) => ({ position, state: JSON.stringify({ ticket: `case ${position}: I was charged twice for my pro plan` }), labels: { q0: true } })),
     });
     await waitFor(async () => (await database.db("evaluations").where({ id: evaluation.id }).first("state")).state === "finished", "the evaluation to finish", 240_000);
 
@@ -112,7 +112,7 @@ describe("an evaluation on the embedded model", () => {
       capUnits: 1_000_000,
       examplesInFlight: 1,
       createdBy: "test",
-      examples: [{ position: 1, state: "a ticket", labels: { q0: true } }],
+      examples: [{ position: 1, state: JSON.stringify("a ticket"), labels: { q0: true } }],
     });
     await database.db("evaluations").where({ id: evaluation.id }).update({ state: "stopped" });
     const leaseLeftMs = async () =>

@@ -36,7 +36,7 @@ async function evaluationOf(examples: number, examplesInFlight = 8) {
     createdBy: "operator",
     name: "",
     questions: { urgent: fromJson(QuestionSchema, { type: "noul", instructions: "Is it urgent?" }) },
-    examples: Array.from({ length: examples }, (_, i) => ({ line: i + 1, state: fromJson(ValueSchema, `ticket ${i}`), labels: { urgent: fromJson(ValueSchema, i % 2 === 0) } })),
+    examples: Array.from({ length: examples }, (_, i) => ({ line: i + 1, state: JSON.stringify(`ticket ${i}`), labels: { urgent: fromJson(ValueSchema, i % 2 === 0) } })),
     capUnits: 1_000_000,
     examplesInFlight,
     fieldOf: (v) => `line ${v.line}: ${v.field}`,
