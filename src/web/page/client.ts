@@ -15,7 +15,6 @@ export function createAccountClient(origin: string): AccountClient {
   return createClient(AccountService, createConnectTransport({ baseUrl: origin }));
 }
 
-/** True when the service says there is no valid session (never signed in, signed out, expired). */
 /** Every key of the account, page by page (the service pages ListKeys). */
 export async function listAllKeys(client: AccountClient): Promise<ApiKey[]> {
   const keys: ApiKey[] = [];
@@ -28,6 +27,7 @@ export async function listAllKeys(client: AccountClient): Promise<ApiKey[]> {
   return keys;
 }
 
+/** True when the service says there is no valid session (never signed in, signed out, expired). */
 export function isSignedOut(err: unknown): boolean {
   return ConnectError.from(err).code === Code.Unauthenticated;
 }
