@@ -1,6 +1,7 @@
 // Compiles src/ to dist/ (`npm run build`, and `npm install` through the
 // `prepare` script), then bundles the server into one file,
-// dist/bundle/main.mjs, which `npm start` runs, and the account page into
+// dist/bundle/main.mjs, which `npm start` runs, the operator CLI into
+// dist/bundle/admin.mjs, which `npm run admin` runs, and the account page into
 // dist/public/account/, which the server serves at /account/. With --if-stale it
 // builds only when a source or the compiler settings changed since the last
 // successful build, so a start costs a start, not a compilation. The build
@@ -36,20 +37,20 @@ function newestIn(dir) {
 }
 
 /**
- * The server as one ES module. Loading dist/ file by file resolves and reads
+ * An entry point as one ES module. Loading dist/ file by file resolves and reads
  * hundreds of modules (most of them lodash's, through knex), a large part of a
  * start on a machine with slow system calls; one file is a single read and compile.
  * Packages stay outside when they load files of their own (PGlite's WASM,
  * node-llama-cpp's native binary, found from its own folder) or
  * are drivers knex names but this service never loads. dist/bundle/ sits two
  * levels below the root, like dist/openapi/, so paths relative to a module
- * (the OpenAPI document) resolve the same from either.
+ * (the OpenAPI document, the embedded store's worker) resolve the same from either.
  */
-function bundleServer() {
+function bundle(entry, outName) {
   const knexDriversNotUsed = ["mysql", "mysql2", "mariadb", "mariadb/callback", "oracledb", "tedious", "sqlite3", "better-sqlite3", "pg-query-stream", "pg-native"];
   esbuild.buildSync({
-    entryPoints: [path.join(root, "src", "main.ts")],
-    outfile: path.join(root, "dist", "bundle", "main.mjs"),
+    entryPoints: [path.join(root, "src", entry)],
+    outfile: path.join(root, "dist", "bundle", outName),
     bundle: true,
     platform: "node",
     format: "esm",
@@ -64,8 +65,8 @@ function bundleServer() {
 
 /**
  * Every module of src/ as its own file in dist/ (what the store's worker
- * thread and the admin CLI load), types stripped; the account page's sources
- * are browser code, bundled on their own.
+ * thread loads), types stripped; the account page's sources are browser
+ * code, bundled on their own.
  */
 function compileModules() {
   const src = path.join(root, "src");
@@ -97,7 +98,9 @@ export function build({ ifStale, say = (line) => process.stderr.write(`${line}\n
   const started = performance.now();
   try {
     step(say, (n) => `compiled ${n} modules`, compileModules);
-    step(say, "bundled the server", bundleServer);
+    step(say, "bundled the server", () => bundle("main.ts", "main.mjs"));
+    // The CLI starts once per command: one file to load is most of what a command costs.
+    step(say, "bundled the operator CLI", () => bundle("admin/cli.ts", "admin.mjs"));
     step(say, "bundled the account page", () => bundleAccountPage());
   } catch {
     say("typesafe: the build failed; the errors are above");

@@ -63,6 +63,53 @@ LIMITS: [--expires-at ISO-8601] [--scopes decisions,search] [--budget C --budget
 Prints one JSON object on stdout. Credits are decimals (1 credit = 1,000,000 input tokens).`;
 
 
+/**
+ * Every command and the options it cannot run without, in the order it asks
+ * for them: a command line missing one is refused before the store is opened.
+ */
+const REQUIRED_OPTIONS: Record<string, readonly string[]> = {
+  "accounts create": [],
+  "accounts show": ["account"],
+  "keys create": ["account"],
+  "keys update": ["key"],
+  "keys roll": ["key"],
+  "keys list": ["account"],
+  "keys revoke": ["key"],
+  "credits grant": ["account", "credits"],
+  usage: ["account"],
+  "members invite": ["account", "email"],
+  "members list": ["account"],
+  "members role": ["member"],
+  "members remove": ["member"],
+  "members reset-two-factor": ["member"],
+  "alerts show": ["account"],
+  "alerts set": ["account"],
+  "webhooks add": ["account", "url"],
+  "webhooks list": ["account"],
+  "webhooks remove": ["account", "endpoint"],
+  "webhooks rotate": ["account", "endpoint"],
+  "webhooks enable": ["account", "endpoint"],
+  "webhooks test": ["account", "endpoint"],
+  "webhooks deliveries": ["account"],
+  "webhooks replay": ["account", "delivery"],
+  "evals create": ["account"],
+  // --evaluation, or --account for the account's list.
+  "evals show": [],
+  "evals results": ["evaluation"],
+  "evals cancel": ["evaluation"],
+  "evals resume": ["evaluation"],
+  "evals delete": ["evaluation"],
+};
+
+/** A command line that no store could make right: an unknown command, or a required option left out. */
+function refuseBeforeStore(command: string, options: Options): void {
+  const required = REQUIRED_OPTIONS[command];
+  if (!required) {
+    throw new UsageError(command.startsWith("evals ") ? `unknown command "${command}": see --help` : `unknown command "${command}"\n\n${USAGE}`);
+  }
+  for (const name of required) requiredOption(options, name);
+}
+
 /** The largest count the integer columns behind --free-requests and --limit hold. */
 const MAX_INTEGER_OPTION = 2_147_483_647;
 
@@ -78,6 +125,7 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(USAGE + "\n");
     return values.help ? 0 : 2;
   }
+  refuseBeforeStore(command, values);
   const config = loadConfig();
   const logger = createLogger("silent");
   const store = await openStore(config.databaseUrl, config.dataDir, logger);
