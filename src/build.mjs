@@ -12,10 +12,15 @@
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import esbuild from "esbuild";
+import { createRequire } from "node:module";
 import { bundleAccountPage } from "./web/bundle-account-page.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
+/**
+ * esbuild, loaded only when a build runs: loading it costs more than the
+ * staleness check, which every `npm start` and `npm run admin` makes.
+ */
+const loadEsbuild = () => createRequire(import.meta.url)("esbuild");
 /** Written after a build that succeeded: a failed build never counts as fresh. */
 const stamp = path.join(root, "dist", ".built");
 
@@ -48,7 +53,7 @@ function newestIn(dir) {
  */
 function bundle(entry, outName) {
   const knexDriversNotUsed = ["mysql", "mysql2", "mariadb", "mariadb/callback", "oracledb", "tedious", "sqlite3", "better-sqlite3", "pg-query-stream", "pg-native"];
-  esbuild.buildSync({
+  loadEsbuild().buildSync({
     entryPoints: [path.join(root, "src", entry)],
     outfile: path.join(root, "dist", "bundle", outName),
     bundle: true,
@@ -74,7 +79,7 @@ function compileModules() {
     .readdirSync(src, { recursive: true })
     .filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts") && !f.startsWith(`web${path.sep}page${path.sep}`))
     .map((f) => path.join(src, f));
-  esbuild.buildSync({ entryPoints, outdir: path.join(root, "dist"), outbase: src, platform: "node", format: "esm", target: "node20", sourcemap: true, logLevel: "warning" });
+  loadEsbuild().buildSync({ entryPoints, outdir: path.join(root, "dist"), outbase: src, platform: "node", format: "esm", target: "node20", sourcemap: true, logLevel: "warning" });
   return entryPoints.length;
 }
 
