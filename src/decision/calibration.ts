@@ -183,19 +183,25 @@ export function calibratedAnswer(
   const raw = labelDistribution(spec, answer);
   if (!raw) return undefined;
   const calibrated = applyCalibration(calibration.parameters, raw);
-  const head = { calibrationId: calibration.id, method: calibration.parameters.method, ...(probeUsage ? { probeUsage } : {}) };
+  // Each init written out whole: spreading a shared head costs more than the rest of the apply.
+  const calibrationId = calibration.id;
+  const method = calibration.parameters.method;
   switch (spec.type) {
     case "noul":
-      return create(CalibratedAnswerSchema, { ...head, noul: round6(calibrated[0]!) });
+      return create(CalibratedAnswerSchema, { calibrationId, method, probeUsage, noul: round6(calibrated[0]!) });
     case "choice":
       return create(CalibratedAnswerSchema, {
-        ...head,
+        calibrationId,
+        method,
+        probeUsage,
         choice: spec.options[argmax(calibrated)],
         probabilities: Object.fromEntries(spec.options.map((name, i) => [name, round6(calibrated[i]!)])),
       });
     case "score":
       return create(CalibratedAnswerSchema, {
-        ...head,
+        calibrationId,
+        method,
+        probeUsage,
         score: round6(expectedLevel(calibrated)),
         probabilities: Object.fromEntries(spec.labels.map((_, i) => [String(i), round6(calibrated[i]!)])),
       });

@@ -13,7 +13,7 @@ import {
 } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
-import { hashApiKey } from "../keys/api-keys.js";
+import { apiKeyHashText } from "../keys/api-keys.js";
 import { authenticate, requireApiKey } from "../call/authentication.js";
 import { callPhasesOf } from "../call/call-phases.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
@@ -93,7 +93,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
 
   /** The key's account for the calibration's ownership check: read once per key, then kept (an unknown or revoked key is never kept). */
   async function accountOfKey(apiKey: string): Promise<string> {
-    const hash = hashApiKey(apiKey).toString("base64");
+    const hash = apiKeyHashText(apiKey);
     const known = calibrationCache.accountOfKey(hash);
     if (known) return known;
     const accountId = await authenticate(db, apiKey);
