@@ -57,17 +57,67 @@ export const CONTEXTUAL = "contextual";
 /**
  * The answers to the content-free state, by question signature digest,
  * bounded: each signature is probed once per process while it stays in the
- * map. A probe depends only on the signature, which names the prompt version
- * and the upstream model, so a kept one never goes stale.
+ * map, and by one call at a time. A probe depends only on the signature,
+ * which names the prompt version and the upstream model, so a kept one never
+ * goes stale.
  */
 export interface ProbeCache {
   get(digest: string): number[] | undefined;
-  put(digest: string, probe: number[]): void;
+  /**
+   * The probe of `digest` for a call that needs it: the kept one; else the
+   * one another call of this process is asking now, which this call waits for
+   * and pays nothing for; else this call asks it with `ask` and pays for it
+   * (`usage`). When the call waited for ends without a probe (its upstream
+   * failed, or its caller left), this call asks itself, so it never depends
+   * on another caller's fate. `signal` ends a wait: it rejects with its reason.
+   */
+  probe(digest: string, ask: () => Promise<ContentFreeProbe>, signal: AbortSignal): Promise<{ probe: number[] | undefined; usage?: UsageTotals }>;
 }
 
 export function createProbeCache(maxEntries = MAX_CACHED_CALIBRATIONS): ProbeCache {
   const probes = boundedMap<number[]>(maxEntries);
-  return { get: (digest) => probes.get(digest), put: (digest, probe) => probes.set(digest, probe) };
+  /** The probes being asked, each settling (never rejecting) once its asker is done and it is kept or not. */
+  const asking = new Map<string, Promise<number[] | undefined>>();
+  return {
+    get: (digest) => probes.get(digest),
+    async probe(digest, ask, signal) {
+      for (;;) {
+        const kept = probes.get(digest);
+        if (kept) return { probe: kept };
+        const theirs = asking.get(digest);
+        if (!theirs) break;
+        // Theirs leaves the map before it settles, so a probe that failed for them is asked next, not waited for again.
+        const probe = await unlessAborted(theirs, signal);
+        if (probe) return { probe };
+      }
+      const mine = ask();
+      const done = mine
+        .then(
+          ({ probe }) => probe,
+          () => undefined,
+        )
+        .then((probe) => {
+          if (probe) probes.set(digest, probe);
+          asking.delete(digest);
+          return probe;
+        });
+      asking.set(digest, done);
+      return mine;
+    },
+  };
+}
+
+/** `promise`, unless `signal` aborts first: then a rejection with its reason. */
+function unlessAborted<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+    void promise.then((value) => {
+      signal.removeEventListener("abort", onAbort);
+      resolve(value);
+    });
+  });
 }
 
 function boundedMap<V>(maxEntries: number): { get(key: string): V | undefined; set(key: string, value: V): void } {
