@@ -69,9 +69,12 @@ export interface ProbeCache {
    * and pays nothing for; else this call asks it with `ask` and pays for it
    * (`usage`). When the call waited for ends without a probe (its upstream
    * failed, or its caller left), this call asks itself, so it never depends
-   * on another caller's fate. `signal` ends a wait: it rejects with its reason.
+   * on another caller's fate. A wait ends at this call's own deadline (no
+   * probe, as when it got no answer: on the embedded model each call plans
+   * its own, which may come before the asker's) or when its signal aborts (a
+   * rejection with the signal's reason).
    */
-  probe(digest: string, ask: () => Promise<ContentFreeProbe>, signal: AbortSignal): Promise<{ probe: number[] | undefined; usage?: UsageTotals }>;
+  probe(digest: string, ask: () => Promise<ContentFreeProbe>, options: CallOptions): Promise<{ probe: number[] | undefined; usage?: UsageTotals }>;
 }
 
 export function createProbeCache(maxEntries = MAX_CACHED_CALIBRATIONS): ProbeCache {
@@ -80,14 +83,15 @@ export function createProbeCache(maxEntries = MAX_CACHED_CALIBRATIONS): ProbeCac
   const asking = new Map<string, Promise<number[] | undefined>>();
   return {
     get: (digest) => probes.get(digest),
-    async probe(digest, ask, signal) {
+    async probe(digest, ask, options) {
       for (;;) {
         const kept = probes.get(digest);
         if (kept) return { probe: kept };
         const theirs = asking.get(digest);
         if (!theirs) break;
         // Theirs leaves the map before it settles, so a probe that failed for them is asked next, not waited for again.
-        const probe = await unlessAborted(theirs, signal);
+        const probe = await untilDeadline(theirs, options);
+        if (probe === TOO_LATE) return { probe: undefined };
         if (probe) return { probe };
       }
       const mine = ask();
@@ -107,16 +111,21 @@ export function createProbeCache(maxEntries = MAX_CACHED_CALIBRATIONS): ProbeCac
   };
 }
 
-/** `promise`, unless `signal` aborts first: then a rejection with its reason. */
-function unlessAborted<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
+const TOO_LATE = Symbol("past the deadline");
+
+/** `promise`'s value; TOO_LATE once `deadlineMs` passes first; a rejection with its reason once `signal` aborts first. */
+function untilDeadline<T>(promise: Promise<T>, { signal, deadlineMs }: CallOptions): Promise<T | typeof TOO_LATE> {
   if (signal.aborted) return Promise.reject(signal.reason);
   return new Promise((resolve, reject) => {
-    const onAbort = () => reject(signal.reason);
-    signal.addEventListener("abort", onAbort, { once: true });
-    void promise.then((value) => {
+    const timer = setTimeout(() => settle(() => resolve(TOO_LATE)), Math.max(0, deadlineMs - Date.now()));
+    const onAbort = () => settle(() => reject(signal.reason));
+    const settle = (then: () => void) => {
+      clearTimeout(timer);
       signal.removeEventListener("abort", onAbort);
-      resolve(value);
-    });
+      then();
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    void promise.then((value) => settle(() => resolve(value)));
   });
 }
 

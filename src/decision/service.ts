@@ -169,7 +169,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           const deadlineMs = engineDeadlineMs(timeoutMs);
           const [outcome, probed] = await Promise.all([
             engine.decide({ stateBlock, questions }, { signal, deadlineMs }),
-            Promise.all(toProbe.map((c) => probeCache.probe(c.digest, () => askContentFree(engine, c.spec, { signal, deadlineMs }), signal))),
+            Promise.all(toProbe.map((c) => probeCache.probe(c.digest, () => askContentFree(engine, c.spec, { signal, deadlineMs }), { signal, deadlineMs }))),
           ]);
           // A probe this call asked shows its usage on the first question of its signature, and counts in the call's usage and charge.
           const probeUsage = new Map<string, UsageTotals>();
