@@ -203,18 +203,21 @@ async function processCpu(pid: number | string): Promise<{ name: string; seconds
  * left out with them). A backend that exits keeps the time last read of it, so
  * the figure never goes back, as it once did when a pool closed an idle
  * connection mid-measure; what it used after that reading is lost.
+ * Undefined while no backend of it was seen (a remote database).
  */
-export function databaseBackendsCpu(database: string): () => Promise<number> {
+export function databaseBackendsCpu(database: string): () => Promise<number | undefined> {
   const lastRead = new Map<string, number>();
   return async () => {
     for (const pid of await fs.readdir("/proc")) {
       if (!/^\d+$/.test(pid)) continue;
       const cpu = await processCpu(pid).catch(() => undefined); // gone since the listing
       if (cpu?.name !== "postgres") continue;
-      // A backend's title is "postgres: <cluster>: <user> <database> <client> <state>" (PostgreSQL's update_process_title).
+      // A backend's title is "postgres: [<cluster_name>: ]<user> <database> <client> <state>" (PostgreSQL's update_process_title).
       const title = await fs.readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
-      if (title.split(" ")[3] === database) lastRead.set(pid, cpu.seconds);
+      if (title.split(" ").includes(database)) lastRead.set(pid, cpu.seconds);
     }
+    // None seen: the database is on another machine.
+    if (lastRead.size === 0) return undefined;
     let total = 0;
     for (const seconds of lastRead.values()) total += seconds;
     return total;
