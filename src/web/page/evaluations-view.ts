@@ -1,9 +1,9 @@
 import { Chart, LinearScale, LineController, LineElement, PointElement, ScatterController, Tooltip, Legend } from "chart.js";
 import type { Evaluation, GetEvaluationResultsResponse, QuestionResults } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import { createCalibrationsView } from "./calibrations-view.js";
-import { uploadEvaluation, type AccountClient } from "./client.js";
+import { uploadEvaluation, type AccountClient, type UploadProgress } from "./client.js";
 import { drawConfusion } from "./confusion-chart.js";
-import { byId, emptyRow, formatCredits, numberCell, row } from "./dom.js";
+import { byId, emptyRow, formatBytes, formatCredits, formatSeconds, numberCell, row } from "./dom.js";
 
 Chart.register(ScatterController, LineController, LineElement, PointElement, LinearScale, Tooltip, Legend);
 
@@ -31,6 +31,10 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   const fileInput = byId("evaluation-file", HTMLInputElement);
   const capInput = byId("evaluation-cap", HTMLInputElement);
   const uploadStatus = byId("evaluation-upload-status", HTMLElement);
+  const upload = byId("evaluation-upload", HTMLElement);
+  const uploadBar = byId("evaluation-upload-bar", HTMLProgressElement);
+  const uploadBytes = byId("evaluation-upload-bytes", HTMLElement);
+  const startButton = form.querySelector<HTMLButtonElement>('button[type="submit"]')!;
   const error = byId("evaluations-error", HTMLElement);
   const table = byId("evaluations-table", HTMLTableElement);
   const results = byId("evaluation-results", HTMLElement);
@@ -50,9 +54,14 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     error.textContent = "";
+    startButton.disabled = true;
     void start()
       .catch((err: unknown) => options.fail(err, error))
-      .finally(() => (uploadStatus.textContent = ""));
+      .finally(() => {
+        uploadStatus.textContent = "";
+        upload.hidden = true;
+        startButton.disabled = false;
+      });
   });
   questionSelect.addEventListener("change", () => showQuestion(questionSelect.value));
 
@@ -67,10 +76,30 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
     body.set("questions", questionsInput.value);
     body.set("credit_cap_credits", capInput.value);
     body.set("examples", file, file.name);
-    uploadStatus.textContent = `Uploading ${file.name}…`;
-    await uploadEvaluation(location.origin, body);
+    uploadStatus.textContent = `Uploading ${file.name} (${formatBytes(file.size)})…`;
+    showUpload({ sentBytes: 0, totalBytes: file.size });
+    upload.hidden = false;
+    let sent = false;
+    await uploadEvaluation(location.origin, body, (progress) => {
+      showUpload(progress);
+      // Announced once, not at every step: the bar carries the figures.
+      if (!sent && progress.sentBytes >= progress.totalBytes) {
+        sent = true;
+        uploadStatus.textContent = `Sent ${file.name}; the service is checking and storing its examples…`;
+      }
+    });
     form.reset();
     await load();
+  }
+
+  /** The upload's bar: bytes of the form sent of its total, as figures beside it and as the bar's value text. */
+  function showUpload({ sentBytes, totalBytes }: UploadProgress): void {
+    const percent = totalBytes > 0 ? Math.floor((100 * sentBytes) / totalBytes) : 0;
+    const text = `${formatBytes(sentBytes)} of ${formatBytes(totalBytes)} (${percent} %)`;
+    uploadBar.max = Math.max(totalBytes, 1);
+    uploadBar.value = sentBytes;
+    uploadBar.setAttribute("aria-valuetext", text);
+    uploadBytes.textContent = text;
   }
 
   function evaluationRow(evaluation: Evaluation): HTMLTableRowElement {
@@ -84,6 +113,7 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
       evaluation.state + (evaluation.stopReason ? ` (${evaluation.stopReason})` : ""),
       numberCell(`${progress.done + progress.failed} / ${progress.total}`),
       numberCell(progress.examplesPerSecond.toFixed(1)),
+      numberCell(progress.secondsLeft === undefined ? "–" : formatSeconds(progress.secondsLeft)),
       numberCell(formatCredits(evaluation.chargedCredits)),
       show,
     ]);
