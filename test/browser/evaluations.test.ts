@@ -9,6 +9,7 @@ import { createTestAccount, postJson, startTestApp, type TestApp } from "../supp
 import { launchChromium, seriousAxeFindings } from "../support/browser.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../support/fake-llm.js";
+import { waitFor } from "../support/wait.js";
 
 /**
  * An evaluation in the real browser: an owner uploads a JSON Lines file of
@@ -170,7 +171,7 @@ describe("evaluations in a real browser", () => {
     expect(pageErrors).toEqual([]);
   });
 
-  it("shows the bytes of a large upload going up on an accessible progress bar, then the run's progress, and the runner's stop in the activity", async () => {
+  it("shows the bytes of a large upload going up on an accessible progress bar, then the run's progress and the runner's stop in the activity; resume, cancel and delete from the row", async () => {
     // About 1.2 MB of examples, sent at 256 KiB/s: Chromium's own network throttling (DevTools protocol) stretches the upload over seconds.
     const lines = Array.from({ length: 4_000 }, (_, i) => JSON.stringify({ state: `ticket ${i}: where is my parcel? ${"It was due last week and nobody answers. ".repeat(6)}`, labels: { urgent: i % 3 === 0 } }));
     const file = path.join(dir, "large.jsonl");
@@ -224,6 +225,36 @@ describe("evaluations in a real browser", () => {
     expect([await lineCells.nth(1).innerText(), await lineCells.nth(2).innerText()]).toEqual(["system", "stopped an evaluation"]);
     expect(await lineCells.nth(3).innerText()).toMatch(/: stopped by the evaluation runner: its credit cap was reached \(CREDIT_CAP\); 0 of 4000 examples run; charged 0 credits, cap 0\.000001 credits$/);
     expect(await seriousAxeFindings(page)).toEqual([]);
+
+    // Resumed at the same cap it stops again at once: a second line by the system after the member's resume.
+    await page.getByRole("link", { name: "Evaluations" }).click();
+    await viewReady("evaluations");
+    const id = (await stopped.getAttribute("data-id"))!;
+    await stopped.getByRole("button", { name: "Resume large.jsonl" }).click();
+    const dialog = page.getByRole("dialog", { name: "Resume this evaluation?" });
+    expect(await dialog.getByText("its credit cap was reached. Raise the cap, or it stops again at once").count()).toBe(1);
+    expect(await seriousAxeFindings(page)).toEqual([]);
+    await dialog.getByRole("button", { name: "Resume" }).click();
+    await waitFor(async () => (await database.db("account_activity").where({ kind: "evaluation_stopped" }).where("detail", "like", `${id}:%`)).length === 2, "the second stop");
+    const kinds = await database.db("account_activity").where("detail", "like", `${id}:%`).orderBy("id").select("kind", "actor");
+    expect(kinds).toEqual([
+      { kind: "evaluation_created", actor: "eve.evals@example.com" },
+      { kind: "evaluation_stopped", actor: "system" },
+      { kind: "evaluation_resumed", actor: "eve.evals@example.com" },
+      { kind: "evaluation_stopped", actor: "system" },
+    ]);
+
+    // Cancelled, then deleted, from its row, each after a confirmation.
+    const row = page.locator(`#evaluations-table tr[data-id="${id}"]`);
+    await page.locator(`#evaluations-table tr[data-id="${id}"][data-state="stopped"]`).waitFor();
+    await row.getByRole("button", { name: "Cancel large.jsonl" }).click();
+    await page.getByRole("dialog", { name: "Cancel this evaluation?" }).getByRole("button", { name: "Cancel evaluation" }).click();
+    await page.locator(`#evaluations-table tr[data-id="${id}"][data-state="cancelled"]`).waitFor();
+    expect(await row.getByRole("button", { name: "Resume large.jsonl" }).count()).toBe(0);
+    await row.getByRole("button", { name: "Delete large.jsonl" }).click();
+    await page.getByRole("dialog", { name: "Delete this evaluation?" }).getByRole("button", { name: "Delete evaluation" }).click();
+    await row.waitFor({ state: "detached" });
+    expect(await database.db("evaluations").where({ id })).toHaveLength(0);
     expect(pageErrors).toEqual([]);
   }, 120_000);
 });

@@ -45,7 +45,12 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   const confusionBox = byId("confusion", HTMLElement);
   const confusionCanvas = byId("confusion-chart", HTMLCanvasElement);
   const confusionTable = byId("confusion-table", HTMLTableElement);
+  const dialog = byId("evaluation-dialog", HTMLDialogElement);
+  const dialogCapBox = byId("evaluation-dialog-cap-box", HTMLElement);
+  const dialogCap = byId("evaluation-dialog-cap", HTMLInputElement);
+  const dialogConfirm = byId("evaluation-dialog-confirm", HTMLButtonElement);
   const calibrations = createCalibrationsView(options);
+  let asked: { action: EvaluationAction; evaluation: Evaluation } | undefined;
   let timer: ReturnType<typeof setTimeout> | undefined;
   let chart: Chart | undefined;
   let confusionChart: Chart<"matrix"> | undefined;
@@ -64,6 +69,46 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
       });
   });
   questionSelect.addEventListener("change", () => showQuestion(questionSelect.value));
+  dialog.addEventListener("close", () => {
+    const what = asked;
+    asked = undefined;
+    if (dialog.returnValue !== "confirm" || !what) return;
+    error.textContent = "";
+    void act(what.action, what.evaluation).catch((err: unknown) => options.fail(err, error));
+  });
+
+  /** Asks before a change of state: what it does, and for a resume the new cap. */
+  function ask(action: EvaluationAction, evaluation: Evaluation): void {
+    asked = { action, evaluation };
+    const name = evaluationName(evaluation);
+    const spent = `It has charged ${formatCredits(evaluation.chargedCredits)} of its ${formatCredits(evaluation.creditCapCredits)} credits cap.`;
+    const text: Record<EvaluationAction, [string, string, string]> = {
+      cancel: ["Cancel this evaluation?", `No new example of ${name} starts; those in flight finish and are charged. ${spent} A cancelled evaluation cannot be resumed.`, "Cancel evaluation"],
+      resume: [
+        "Resume this evaluation?",
+        `${name} stopped: ${evaluation.stopReason === "CREDIT_CAP" ? "its credit cap was reached. Raise the cap, or it stops again at once" : "the account's balance ran out. Add credits first, or it stops again at once"}. ${spent}`,
+        "Resume",
+      ],
+      delete: ["Delete this evaluation?", `${name} and its results are removed. What it was charged stays in the usage.`, "Delete evaluation"],
+    };
+    const [title, body, confirm] = text[action];
+    byId("evaluation-dialog-title", HTMLElement).textContent = title;
+    byId("evaluation-dialog-text", HTMLElement).textContent = body;
+    dialogConfirm.textContent = confirm;
+    dialogConfirm.className = action === "delete" ? "danger" : "";
+    dialogCapBox.hidden = action !== "resume";
+    dialogCap.value = "";
+    dialog.returnValue = "";
+    dialog.showModal();
+  }
+
+  async function act(action: EvaluationAction, evaluation: Evaluation): Promise<void> {
+    const evaluationId = evaluation.id;
+    if (action === "cancel") await client.cancelEvaluation({ evaluationId });
+    else if (action === "resume") await client.resumeEvaluation({ evaluationId, creditCapCredits: dialogCap.value === "" ? 0 : Number(dialogCap.value) });
+    else await client.deleteEvaluation({ evaluationId });
+    await load();
+  }
 
   async function start(): Promise<void> {
     const file = fileInput.files?.[0];
@@ -108,6 +153,13 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
     show.type = "button";
     show.textContent = "Results";
     show.addEventListener("click", () => void showResults(evaluation.id).catch((err: unknown) => options.fail(err, error)));
+    const actions = document.createElement("td");
+    actions.className = "actions";
+    actions.append(show);
+    const state = evaluation.state;
+    if (state === "stopped") actions.append(actionButton("Resume", "resume", evaluation));
+    if (state === "running" || state === "stopped") actions.append(actionButton("Cancel", "cancel", evaluation));
+    if (state !== "running") actions.append(actionButton("Delete", "delete", evaluation));
     const tr = row([
       evaluation.name,
       evaluation.state + (evaluation.stopReason ? ` (${evaluation.stopReason})` : ""),
@@ -115,11 +167,21 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
       numberCell(progress.examplesPerSecond.toFixed(1)),
       numberCell(progress.secondsLeft === undefined ? "–" : formatSeconds(progress.secondsLeft)),
       numberCell(formatCredits(evaluation.chargedCredits)),
-      show,
+      actions,
     ]);
     tr.dataset["id"] = evaluation.id;
     tr.dataset["state"] = evaluation.state;
     return tr;
+  }
+
+  function actionButton(label: string, action: EvaluationAction, evaluation: Evaluation): HTMLButtonElement {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "secondary";
+    button.textContent = label;
+    button.setAttribute("aria-label", `${label} ${evaluationName(evaluation)}`);
+    button.addEventListener("click", () => ask(action, evaluation));
+    return button;
   }
 
   async function load(): Promise<void> {
@@ -201,6 +263,7 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   return {
     load,
     clear() {
+      if (dialog.open) dialog.close();
       if (timer) clearTimeout(timer);
       chart?.destroy();
       chart = undefined;
@@ -216,4 +279,12 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
       error.textContent = "";
     },
   };
+}
+
+/** What a member may do to an evaluation from its row. */
+type EvaluationAction = "cancel" | "resume" | "delete";
+
+/** An evaluation as its row names it: its name, else its id. */
+function evaluationName(evaluation: Evaluation): string {
+  return evaluation.name === "" ? `evaluation ${evaluation.id}` : evaluation.name;
 }
