@@ -117,7 +117,7 @@ export async function listEvaluations(db: Knex | Knex.Transaction, accountId: st
 }
 
 /** Cancels a running or stopped evaluation; undefined when it is not found. Examples in flight finish and are charged. */
-export async function cancelEvaluation(db: Knex, accountId: string, id: string): Promise<{ row?: DbEvaluationRow; changed: boolean }> {
+export async function cancelEvaluation(db: Knex | Knex.Transaction, accountId: string, id: string): Promise<{ row?: DbEvaluationRow; changed: boolean }> {
   const [row] = await db("evaluations")
     .where({ account_id: accountId, id })
     .whereIn("state", ["running", "stopped"])
@@ -129,7 +129,7 @@ export async function cancelEvaluation(db: Knex, accountId: string, id: string):
 }
 
 /** Runs a stopped evaluation again, with a new cap when given. */
-export async function resumeEvaluation(db: Knex, accountId: string, id: string, capUnits: number | undefined): Promise<{ row?: DbEvaluationRow; changed: boolean }> {
+export async function resumeEvaluation(db: Knex | Knex.Transaction, accountId: string, id: string, capUnits: number | undefined): Promise<{ row?: DbEvaluationRow; changed: boolean }> {
   const [row] = await db("evaluations")
     .where({ account_id: accountId, id, state: "stopped" })
     .update({ state: "running", stop_reason: "", running_since: db.raw("clock_timestamp()"), ...(capUnits !== undefined ? { cap_units: capUnits } : {}) })
@@ -143,7 +143,7 @@ export async function resumeEvaluation(db: Knex, accountId: string, id: string, 
  * Deletes an evaluation that is not running and has no example in flight
  * (whose hold is still open); its charges stay in requests and the ledger.
  */
-export async function deleteEvaluation(db: Knex, accountId: string, id: string): Promise<"deleted" | "not_found" | "busy"> {
+export async function deleteEvaluation(db: Knex | Knex.Transaction, accountId: string, id: string): Promise<"deleted" | "not_found" | "busy"> {
   return db.transaction(async (tx) => {
     const row = await tx("evaluations").where({ account_id: accountId, id }).forUpdate().first("state");
     if (!row) return "not_found";
