@@ -16,15 +16,23 @@
  *
  * BENCH_CALIBRATION=1 measures what applying a calibration costs a call: one
  * build (BENCH_AB's first, else this tree's bundle) answers the same decision
- * in three arms, alternated like builds: `plain`; `platt`, where the first
+ * in four arms, alternated like builds: `plain`; `platt`, where the first
  * question (noul) names a Platt calibration fitted on synthetic answers, one
- * per account since a calibration is its account's; and `contextual`, whose
- * content-free probe the warm-up has cached. http mode only (a body per key).
+ * per account since a calibration is its account's; `contextual`, whose
+ * content-free probe the warm-up has cached; and `plain-again`, the plain arm
+ * once more, whose ratio to `plain` is the run's noise band (an A/A test): a
+ * calibration costs nothing measurable when its ratio lies within that band.
+ * Every arm sends the same keys, one body per key, and the warm-up sends each
+ * arm's every body once, so no arm meets a cache the others found warm.
+ * http mode only (a body per key). BENCH_ARMS=platt (names, comma-separated)
+ * runs only those arms, e.g. to profile one with `--cpu-prof` in BENCH_AB's
+ * node options.
  *
  * A build of another revision: `git worktree add /tmp/old <rev> && cd /tmp/old && npm ci &&
  * npm run build` (its bundle carries its own dependencies). Prints every round, then per mode
  * and build the medians of req/s, p50, p99, and the CPU per call of the service and of
- * PostgreSQL (every postgres process of this machine; NaN for a remote database),
+ * PostgreSQL (the backends connected to the build's own database; NaN for a remote
+ * database or an embedded store),
  * then each build's peak RSS over the whole run. A build runs with `npm start`'s node
  * options unless its entry names others after the bundle.
  */
@@ -38,7 +46,7 @@ import { signatureDigest } from "../src/evaluation/calibration-signature.js";
 import { insertCalibration, signatureColumns, type CalibrationSignature } from "../src/evaluation/calibration-store.js";
 import { seededRandom } from "../src/evaluation/seeded-random.js";
 import type { LoadOptions } from "./roles.js";
-import { buildService, databaseCpuSeconds, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
+import { buildService, databaseBackendsCpu, startFakeUpstream, startLoadGenerator, startService, type ServiceProcess } from "./processes.js";
 import { createDefaultAccounts, decideBody, embeddedStoreUrl, median, openBenchStore, type BenchStore } from "./support.js";
 
 /** `name=bundle [node options]`: the options replace npm start's for that build. */
@@ -58,6 +66,7 @@ const QUESTIONS = Number(process.env.BENCH_QUESTIONS ?? 1);
 const RATE = Number(process.env.BENCH_RATE ?? 500);
 const EMBEDDED = process.env.BENCH_STORE === "embedded";
 const CALIBRATION = process.env.BENCH_CALIBRATION === "1";
+const ARMS = process.env.BENCH_ARMS?.split(",").filter(Boolean);
 const UPSTREAM_MODEL = "bench-model";
 const CONNECTIONS = 50;
 const ACCOUNTS = 1_500;
@@ -69,6 +78,22 @@ interface Build {
   apiKeys: string[];
   /** BENCH_CALIBRATION: per key, the decision whose first question names that key's account's Platt calibration. */
   plattBodies?: string[];
+}
+
+/**
+ * The order of n arms in round `round`: a balanced Latin square (Williams
+ * 1949). Over n rounds (2n when n is odd) each arm runs once in each place
+ * and right after each other arm once, so neither a place in the round nor a
+ * neighbour's leftovers (garbage, a warm cache, a busy database) favour one.
+ */
+function armOrder(n: number, round: number): number[] {
+  const first: number[] = [];
+  for (let low = 0, high = n - 1; first.length < n; ) {
+    first.push(low++);
+    if (first.length < n) first.push(high--);
+  }
+  const row = first.map((arm) => (arm + round) % n);
+  return n % 2 === 1 && Math.floor(round / n) % 2 === 1 ? row.reverse() : row;
 }
 
 /** What one row measures: a build and the requests it is sent. */
@@ -151,15 +176,18 @@ async function main() {
       builds.push({ name, service, store, apiKeys, plattBodies: CALIBRATION ? await plattBodies(db, body, apiKeys) : undefined });
       await db.destroy();
     }
-    // The three arms of BENCH_CALIBRATION use the same keys: those whose accounts have a calibration.
+    // The arms of BENCH_CALIBRATION use the same keys (those whose accounts have a calibration), each with a body per key.
     const calibrated = CALIBRATION ? builds[0]!.apiKeys.slice(0, builds[0]!.plattBodies!.length) : [];
+    const perKey = (json: string) => calibrated.map(() => json);
     const arms: Arm[] = CALIBRATION
       ? [
-          { name: "plain", build: builds[0]!, body, apiKeys: calibrated },
+          { name: "plain", build: builds[0]!, body, bodies: perKey(body), apiKeys: calibrated },
           { name: "platt", build: builds[0]!, body, bodies: builds[0]!.plattBodies, apiKeys: calibrated },
-          { name: "contextual", build: builds[0]!, body: contextualBody(body), apiKeys: calibrated },
-        ]
+          { name: "contextual", build: builds[0]!, body: contextualBody(body), bodies: perKey(contextualBody(body)), apiKeys: calibrated },
+          { name: "plain-again", build: builds[0]!, body, bodies: perKey(body), apiKeys: calibrated },
+        ].filter((arm) => !ARMS || ARMS.includes(arm.name))
       : builds.map((build) => ({ name: build.name, build, body }));
+    if (arms.length === 0) throw new Error(`BENCH_ARMS names no arm of this run: ${ARMS!.join(",")}`);
     const run = (arm: Arm, mode: LoadOptions["mode"], durationS: number) =>
       load.run({
         mode,
@@ -173,7 +201,7 @@ async function main() {
       });
     // The warm-up also asks the contextual arm's probe, so its rounds measure the cached path.
     for (const arm of arms) for (const mode of MODES) await run(arm, mode, 2);
-    // And each Platt body once, so that the replica has read every calibration and key: the rounds measure the kept ones.
+    // And each arm's every body once, so that the replica has read every calibration and key: the rounds measure the kept ones.
     for (const arm of arms.filter((a) => a.bodies)) {
       for (let i = 0; i < arm.bodies!.length; i += CONNECTIONS) {
         await Promise.all(
@@ -189,17 +217,18 @@ async function main() {
       }
     }
 
+    // PostgreSQL's share: the backends of the build's own database (other people's tests may share this server).
+    const databaseCpu = new Map(builds.map((build) => [build, build.store.env.DATABASE_URL ? databaseBackendsCpu(new URL(build.store.env.DATABASE_URL).pathname.slice(1)) : undefined]));
     const figures = new Map<string, { rps: number[]; p50: number[]; p99: number[]; cpuMs: number[]; dbCpuMs: number[] }>();
     for (let round = 0; round < ROUNDS; round++) {
       for (const mode of MODES) {
-        // Every other round in reverse order, so neither build always follows the other.
-        for (const arm of round % 2 === 0 ? arms : [...arms].reverse()) {
+        for (const arm of armOrder(arms.length, round).map((i) => arms[i]!)) {
           const before = await arm.build.service.cpuSeconds();
-          const dbBefore = await databaseCpuSeconds();
+          const dbBefore = await databaseCpu.get(arm.build)?.();
           const result = await run(arm, mode, DURATION_S);
           const cpuMs = ((await arm.build.service.cpuSeconds()) - before) * 1000 / result.requests;
           // An embedded store's PostgreSQL runs inside the service, so its CPU is in the service's figure.
-          const dbCpuMs = EMBEDDED ? NaN : (((await databaseCpuSeconds()) ?? NaN) - (dbBefore ?? NaN)) * 1000 / result.requests;
+          const dbCpuMs = EMBEDDED ? NaN : (((await databaseCpu.get(arm.build)?.()) ?? NaN) - (dbBefore ?? NaN)) * 1000 / result.requests;
           const key = `${mode} ${arm.name}`;
           const entry = figures.get(key) ?? { rps: [], p50: [], p99: [], cpuMs: [], dbCpuMs: [] };
           figures.set(key, entry);
@@ -220,13 +249,19 @@ async function main() {
         `${key.padEnd(20)} ${median(entry.rps).toFixed(0)} req/s  p50 ${median(entry.p50).toFixed(2)} ms  p99 ${median(entry.p99).toFixed(2)} ms  service CPU ${median(entry.cpuMs).toFixed(3)} ms/call  PostgreSQL CPU ${median(entry.dbCpuMs).toFixed(3)} ms/call`,
       );
     }
-    // Each arm against the first, per mode: above 1 means more of it (req/s), or more time (p50, CPU).
+    // Each arm against the first, per mode: above 1 means more of it (req/s), or more time (p50, CPU). In brackets, the
+    // lowest and highest of the rounds' own ratios (each round runs every arm): with BENCH_CALIBRATION, plain-again's is the noise band.
     for (const mode of MODES) {
       const first = figures.get(`${mode} ${arms[0]!.name}`)!;
       for (const arm of arms.slice(1)) {
         const entry = figures.get(`${mode} ${arm.name}`)!;
-        const ratio = (key: "rps" | "p50" | "cpuMs") => (median(entry[key]) / median(first[key])).toFixed(3);
-        console.log(`${`${mode} ${arm.name} ÷ ${arms[0]!.name}`.padEnd(28)} req/s ${ratio("rps")}×  p50 ${ratio("p50")}×  service CPU ${ratio("cpuMs")}×`);
+        const ratio = (key: "rps" | "p50" | "cpuMs" | "dbCpuMs") => {
+          const rounds = entry[key].map((value, i) => value / first[key][i]!);
+          return `${(median(entry[key]) / median(first[key])).toFixed(3)}× [${Math.min(...rounds).toFixed(3)}–${Math.max(...rounds).toFixed(3)}]`;
+        };
+        console.log(
+          `${`${mode} ${arm.name} ÷ ${arms[0]!.name}`.padEnd(30)} req/s ${ratio("rps")}  p50 ${ratio("p50")}  service CPU ${ratio("cpuMs")}  PostgreSQL CPU ${ratio("dbCpuMs")}`,
+        );
       }
     }
     for (const build of builds) console.log(`peak RSS of ${build.name.padEnd(12)} ${(await build.service.peakRssMb()).toFixed(0)} MB`);

@@ -185,36 +185,43 @@ export async function startService(
   };
 }
 
-/** A process's name, the CPU time it has used (user + system), and that of the children it has reaped, from /proc/<pid>/stat. */
-async function processCpu(pid: number | string): Promise<{ name: string; seconds: number; reapedChildrenSeconds: number }> {
+/** A process's name and the CPU time it has used (user + system), from /proc/<pid>/stat. */
+async function processCpu(pid: number | string): Promise<{ name: string; seconds: number }> {
   const stat = await fs.readFile(`/proc/${pid}/stat`, "utf8");
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  // utime, stime, cutime and cstime, fields 14 to 17 of proc(5), in clock ticks of 1/100 s on Linux.
+  // utime and stime, fields 14 and 15 of proc(5), in clock ticks of 1/100 s on Linux.
   const ticks = (field: number) => Number(fields[field - 3]);
-  return {
-    name: stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")")),
-    seconds: (ticks(14) + ticks(15)) / 100,
-    reapedChildrenSeconds: (ticks(16) + ticks(17)) / 100,
-  };
+  return { name: stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")")), seconds: (ticks(14) + ticks(15)) / 100 };
 }
 
 /**
- * CPU time used so far by every PostgreSQL process of this machine (backends,
- * WAL writer, checkpointer, autovacuum), in seconds; undefined when none runs
- * here (a remote DATABASE_URL). Two readings around a measure give the
- * database's share of each call. A backend that exits between them still
- * counts: once the postmaster reaps it, its time is in the postmaster's
- * reaped-children figures (a pool closing an idle connection mid-measure
- * once made the share negative).
+ * A reader of the CPU time used so far by the backends connected to one
+ * database (their process title names it), in seconds; two readings around a
+ * measure give the database's share of each call. Only that database's
+ * backends: on a server other people's tests share, every PostgreSQL process
+ * would count theirs too (the WAL writer's and checkpointer's share of ours is
+ * left out with them). A backend that exits keeps the time last read of it, so
+ * the figure never goes back, as it once did when a pool closed an idle
+ * connection mid-measure; what it used after that reading is lost.
+ * Undefined while no backend of it was seen (a remote database).
  */
-export async function databaseCpuSeconds(): Promise<number | undefined> {
-  let total: number | undefined;
-  for (const pid of await fs.readdir("/proc")) {
-    if (!/^\d+$/.test(pid)) continue;
-    const cpu = await processCpu(pid).catch(() => undefined); // gone since the listing
-    if (cpu?.name === "postgres") total = (total ?? 0) + cpu.seconds + cpu.reapedChildrenSeconds;
-  }
-  return total;
+export function databaseBackendsCpu(database: string): () => Promise<number | undefined> {
+  const lastRead = new Map<string, number>();
+  return async () => {
+    for (const pid of await fs.readdir("/proc")) {
+      if (!/^\d+$/.test(pid)) continue;
+      const cpu = await processCpu(pid).catch(() => undefined); // gone since the listing
+      if (cpu?.name !== "postgres") continue;
+      // A backend's title is "postgres: [<cluster_name>: ]<user> <database> <client> <state>" (PostgreSQL's update_process_title).
+      const title = await fs.readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+      if (title.split(" ").includes(database)) lastRead.set(pid, cpu.seconds);
+    }
+    // None seen: the database is on another machine.
+    if (lastRead.size === 0) return undefined;
+    let total = 0;
+    for (const seconds of lastRead.values()) total += seconds;
+    return total;
+  };
 }
 
 function run(command: string, args: string[]): Promise<void> {

@@ -57,17 +57,76 @@ export const CONTEXTUAL = "contextual";
 /**
  * The answers to the content-free state, by question signature digest,
  * bounded: each signature is probed once per process while it stays in the
- * map. A probe depends only on the signature, which names the prompt version
- * and the upstream model, so a kept one never goes stale.
+ * map, and by one call at a time. A probe depends only on the signature,
+ * which names the prompt version and the upstream model, so a kept one never
+ * goes stale.
  */
 export interface ProbeCache {
   get(digest: string): number[] | undefined;
-  put(digest: string, probe: number[]): void;
+  /**
+   * The probe of `digest` for a call that needs it: the kept one; else the
+   * one another call of this process is asking now, which this call waits for
+   * and pays nothing for; else this call asks it with `ask` and pays for it
+   * (`usage`). When the call waited for ends without a probe (its upstream
+   * failed, or its caller left), this call asks itself, so it never depends
+   * on another caller's fate. A wait ends at this call's own deadline (no
+   * probe, as when it got no answer: on the embedded model each call plans
+   * its own, which may come before the asker's) or when its signal aborts (a
+   * rejection with the signal's reason).
+   */
+  probe(digest: string, ask: () => Promise<ContentFreeProbe>, options: CallOptions): Promise<{ probe: number[] | undefined; usage?: UsageTotals }>;
 }
 
 export function createProbeCache(maxEntries = MAX_CACHED_CALIBRATIONS): ProbeCache {
   const probes = boundedMap<number[]>(maxEntries);
-  return { get: (digest) => probes.get(digest), put: (digest, probe) => probes.set(digest, probe) };
+  /** The probes being asked, each settling (never rejecting) once its asker is done and it is kept or not. */
+  const asking = new Map<string, Promise<number[] | undefined>>();
+  return {
+    get: (digest) => probes.get(digest),
+    async probe(digest, ask, options) {
+      for (;;) {
+        const kept = probes.get(digest);
+        if (kept) return { probe: kept };
+        const theirs = asking.get(digest);
+        if (!theirs) break;
+        // Theirs leaves the map before it settles, so a probe that failed for them is asked next, not waited for again.
+        const probe = await untilDeadline(theirs, options);
+        if (probe === TOO_LATE) return { probe: undefined };
+        if (probe) return { probe };
+      }
+      const mine = ask();
+      const done = mine
+        .then(
+          ({ probe }) => probe,
+          () => undefined,
+        )
+        .then((probe) => {
+          if (probe) probes.set(digest, probe);
+          asking.delete(digest);
+          return probe;
+        });
+      asking.set(digest, done);
+      return mine;
+    },
+  };
+}
+
+const TOO_LATE = Symbol("past the deadline");
+
+/** `promise`'s value; TOO_LATE once `deadlineMs` passes first; a rejection with its reason once `signal` aborts first. */
+function untilDeadline<T>(promise: Promise<T>, { signal, deadlineMs }: CallOptions): Promise<T | typeof TOO_LATE> {
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => settle(() => resolve(TOO_LATE)), Math.max(0, deadlineMs - Date.now()));
+    const onAbort = () => settle(() => reject(signal.reason));
+    const settle = (then: () => void) => {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", onAbort);
+      then();
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    void promise.then((value) => settle(() => resolve(value)));
+  });
 }
 
 function boundedMap<V>(maxEntries: number): { get(key: string): V | undefined; set(key: string, value: V): void } {
@@ -183,19 +242,25 @@ export function calibratedAnswer(
   const raw = labelDistribution(spec, answer);
   if (!raw) return undefined;
   const calibrated = applyCalibration(calibration.parameters, raw);
-  const head = { calibrationId: calibration.id, method: calibration.parameters.method, ...(probeUsage ? { probeUsage } : {}) };
+  // Each init written out whole: spreading a shared head costs more than the rest of the apply.
+  const calibrationId = calibration.id;
+  const method = calibration.parameters.method;
   switch (spec.type) {
     case "noul":
-      return create(CalibratedAnswerSchema, { ...head, noul: round6(calibrated[0]!) });
+      return create(CalibratedAnswerSchema, { calibrationId, method, probeUsage, noul: round6(calibrated[0]!) });
     case "choice":
       return create(CalibratedAnswerSchema, {
-        ...head,
+        calibrationId,
+        method,
+        probeUsage,
         choice: spec.options[argmax(calibrated)],
         probabilities: Object.fromEntries(spec.options.map((name, i) => [name, round6(calibrated[i]!)])),
       });
     case "score":
       return create(CalibratedAnswerSchema, {
-        ...head,
+        calibrationId,
+        method,
+        probeUsage,
         score: round6(expectedLevel(calibrated)),
         probabilities: Object.fromEntries(spec.labels.map((_, i) => [String(i), round6(calibrated[i]!)])),
       });

@@ -13,7 +13,7 @@ import {
 } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { decisionReserveUnits, type Meter } from "../metering/meter.js";
 import { meteredRpc } from "../metering/metered-rpc.js";
-import { hashApiKey } from "../keys/api-keys.js";
+import { apiKeyHashText } from "../keys/api-keys.js";
 import { authenticate, requireApiKey } from "../call/authentication.js";
 import { callPhasesOf } from "../call/call-phases.js";
 import { pathOf, throwIfInvalid } from "../validation.js";
@@ -93,7 +93,7 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
 
   /** The key's account for the calibration's ownership check: read once per key, then kept (an unknown or revoked key is never kept). */
   async function accountOfKey(apiKey: string): Promise<string> {
-    const hash = hashApiKey(apiKey).toString("base64");
+    const hash = apiKeyHashText(apiKey);
     const known = calibrationCache.accountOfKey(hash);
     if (known) return known;
     const accountId = await authenticate(db, apiKey);
@@ -122,9 +122,15 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
         return calibrationId === "" || calibrationId === CONTEXTUAL ? [] : [{ spec, calibrationId }];
       });
       const calibrations = wanted.length === 0 ? undefined : await calibrationsOf(db, calibrationCache, await accountOfKey(apiKey), wanted, asked);
-      // Contextual calibration probes each signature once per process; the probe is part of the call that needs it, and paid by it.
-      const contextual = questions.filter((spec) => request.questions[spec.key]!.calibration === CONTEXTUAL).map((spec) => ({ spec, digest: signatureDigest(signatureOf(spec, asked)) }));
-      const toProbe = contextual.filter((c, i) => !probeCache.get(c.digest) && contextual.findIndex((o) => o.digest === c.digest) === i);
+      // Contextual calibration probes each signature once per process; the probe is part of the call that asks it, and paid by it.
+      // A call that waits for another's probe reserves it too: it asks itself when that one ends without a probe.
+      const contextual = questions
+        .filter((spec) => request.questions[spec.key]!.calibration === CONTEXTUAL)
+        .map((spec) => {
+          const digest = signatureDigest(signatureOf(spec, asked));
+          return { spec, digest, probe: probeCache.get(digest) };
+        });
+      const toProbe = contextual.filter((c, i) => !c.probe && contextual.findIndex((o) => o.digest === c.digest) === i);
       const probeQuestions = toProbe.length * CONTENT_FREE_STATES.length;
       const engine = engines.current();
       if (!engine && engines.kind === "embedded") {
@@ -163,14 +169,16 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
           const deadlineMs = engineDeadlineMs(timeoutMs);
           const [outcome, probed] = await Promise.all([
             engine.decide({ stateBlock, questions }, { signal, deadlineMs }),
-            Promise.all(toProbe.map((c) => askContentFree(engine, c.spec, { signal, deadlineMs }))),
+            Promise.all(toProbe.map((c) => probeCache.probe(c.digest, () => askContentFree(engine, c.spec, { signal, deadlineMs }), { signal, deadlineMs }))),
           ]);
-          // The probe's usage shows on the first question of its signature, and counts in the call's usage and charge.
+          // A probe this call asked shows its usage on the first question of its signature, and counts in the call's usage and charge.
           const probeUsage = new Map<string, UsageTotals>();
+          const probedByDigest = new Map<string, number[] | undefined>();
           probed.forEach(({ probe, usage }, i) => {
+            probedByDigest.set(toProbe[i]!.digest, probe);
+            if (!usage) return;
             addUsage(outcome.usage, usage);
             probeUsage.set(toProbe[i]!.spec.key, usage);
-            if (probe) probeCache.put(toProbe[i]!.digest, probe);
           });
           callPhasesOf(ctx).details = {
             prompt_version: PROMPT_VERSION,
@@ -203,8 +211,8 @@ export function createDecisionService(deps: DecisionServiceDeps): ServiceImpl<ty
               if (row && answer) answer.xCalibrated = calibratedAnswer(spec, answer, row);
             }
           }
-          for (const { spec, digest } of contextual) {
-            const probe = probeCache.get(digest);
+          for (const { spec, digest, probe: kept } of contextual) {
+            const probe = kept ?? probedByDigest.get(digest);
             const answer = response.answers[spec.key];
             if (probe && answer) answer.xCalibrated = calibratedAnswer(spec, answer, { id: "", parameters: { method: "contextual", probe } }, probeUsage.get(spec.key));
           }

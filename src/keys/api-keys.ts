@@ -27,8 +27,14 @@ export function isWellFormedApiKey(key: string): boolean {
   return checksum(body.slice(0, RANDOM_CHARS)) === body.slice(RANDOM_CHARS);
 }
 
+/** What is stored of a key: its SHA-256 (in one call, which costs a third of a Hash object on every request). */
 export function hashApiKey(key: string): Buffer {
-  return crypto.createHash("sha256").update(key).digest();
+  return crypto.hash("sha256", key, "buffer");
+}
+
+/** The same SHA-256 as base64 text: what a process keeps per key in a map, never the key itself. */
+export function apiKeyHashText(key: string): string {
+  return crypto.hash("sha256", key, "base64");
 }
 
 /** What may be shown of a key in listings: its prefix and first characters. */
