@@ -111,6 +111,7 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     requestTimeoutMs: config.llm.requestTimeoutMs,
     llm: config.llm,
     leaseMarginMs: config.metering.leaseMarginMs,
+    now,
     logger,
   });
   const search = createSearchService({ db, meter, config: config.search, logger, metrics });

@@ -9,7 +9,7 @@ import { findAccount, type DbAccountRow } from "./account-funding.js";
 import { isUuid } from "../validation.js";
 import { changeKeyLimits, keyLimitsOf, MAX_ROLL_GRACE_SECONDS, parseKeyLimits, rollKey, setKeyLimits, type KeyLimits } from "../keys/key-limits.js";
 import { createAccount, grant } from "./account-funding.js";
-import { OPERATOR, recordActivity } from "../team/activity.js";
+import { listActivity, OPERATOR, recordActivity } from "../team/activity.js";
 import { createInvite, inviteUrl } from "../team/invites.js";
 import { emailProblem, ensureMember, findMember, findMemberByEmail, listMembers, normalizeEmail } from "../team/members.js";
 import { isRole, ROLES, type Role } from "../team/roles.js";
@@ -40,6 +40,7 @@ const USAGE = `usage: npm run --silent admin -- <command>
   keys revoke --key KEY_ID
   credits grant --account ID --credits C
   usage --account ID [--limit N]
+  activity --account ID [--limit N]       (newest first, at most 500)
   members invite --account ID --email E [--role owner|admin|member|viewer]
   members list --account ID
   members role --member MEMBER_ID --role owner|admin|member|viewer
@@ -259,6 +260,11 @@ async function run(
     case "usage": {
       const account = await requireAccount(db, requiredOption(options, "account"));
       return { account_id: account.id, calls: await listUsage(db, account.id, integerOption(options, "limit") ?? 50) };
+    }
+    case "activity": {
+      const account = await requireAccount(db, requiredOption(options, "account"));
+      const { rows } = await listActivity(db, account.id, { size: Math.min(integerOption(options, "limit") ?? 50, 500) });
+      return { account_id: account.id, events: rows.map((r) => ({ id: r.id, at: r.at, actor: r.actor, kind: r.kind, detail: r.detail })) };
     }
     case "members invite": {
       const account = await requireAccount(db, requiredOption(options, "account"));

@@ -95,17 +95,23 @@ export async function runEvals(db: Knex, command: string, options: Options, now:
     case "evals cancel":
     case "evals resume": {
       const { accountId, id } = await evaluationOption(db, options);
-      const change = command === "evals cancel" ? await cancelEvaluation(db, accountId, id) : await resumeEvaluation(db, accountId, id, undefined);
+      const change = await db.transaction(async (tx) => {
+        const made = command === "evals cancel" ? await cancelEvaluation(tx, accountId, id) : await resumeEvaluation(tx, accountId, id, undefined);
+        if (made.changed) await recordActivity(tx, { accountId, kind: command === "evals cancel" ? "evaluation_cancelled" : "evaluation_resumed", actor: OPERATOR, detail: evaluationActivityDetail(made.row!), at: now });
+        return made;
+      });
       if (!change.changed) throw new UsageError(`the evaluation is ${change.row!.state}: ${command === "evals cancel" ? "only a running or stopped one can be cancelled" : "only a stopped one can be resumed"}`);
-      await recordActivity(db, { accountId, kind: command === "evals cancel" ? "evaluation_cancelled" : "evaluation_resumed", actor: OPERATOR, detail: evaluationActivityDetail(change.row!), at: now });
       return evaluationJson((await findEvaluation(db, accountId, id))!);
     }
     case "evals delete": {
       const { accountId, id } = await evaluationOption(db, options);
       const before = await findEvaluation(db, accountId, id);
-      const outcome = await deleteEvaluation(db, accountId, id);
+      const outcome = await db.transaction(async (tx) => {
+        const deleted = await deleteEvaluation(tx, accountId, id);
+        if (deleted === "deleted") await recordActivity(tx, { accountId, kind: "evaluation_deleted", actor: OPERATOR, detail: evaluationActivityDetail(before!), at: now });
+        return deleted;
+      });
       if (outcome === "busy") throw new UsageError("the evaluation is running or has examples in flight: cancel it first");
-      if (outcome === "deleted") await recordActivity(db, { accountId, kind: "evaluation_deleted", actor: OPERATOR, detail: evaluationActivityDetail(before!), at: now });
       return { deleted: true, evaluation_id: id };
     }
     default:

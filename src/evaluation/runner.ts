@@ -30,6 +30,8 @@ export interface EvaluationRunnerDeps {
   llm: Pick<LlmConfig, "requestTimeoutMs" | "embedded">;
   /** Added to the deadline to form an example's lease (the metering's lease margin). */
   leaseMarginMs: number;
+  /** The account area's clock: the time of the activity line of an evaluation that stops or finishes. */
+  now: () => Date;
   logger: Logger;
 }
 
@@ -79,7 +81,7 @@ export function createEvaluationRunner(deps: EvaluationRunnerDeps): EvaluationRu
       return { kind: "retry", error: "internal" };
     });
     try {
-      const recorded = await finishExample(db, claimed, outcome);
+      const recorded = await finishExample(db, claimed, outcome, deps.now());
       if (!recorded) log.warn("evaluation example lost its lease; another replica finishes it");
     } catch (err) {
       // The lease runs out and the example is taken again, with the same hold.

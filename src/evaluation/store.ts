@@ -1,5 +1,7 @@
 import type { Knex } from "knex";
 import { finishExampleHold } from "../metering/evaluation-holds.js";
+import { recordActivity, SYSTEM } from "../team/activity.js";
+import { unitsToCredits } from "../units.js";
 import type { ValidExample } from "./examples.js";
 
 /**
@@ -115,7 +117,7 @@ export async function listEvaluations(db: Knex | Knex.Transaction, accountId: st
 }
 
 /** Cancels a running or stopped evaluation; undefined when it is not found. Examples in flight finish and are charged. */
-export async function cancelEvaluation(db: Knex, accountId: string, id: string): Promise<{ row?: DbEvaluationRow; changed: boolean }> {
+export async function cancelEvaluation(db: Knex | Knex.Transaction, accountId: string, id: string): Promise<{ row?: DbEvaluationRow; changed: boolean }> {
   const [row] = await db("evaluations")
     .where({ account_id: accountId, id })
     .whereIn("state", ["running", "stopped"])
@@ -127,7 +129,7 @@ export async function cancelEvaluation(db: Knex, accountId: string, id: string):
 }
 
 /** Runs a stopped evaluation again, with a new cap when given. */
-export async function resumeEvaluation(db: Knex, accountId: string, id: string, capUnits: number | undefined): Promise<{ row?: DbEvaluationRow; changed: boolean }> {
+export async function resumeEvaluation(db: Knex | Knex.Transaction, accountId: string, id: string, capUnits: number | undefined): Promise<{ row?: DbEvaluationRow; changed: boolean }> {
   const [row] = await db("evaluations")
     .where({ account_id: accountId, id, state: "stopped" })
     .update({ state: "running", stop_reason: "", running_since: db.raw("clock_timestamp()"), ...(capUnits !== undefined ? { cap_units: capUnits } : {}) })
@@ -141,7 +143,7 @@ export async function resumeEvaluation(db: Knex, accountId: string, id: string, 
  * Deletes an evaluation that is not running and has no example in flight
  * (whose hold is still open); its charges stay in requests and the ledger.
  */
-export async function deleteEvaluation(db: Knex, accountId: string, id: string): Promise<"deleted" | "not_found" | "busy"> {
+export async function deleteEvaluation(db: Knex | Knex.Transaction, accountId: string, id: string): Promise<"deleted" | "not_found" | "busy"> {
   return db.transaction(async (tx) => {
     const row = await tx("evaluations").where({ account_id: accountId, id }).forUpdate().first("state");
     if (!row) return "not_found";
@@ -247,9 +249,11 @@ export type ExampleOutcome =
  * Records an example's outcome and finishes its hold in one transaction, only
  * while the example is still this attempt's (its lease token): an attempt that
  * lost its lease records and charges nothing, so each example is charged once.
- * Returns false when the example was no longer this attempt's.
+ * Returns false when the example was no longer this attempt's. When this
+ * finish stops or finishes the evaluation, its activity line is written too,
+ * at `now` (else the database's clock).
  */
-export async function finishExample(db: Knex, claimed: ClaimedExample, outcome: ExampleOutcome): Promise<boolean> {
+export async function finishExample(db: Knex, claimed: ClaimedExample, outcome: ExampleOutcome, now?: Date): Promise<boolean> {
   return db.transaction(async (tx) => {
     const mine = { evaluation_id: claimed.evaluationId, position: claimed.position, lease_token: claimed.leaseToken, status: "running" };
     const cleared = { lease_until: null, lease_token: null };
@@ -277,20 +281,46 @@ export async function finishExample(db: Knex, claimed: ClaimedExample, outcome: 
       await tx("evaluation_examples").where({ evaluation_id: claimed.evaluationId, position: claimed.position }).update({ charged_units: resolved.chargedUnits });
     }
     if (outcome.kind === "answered" || outcome.kind === "failed") {
-      await tx.raw(
+      const { rows } = await tx.raw<{ rows: DbEvaluationRow[] }>(
         `UPDATE evaluations
             SET done = done + ?, failed = failed + ?,
                 state = CASE WHEN done + failed + 1 >= total AND state IN ('running', 'stopped') THEN 'finished' ELSE state END,
                 stop_reason = CASE WHEN done + failed + 1 >= total AND state IN ('running', 'stopped') THEN '' ELSE stop_reason END,
                 finished_at = CASE WHEN done + failed + 1 >= total AND finished_at IS NULL THEN clock_timestamp() ELSE finished_at END
-          WHERE id = ?`,
+          WHERE id = ?
+          RETURNING *`,
         [success ? 1 : 0, success ? 0 : 1, claimed.evaluationId],
       );
+      // Each example counts once, under the row's lock: exactly one finish brings the count to the total.
+      const row = rows[0];
+      if (row && row.state === "finished" && row.done + row.failed === row.total) await recordRunnerActivity(tx, normalize(row), "evaluation_finished", now);
     } else if (outcome.kind === "stopped") {
-      await tx("evaluations").where({ id: claimed.evaluationId, state: "running" }).update({ state: "stopped", stop_reason: outcome.reason });
+      const [row] = await tx("evaluations").where({ id: claimed.evaluationId, state: "running" }).update({ state: "stopped", stop_reason: outcome.reason }).returning("*");
+      if (row) await recordRunnerActivity(tx, normalize(row), "evaluation_stopped", now);
     }
     return true;
   });
+}
+
+/** What the runner tells of a stop or a finish it made, in text a member reads. */
+const STOP_TEXT: Record<StopReason, string> = {
+  CREDIT_CAP: "its credit cap was reached",
+  INSUFFICIENT_BALANCE: "the account's balance ran out",
+};
+
+/**
+ * The activity line of an evaluation that stopped or finished by itself,
+ * written in the transaction of that change of state (so once, whoever
+ * finishes the example and however often the finish is tried), by "system".
+ * Its time is the account area's clock when given, as the members' lines are.
+ */
+async function recordRunnerActivity(tx: Knex.Transaction, row: DbEvaluationRow, kind: "evaluation_stopped" | "evaluation_finished", now: Date | undefined): Promise<void> {
+  const spent = `charged ${unitsToCredits(row.charged_units)} credits, cap ${unitsToCredits(row.cap_units)} credits`;
+  const what =
+    kind === "evaluation_stopped"
+      ? `stopped by the evaluation runner: ${STOP_TEXT[row.stop_reason as StopReason] ?? row.stop_reason} (${row.stop_reason}); ${row.done + row.failed} of ${row.total} examples run`
+      : `finished by the evaluation runner: ${row.done} answered, ${row.failed} failed, of ${row.total}`;
+  await recordActivity(tx, { accountId: row.account_id, kind, actor: SYSTEM, detail: `${row.id}: ${what}; ${spent}`, at: now ?? tx.raw("clock_timestamp()") });
 }
 
 /**

@@ -1326,9 +1326,9 @@ export interface components {
         /** @description Something that happened to the account. */
         "typesafe.account.v1.ActivityEvent": {
             id: string;
-            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "key_limits_changed", "key_rolled", "credits_granted", "member_invited", "member_removed", "member_role_changed", "two_factor_enabled", "two_factor_disabled", "two_factor_required_changed", "alerts_set", "webhook_endpoint_added", "webhook_endpoint_removed", "webhook_secret_rotated", "webhook_endpoint_disabled", "webhook_endpoint_enabled", "evaluation_created", "evaluation_cancelled", "evaluation_resumed", "evaluation_deleted". */
+            /** @description One of "signed_in", "sign_in_failed", "signed_out", "invite_accepted", "key_created", "key_revoked", "key_limits_changed", "key_rolled", "credits_granted", "member_invited", "member_removed", "member_role_changed", "two_factor_enabled", "two_factor_disabled", "two_factor_required_changed", "alerts_set", "webhook_endpoint_added", "webhook_endpoint_removed", "webhook_secret_rotated", "webhook_endpoint_disabled", "webhook_endpoint_enabled", "evaluation_created", "evaluation_cancelled", "evaluation_resumed", "evaluation_deleted", "evaluation_stopped", "evaluation_finished", "calibration_fitted". */
             kind: string;
-            /** @description Who did it: a member's email, or "operator" for the CLI. */
+            /** @description Who did it: a member's email, "operator" for the CLI, or "system" for what the service did by itself (an evaluation that stopped or finished). */
             actor: string;
             /** @description What it was about, e.g. the key's prefix and last 4, or the credits granted. */
             detail: string;

@@ -93,10 +93,14 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
     async cancelEvaluation(req, ctx) {
       const member = allowed(ctx, "run_evaluations");
       await evaluationOf(member.accountId, req.evaluationId);
-      const { row, changed } = await cancelEvaluation(db, member.accountId, req.evaluationId);
+      // The change and its activity line commit together.
+      const { row, changed } = await db.transaction(async (tx) => {
+        const change = await cancelEvaluation(tx, member.accountId, req.evaluationId);
+        if (change.changed) await recordActivity(tx, { accountId: member.accountId, kind: "evaluation_cancelled", actor: member.email, detail: evaluationActivityDetail(change.row!), at: now() });
+        return change;
+      });
       if (!row) throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (!changed) throw stateError(row.state, "cancel", "only a running or stopped evaluation can be cancelled");
-      await recordActivity(db, { accountId: member.accountId, kind: "evaluation_cancelled", actor: member.email, detail: evaluationActivityDetail(row), at: now() });
       return { evaluation: evaluationMessage(await evaluationOf(member.accountId, row.id)) };
     },
 
@@ -111,10 +115,13 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
             : [],
         );
       }
-      const { row, changed } = await resumeEvaluation(db, member.accountId, req.evaluationId, capUnits);
+      const { row, changed } = await db.transaction(async (tx) => {
+        const change = await resumeEvaluation(tx, member.accountId, req.evaluationId, capUnits);
+        if (change.changed) await recordActivity(tx, { accountId: member.accountId, kind: "evaluation_resumed", actor: member.email, detail: evaluationActivityDetail(change.row!), at: now() });
+        return change;
+      });
       if (!row) throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (!changed) throw stateError(row.state, "resume", "only a stopped evaluation can be resumed");
-      await recordActivity(db, { accountId: member.accountId, kind: "evaluation_resumed", actor: member.email, detail: evaluationActivityDetail(row), at: now() });
       deps.wakeRunner();
       return { evaluation: evaluationMessage(await evaluationOf(member.accountId, row.id)) };
     },
@@ -122,16 +129,13 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
     async deleteEvaluation(req, ctx) {
       const member = allowed(ctx, "run_evaluations");
       const current = await evaluationOf(member.accountId, req.evaluationId);
-      const outcome = await deleteEvaluation(db, member.accountId, req.evaluationId);
+      const outcome = await db.transaction(async (tx) => {
+        const deleted = await deleteEvaluation(tx, member.accountId, req.evaluationId);
+        if (deleted === "deleted") await recordActivity(tx, { accountId: member.accountId, kind: "evaluation_deleted", actor: member.email, detail: evaluationActivityDetail(current), at: now() });
+        return deleted;
+      });
       if (outcome === "not_found") throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (outcome === "busy") throw stateError(current.state, "delete", "a running evaluation, or one with examples still in flight, cannot be deleted: cancel it first");
-      await recordActivity(db, {
-        accountId: member.accountId,
-        kind: "evaluation_deleted",
-        actor: member.email,
-        detail: evaluationActivityDetail(current),
-        at: now(),
-      });
       return {};
     },
 

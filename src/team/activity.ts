@@ -28,12 +28,16 @@ export const ACTIVITY_KINDS = [
   "evaluation_cancelled",
   "evaluation_resumed",
   "evaluation_deleted",
+  "evaluation_stopped",
+  "evaluation_finished",
   "calibration_fitted",
 ] as const;
 export type ActivityKind = (typeof ACTIVITY_KINDS)[number];
 
 /** Who did something from the CLI. */
 export const OPERATOR = "operator";
+/** Who did what the service did by itself (an evaluation its runner stopped or finished); no member's email is without an "@". */
+export const SYSTEM = "system";
 
 /** A row of `account_activity`. */
 export interface DbActivityRow {
@@ -45,10 +49,14 @@ export interface DbActivityRow {
   at: Date;
 }
 
-/** Records one event of the account; written by the account area and the CLI, never by an API call. */
+/**
+ * Records one event of the account; written by the account area, the CLI and
+ * the evaluation runner, never by an API call. `at` may be the database's
+ * clock (a Knex raw), as the rows the event is about use.
+ */
 export async function recordActivity(
   db: Knex | Knex.Transaction,
-  event: { accountId: string; kind: ActivityKind; actor: string; detail?: string; at: Date },
+  event: { accountId: string; kind: ActivityKind; actor: string; detail?: string; at: Date | Knex.Raw },
 ): Promise<void> {
   await db("account_activity").insert({ account_id: event.accountId, kind: event.kind, actor: event.actor, detail: event.detail ?? "", at: event.at });
 }

@@ -70,6 +70,14 @@ describe("operator CLI: evals", () => {
     // A key starting with "=" would be a formula in a spreadsheet: quoted with a leading apostrophe, as usage.csv does.
     expect(row!.startsWith(`"'=refund",noul,3,3,0.666`)).toBe(true);
 
+    // `activity` lists the runner's finish, by the system, with what was spent against the cap.
+    const listed = await admin(["activity", "--account", accountId]);
+    const events = (listed.json.events as Array<{ kind: string; actor: string; detail: string }>).filter((e) => e.kind.startsWith("evaluation_"));
+    expect(events.map((e) => [e.kind, e.actor, e.detail])).toEqual([
+      ["evaluation_finished", "system", `${created.json.id}: finished by the evaluation runner: 3 answered, 0 failed, of 3; charged 0.00027 credits, cap 1 credits`],
+      ["evaluation_created", "operator", `${created.json.id}: 3 examples, cap 1 credits`],
+    ]);
+
     // The activity log says which evaluation went and what it had spent.
     expect((await admin(["evals", "delete", "--evaluation", created.json.id])).json).toEqual({ deleted: true, evaluation_id: created.json.id });
     const activity = await database.db("account_activity").where({ account_id: accountId, kind: "evaluation_deleted" }).select("actor", "detail");

@@ -9,6 +9,7 @@ import { createTestAccount, postJson, startTestApp, type TestApp } from "../supp
 import { launchChromium, seriousAxeFindings } from "../support/browser.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../support/fake-llm.js";
+import { waitFor } from "../support/wait.js";
 
 /**
  * An evaluation in the real browser: an owner uploads a JSON Lines file of
@@ -66,10 +67,10 @@ async function viewReady(view: string): Promise<void> {
 }
 
 /** Fills the evaluation form as a member would and presses Start. */
-async function startEvaluation(questions: string, file: string): Promise<void> {
+async function startEvaluation(questions: string, file: string, cap = "1"): Promise<void> {
   await page.getByLabel("Questions").fill(questions);
   await page.getByLabel("Examples (JSON Lines or CSV").setInputFiles(file);
-  await page.getByLabel("Credit cap").fill("1");
+  await page.getByLabel("Credit cap").fill(cap);
   await page.getByRole("button", { name: "Start" }).click();
 }
 
@@ -169,4 +170,91 @@ describe("evaluations in a real browser", () => {
     expect(await seriousAxeFindings(page)).toEqual([]);
     expect(pageErrors).toEqual([]);
   });
+
+  it("shows the bytes of a large upload going up on an accessible progress bar, then the run's progress and the runner's stop in the activity; resume, cancel and delete from the row", async () => {
+    // About 1.2 MB of examples, sent at 256 KiB/s: Chromium's own network throttling (DevTools protocol) stretches the upload over seconds.
+    const lines = Array.from({ length: 4_000 }, (_, i) => JSON.stringify({ state: `ticket ${i}: where is my parcel? ${"It was due last week and nobody answers. ".repeat(6)}`, labels: { urgent: i % 3 === 0 } }));
+    const file = path.join(dir, "large.jsonl");
+    await fs.writeFile(file, lines.join("\n") + "\n");
+    const fileBytes = (await fs.stat(file)).size;
+    const cdp = await context.newCDPSession(page);
+    await cdp.send("Network.enable");
+    await cdp.send("Network.emulateNetworkConditions", { offline: false, latency: 0, downloadThroughput: -1, uploadThroughput: 256 * 1024 });
+    // Every state the bar goes through, recorded by the page itself as it changes.
+    await page.evaluate(() => {
+      const bar = document.getElementById("evaluation-upload-bar") as HTMLProgressElement;
+      const steps: Array<{ value: number; max: number; text: string | null }> = [];
+      (window as unknown as { uploadSteps: typeof steps }).uploadSteps = steps;
+      new MutationObserver(() => steps.push({ value: bar.value, max: bar.max, text: bar.getAttribute("aria-valuetext") })).observe(bar, { attributes: true, attributeFilter: ["value", "max", "aria-valuetext"] });
+    });
+
+    // A cap of one unit: the first example does not fit, so the evaluation stops by itself at once.
+    await startEvaluation(JSON.stringify({ urgent: { type: "noul", instructions: "Is it urgent?" } }), file, "0.000001");
+    const bar = page.getByRole("progressbar", { name: "Upload of the examples file" });
+    await page.waitForFunction(() => (document.getElementById("evaluation-upload-bar") as HTMLProgressElement).value > 0);
+    expect(await bar.isVisible()).toBe(true);
+    expect(await page.getByRole("button", { name: "Start" }).isDisabled()).toBe(true);
+    expect(await page.locator("#evaluation-upload-status").innerText()).toMatch(/^Uploading large\.jsonl \(1\.\d MiB\)…$|^Sent large\.jsonl/);
+
+    const stopped = page.locator('#evaluations-table tr[data-state="stopped"]', { hasText: "large.jsonl" });
+    await stopped.waitFor({ timeout: 60_000 });
+    await cdp.send("Network.emulateNetworkConditions", { offline: false, latency: 0, downloadThroughput: -1, uploadThroughput: -1 });
+    const cells = stopped.locator("td");
+    expect([await cells.nth(1).innerText(), await cells.nth(2).innerText(), await cells.nth(4).innerText()]).toEqual(["stopped (CREDIT_CAP)", "0 / 4000", "–"]);
+    expect(await page.locator("#evaluation-upload").isHidden()).toBe(true);
+    expect(await page.getByRole("button", { name: "Start" }).isEnabled()).toBe(true);
+
+    const steps = await page.evaluate(() => (window as unknown as { uploadSteps: Array<{ value: number; max: number; text: string | null }> }).uploadSteps);
+    const last = steps.at(-1)!;
+    // The form's body: the file and the other fields, so a little more than the file.
+    expect(last.max).toBeGreaterThan(fileBytes);
+    expect(last.max).toBeLessThan(fileBytes + 4_096);
+    expect(last.value).toBe(last.max);
+    expect(last.text).toMatch(/^1\.\d MiB of 1\.\d MiB \(100 %\)$/);
+    const between = steps.filter((step) => step.value > 0 && step.value < step.max && step.max === last.max);
+    expect(between.length).toBeGreaterThanOrEqual(2);
+    expect(between.every((step) => /^\d+(\.\d)? (KiB|MiB) of 1\.\d MiB \(\d{1,2} %\)$/.test(step.text ?? ""))).toBe(true);
+    expect(new Set(steps.map((step) => step.value)).size).toBeGreaterThanOrEqual(4);
+
+    // The runner's stop is in the activity, by the system, with what was spent against the cap.
+    await page.getByRole("link", { name: "Activity" }).click();
+    await viewReady("activity");
+    const line = page.locator('#activity-table tr[data-kind="evaluation_stopped"]');
+    await line.waitFor();
+    const lineCells = line.locator("td");
+    expect([await lineCells.nth(1).innerText(), await lineCells.nth(2).innerText()]).toEqual(["system", "stopped an evaluation"]);
+    expect(await lineCells.nth(3).innerText()).toMatch(/: stopped by the evaluation runner: its credit cap was reached \(CREDIT_CAP\); 0 of 4000 examples run; charged 0 credits, cap 0\.000001 credits$/);
+    expect(await seriousAxeFindings(page)).toEqual([]);
+
+    // Resumed at the same cap it stops again at once: a second line by the system after the member's resume.
+    await page.getByRole("link", { name: "Evaluations" }).click();
+    await viewReady("evaluations");
+    const id = (await stopped.getAttribute("data-id"))!;
+    await stopped.getByRole("button", { name: "Resume large.jsonl" }).click();
+    const dialog = page.getByRole("dialog", { name: "Resume this evaluation?" });
+    expect(await dialog.getByText("its credit cap was reached. Raise the cap, or it stops again at once").count()).toBe(1);
+    expect(await seriousAxeFindings(page)).toEqual([]);
+    await dialog.getByRole("button", { name: "Resume" }).click();
+    await waitFor(async () => (await database.db("account_activity").where({ kind: "evaluation_stopped" }).where("detail", "like", `${id}:%`)).length === 2, "the second stop");
+    const kinds = await database.db("account_activity").where("detail", "like", `${id}:%`).orderBy("id").select("kind", "actor");
+    expect(kinds).toEqual([
+      { kind: "evaluation_created", actor: "eve.evals@example.com" },
+      { kind: "evaluation_stopped", actor: "system" },
+      { kind: "evaluation_resumed", actor: "eve.evals@example.com" },
+      { kind: "evaluation_stopped", actor: "system" },
+    ]);
+
+    // Cancelled, then deleted, from its row, each after a confirmation.
+    const row = page.locator(`#evaluations-table tr[data-id="${id}"]`);
+    await page.locator(`#evaluations-table tr[data-id="${id}"][data-state="stopped"]`).waitFor();
+    await row.getByRole("button", { name: "Cancel large.jsonl" }).click();
+    await page.getByRole("dialog", { name: "Cancel this evaluation?" }).getByRole("button", { name: "Cancel evaluation" }).click();
+    await page.locator(`#evaluations-table tr[data-id="${id}"][data-state="cancelled"]`).waitFor();
+    expect(await row.getByRole("button", { name: "Resume large.jsonl" }).count()).toBe(0);
+    await row.getByRole("button", { name: "Delete large.jsonl" }).click();
+    await page.getByRole("dialog", { name: "Delete this evaluation?" }).getByRole("button", { name: "Delete evaluation" }).click();
+    await row.waitFor({ state: "detached" });
+    expect(await database.db("evaluations").where({ id })).toHaveLength(0);
+    expect(pageErrors).toEqual([]);
+  }, 120_000);
 });

@@ -27,6 +27,8 @@ const KIND_TEXT: Record<string, string> = {
   evaluation_cancelled: "cancelled an evaluation",
   evaluation_resumed: "resumed an evaluation",
   evaluation_deleted: "deleted an evaluation",
+  evaluation_stopped: "stopped an evaluation",
+  evaluation_finished: "finished an evaluation",
   calibration_fitted: "fitted a calibration",
 };
 

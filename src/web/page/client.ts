@@ -57,23 +57,54 @@ const CODE_OF_STATUS: Record<number, Code> = {
   503: Code.Unavailable,
 };
 
+/** Bytes of the upload's body sent so far, of its total. */
+export interface UploadProgress {
+  sentBytes: number;
+  totalBytes: number;
+}
+
 /**
  * Starts an evaluation from a form of its fields and an examples file (JSON
  * Lines or CSV), streamed to the upload route with the session cookie the
- * browser sends by itself. A refusal is a ConnectError whose message is the
- * service's, each bad line on a line of its own.
+ * browser sends by itself. XMLHttpRequest, not fetch: only its `upload`
+ * events say how much of the body has been sent, which `onProgress` hears.
+ * A refusal is a ConnectError whose message is the service's, each bad line
+ * on a line of its own.
  */
-export async function uploadEvaluation(origin: string, form: FormData): Promise<Evaluation> {
-  let response: Response;
+export function uploadEvaluation(origin: string, form: FormData, onProgress?: (progress: UploadProgress) => void): Promise<Evaluation> {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", new URL(EVALUATION_UPLOAD_PATH, origin));
+    xhr.responseType = "text";
+    // Listened to before send(): a listener added later may miss every event of the upload.
+    xhr.upload.addEventListener("progress", (event) => {
+      if (event.lengthComputable) onProgress?.({ sentBytes: event.loaded, totalBytes: event.total });
+    });
+    const unreached = () => reject(new ConnectError("the upload did not reach the service", Code.Unavailable));
+    xhr.addEventListener("error", unreached);
+    xhr.addEventListener("abort", unreached);
+    xhr.addEventListener("load", () => {
+      try {
+        resolve(evaluationOfAnswer(xhr.status, xhr.responseText));
+      } catch (err) {
+        reject(err);
+      }
+    });
+    xhr.send(form);
+  });
+}
+
+/** The upload route's envelope as the evaluation it started, or as the ConnectError the page's error handling reads. */
+function evaluationOfAnswer(status: number, text: string): Evaluation {
+  let envelope: { message?: string; data?: { evaluation?: JsonValue; metadata?: Record<string, string> } } | undefined;
   try {
-    response = await fetch(new URL(EVALUATION_UPLOAD_PATH, origin), { method: "POST", body: form, credentials: "same-origin" });
-  } catch (err) {
-    throw new ConnectError("the upload did not reach the service", Code.Unavailable, undefined, undefined, err);
+    envelope = JSON.parse(text) as typeof envelope;
+  } catch {
+    envelope = undefined;
   }
-  const envelope = (await response.json().catch(() => undefined)) as { message?: string; data?: { evaluation?: JsonValue; metadata?: Record<string, string> } } | undefined;
-  if (response.ok && envelope?.data?.evaluation) return fromJson(EvaluationSchema, envelope.data.evaluation, { ignoreUnknownFields: true });
+  if (status >= 200 && status < 300 && envelope?.data?.evaluation) return fromJson(EvaluationSchema, envelope.data.evaluation, { ignoreUnknownFields: true });
   const violations = envelope?.data?.metadata?.["violations"];
   const more = Number(envelope?.data?.metadata?.["more_violations"] ?? 0);
   const listed = violations && violations.includes("\n") ? `\n${violations}${more > 49 ? `\n… and ${more - 49} more` : ""}` : "";
-  throw new ConnectError(`${envelope?.message ?? `the upload failed (HTTP ${response.status})`}${listed}`, CODE_OF_STATUS[response.status] ?? Code.Unknown);
+  throw new ConnectError(`${envelope?.message ?? `the upload failed (HTTP ${status})`}${listed}`, CODE_OF_STATUS[status] ?? Code.Unknown);
 }

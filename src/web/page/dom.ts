@@ -59,6 +59,21 @@ export function formatCredits(credits: number): string {
   return credits.toLocaleString("en-US", { minimumFractionDigits: 0, maximumFractionDigits: 6 });
 }
 
+/** A size as people read it: bytes, KiB or MiB (the upload's bound is stated in MiB). */
+export function formatBytes(bytes: number): string {
+  if (bytes < 1024) return `${bytes} bytes`;
+  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
+  return `${(bytes / (1024 * 1024)).toFixed(1)} MiB`;
+}
+
+/** Time left as "45 s", "3 min 20 s" or "2 h 5 min". */
+export function formatSeconds(seconds: number): string {
+  const s = Math.ceil(seconds);
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
 /** A key as people recognise it: its key prefix (`ts_live_`, what the account API sends of its start), an ellipsis and its last four characters. */
 export function keyLabel(keyPrefix: string, last4: string): string {
   return `${keyPrefix}…${last4}`;

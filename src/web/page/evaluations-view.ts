@@ -1,9 +1,9 @@
 import { Chart, LinearScale, LineController, LineElement, PointElement, ScatterController, Tooltip, Legend } from "chart.js";
 import type { Evaluation, GetEvaluationResultsResponse, QuestionResults } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import { createCalibrationsView } from "./calibrations-view.js";
-import { uploadEvaluation, type AccountClient } from "./client.js";
+import { uploadEvaluation, type AccountClient, type UploadProgress } from "./client.js";
 import { drawConfusion } from "./confusion-chart.js";
-import { byId, emptyRow, formatCredits, numberCell, row } from "./dom.js";
+import { byId, emptyRow, formatBytes, formatCredits, formatSeconds, numberCell, row } from "./dom.js";
 
 Chart.register(ScatterController, LineController, LineElement, PointElement, LinearScale, Tooltip, Legend);
 
@@ -31,6 +31,10 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   const fileInput = byId("evaluation-file", HTMLInputElement);
   const capInput = byId("evaluation-cap", HTMLInputElement);
   const uploadStatus = byId("evaluation-upload-status", HTMLElement);
+  const upload = byId("evaluation-upload", HTMLElement);
+  const uploadBar = byId("evaluation-upload-bar", HTMLProgressElement);
+  const uploadBytes = byId("evaluation-upload-bytes", HTMLElement);
+  const startButton = form.querySelector<HTMLButtonElement>('button[type="submit"]')!;
   const error = byId("evaluations-error", HTMLElement);
   const table = byId("evaluations-table", HTMLTableElement);
   const results = byId("evaluation-results", HTMLElement);
@@ -41,7 +45,12 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   const confusionBox = byId("confusion", HTMLElement);
   const confusionCanvas = byId("confusion-chart", HTMLCanvasElement);
   const confusionTable = byId("confusion-table", HTMLTableElement);
+  const dialog = byId("evaluation-dialog", HTMLDialogElement);
+  const dialogCapBox = byId("evaluation-dialog-cap-box", HTMLElement);
+  const dialogCap = byId("evaluation-dialog-cap", HTMLInputElement);
+  const dialogConfirm = byId("evaluation-dialog-confirm", HTMLButtonElement);
   const calibrations = createCalibrationsView(options);
+  let asked: { action: EvaluationAction; evaluation: Evaluation } | undefined;
   let timer: ReturnType<typeof setTimeout> | undefined;
   let chart: Chart | undefined;
   let confusionChart: Chart<"matrix"> | undefined;
@@ -50,11 +59,56 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     error.textContent = "";
+    startButton.disabled = true;
     void start()
       .catch((err: unknown) => options.fail(err, error))
-      .finally(() => (uploadStatus.textContent = ""));
+      .finally(() => {
+        uploadStatus.textContent = "";
+        upload.hidden = true;
+        startButton.disabled = false;
+      });
   });
   questionSelect.addEventListener("change", () => showQuestion(questionSelect.value));
+  dialog.addEventListener("close", () => {
+    const what = asked;
+    asked = undefined;
+    if (dialog.returnValue !== "confirm" || !what) return;
+    error.textContent = "";
+    void act(what.action, what.evaluation).catch((err: unknown) => options.fail(err, error));
+  });
+
+  /** Asks before a change of state: what it does, and for a resume the new cap. */
+  function ask(action: EvaluationAction, evaluation: Evaluation): void {
+    asked = { action, evaluation };
+    const name = evaluationName(evaluation);
+    const spent = `It has charged ${formatCredits(evaluation.chargedCredits)} of its ${formatCredits(evaluation.creditCapCredits)} credits cap.`;
+    const text: Record<EvaluationAction, [string, string, string]> = {
+      cancel: ["Cancel this evaluation?", `No new example of ${name} starts; those in flight finish and are charged. ${spent} A cancelled evaluation cannot be resumed.`, "Cancel evaluation"],
+      resume: [
+        "Resume this evaluation?",
+        `${name} stopped: ${evaluation.stopReason === "CREDIT_CAP" ? "its credit cap was reached. Raise the cap, or it stops again at once" : "the account's balance ran out. Add credits first, or it stops again at once"}. ${spent}`,
+        "Resume",
+      ],
+      delete: ["Delete this evaluation?", `${name} and its results are removed. What it was charged stays in the usage.`, "Delete evaluation"],
+    };
+    const [title, body, confirm] = text[action];
+    byId("evaluation-dialog-title", HTMLElement).textContent = title;
+    byId("evaluation-dialog-text", HTMLElement).textContent = body;
+    dialogConfirm.textContent = confirm;
+    dialogConfirm.className = action === "delete" ? "danger" : "";
+    dialogCapBox.hidden = action !== "resume";
+    dialogCap.value = "";
+    dialog.returnValue = "";
+    dialog.showModal();
+  }
+
+  async function act(action: EvaluationAction, evaluation: Evaluation): Promise<void> {
+    const evaluationId = evaluation.id;
+    if (action === "cancel") await client.cancelEvaluation({ evaluationId });
+    else if (action === "resume") await client.resumeEvaluation({ evaluationId, creditCapCredits: dialogCap.value === "" ? 0 : Number(dialogCap.value) });
+    else await client.deleteEvaluation({ evaluationId });
+    await load();
+  }
 
   async function start(): Promise<void> {
     const file = fileInput.files?.[0];
@@ -67,10 +121,30 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
     body.set("questions", questionsInput.value);
     body.set("credit_cap_credits", capInput.value);
     body.set("examples", file, file.name);
-    uploadStatus.textContent = `Uploading ${file.name}…`;
-    await uploadEvaluation(location.origin, body);
+    uploadStatus.textContent = `Uploading ${file.name} (${formatBytes(file.size)})…`;
+    showUpload({ sentBytes: 0, totalBytes: file.size });
+    upload.hidden = false;
+    let sent = false;
+    await uploadEvaluation(location.origin, body, (progress) => {
+      showUpload(progress);
+      // Announced once, not at every step: the bar carries the figures.
+      if (!sent && progress.sentBytes >= progress.totalBytes) {
+        sent = true;
+        uploadStatus.textContent = `Sent ${file.name}; the service is checking and storing its examples…`;
+      }
+    });
     form.reset();
     await load();
+  }
+
+  /** The upload's bar: bytes of the form sent of its total, as figures beside it and as the bar's value text. */
+  function showUpload({ sentBytes, totalBytes }: UploadProgress): void {
+    const percent = totalBytes > 0 ? Math.floor((100 * sentBytes) / totalBytes) : 0;
+    const text = `${formatBytes(sentBytes)} of ${formatBytes(totalBytes)} (${percent} %)`;
+    uploadBar.max = Math.max(totalBytes, 1);
+    uploadBar.value = sentBytes;
+    uploadBar.setAttribute("aria-valuetext", text);
+    uploadBytes.textContent = text;
   }
 
   function evaluationRow(evaluation: Evaluation): HTMLTableRowElement {
@@ -79,17 +153,35 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
     show.type = "button";
     show.textContent = "Results";
     show.addEventListener("click", () => void showResults(evaluation.id).catch((err: unknown) => options.fail(err, error)));
+    const actions = document.createElement("td");
+    actions.className = "actions";
+    actions.append(show);
+    const state = evaluation.state;
+    if (state === "stopped") actions.append(actionButton("Resume", "resume", evaluation));
+    if (state === "running" || state === "stopped") actions.append(actionButton("Cancel", "cancel", evaluation));
+    if (state !== "running") actions.append(actionButton("Delete", "delete", evaluation));
     const tr = row([
       evaluation.name,
       evaluation.state + (evaluation.stopReason ? ` (${evaluation.stopReason})` : ""),
       numberCell(`${progress.done + progress.failed} / ${progress.total}`),
       numberCell(progress.examplesPerSecond.toFixed(1)),
+      numberCell(progress.secondsLeft === undefined ? "–" : formatSeconds(progress.secondsLeft)),
       numberCell(formatCredits(evaluation.chargedCredits)),
-      show,
+      actions,
     ]);
     tr.dataset["id"] = evaluation.id;
     tr.dataset["state"] = evaluation.state;
     return tr;
+  }
+
+  function actionButton(label: string, action: EvaluationAction, evaluation: Evaluation): HTMLButtonElement {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "secondary";
+    button.textContent = label;
+    button.setAttribute("aria-label", `${label} ${evaluationName(evaluation)}`);
+    button.addEventListener("click", () => ask(action, evaluation));
+    return button;
   }
 
   async function load(): Promise<void> {
@@ -171,6 +263,7 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   return {
     load,
     clear() {
+      if (dialog.open) dialog.close();
       if (timer) clearTimeout(timer);
       chart?.destroy();
       chart = undefined;
@@ -186,4 +279,12 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
       error.textContent = "";
     },
   };
+}
+
+/** What a member may do to an evaluation from its row. */
+type EvaluationAction = "cancel" | "resume" | "delete";
+
+/** An evaluation as its row names it: its name, else its id. */
+function evaluationName(evaluation: Evaluation): string {
+  return evaluation.name === "" ? `evaluation ${evaluation.id}` : evaluation.name;
 }

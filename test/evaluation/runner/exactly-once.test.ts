@@ -98,6 +98,47 @@ describe("an example whose replica died", () => {
   });
 });
 
+/** The activity lines the runner wrote for this evaluation. */
+async function runnerLines(evaluationId: string) {
+  return database.db("account_activity").where("detail", "like", `${evaluationId}:%`).where({ actor: "system" }).orderBy("id").select("kind", "detail");
+}
+
+describe("the activity line of an evaluation that stops or finishes by itself", () => {
+  it("is written once for a finish, when the last examples finish at once and the runner's finishing step is tried again", async () => {
+    const { evaluationId } = await evaluationOf(3);
+    const claimed = (await claimExamples(database.db, { max: 8, leaseMs: 60_000, token: crypto.randomUUID() })).filter((c) => c.evaluationId === evaluationId);
+    expect(claimed).toHaveLength(3);
+    for (const c of claimed) await admitExampleHold(database.db, { evaluationId, requestId: c.requestId, reserveUnits: RESERVE });
+    expect(await finishExample(database.db, claimed[0]!, answered(100))).toBe(true);
+    expect(await runnerLines(evaluationId)).toEqual([]);
+    // The last two finish together; each is then tried again, as after a lost answer to its commit.
+    expect(await Promise.all([finishExample(database.db, claimed[1]!, answered(100)), finishExample(database.db, claimed[2]!, { kind: "failed", error: "upstream_error" })])).toEqual([true, true]);
+    expect(await Promise.all(claimed.map((c) => finishExample(database.db, c, answered(100))))).toEqual([false, false, false]);
+    expect(await runnerLines(evaluationId)).toEqual([{ kind: "evaluation_finished", detail: `${evaluationId}: finished by the evaluation runner: 2 answered, 1 failed, of 3; charged 0.0002 credits, cap 1 credits` }]);
+  });
+
+  it("is written once for a stop, when several examples in flight are refused and each refusal is recorded twice", async () => {
+    const { evaluationId } = await evaluationOf(4);
+    const claimed = (await claimExamples(database.db, { max: 8, leaseMs: 60_000, token: crypto.randomUUID() })).filter((c) => c.evaluationId === evaluationId);
+    const stop = { kind: "stopped" as const, reason: "CREDIT_CAP" as const };
+    expect((await Promise.all(claimed.map((c) => finishExample(database.db, c, stop)))).every(Boolean)).toBe(true);
+    expect(await Promise.all(claimed.map((c) => finishExample(database.db, c, stop)))).toEqual([false, false, false, false]);
+    expect(await runnerLines(evaluationId)).toEqual([
+      { kind: "evaluation_stopped", detail: `${evaluationId}: stopped by the evaluation runner: its credit cap was reached (CREDIT_CAP); 0 of 4 examples run; charged 0 credits, cap 1 credits` },
+    ]);
+  });
+
+  it("is not written when the evaluation was cancelled before its last example finished", async () => {
+    const { accountId, evaluationId } = await evaluationOf(1);
+    const [claimed] = (await claimExamples(database.db, { max: 8, leaseMs: 60_000, token: crypto.randomUUID() })).filter((c) => c.evaluationId === evaluationId);
+    await admitExampleHold(database.db, { evaluationId, requestId: claimed!.requestId, reserveUnits: RESERVE });
+    await cancelEvaluation(database.db, accountId, evaluationId);
+    expect(await finishExample(database.db, claimed!, answered(100))).toBe(true);
+    expect(await finishExample(database.db, claimed!, { kind: "stopped", reason: "INSUFFICIENT_BALANCE" })).toBe(false);
+    expect(await runnerLines(evaluationId)).toEqual([]);
+  });
+});
+
 describe("two replicas claiming at once", () => {
   it("never take the same example, and together take no more than the evaluation's examples in flight", async () => {
     const { evaluationId } = await evaluationOf(12, 5);

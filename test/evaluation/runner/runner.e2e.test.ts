@@ -85,6 +85,15 @@ async function finished(client: AccountClient, evaluationId: string, states = ["
   return (await client.getEvaluation({ evaluationId })).evaluation!;
 }
 
+/** The account's activity lines about this evaluation, oldest first, as ListActivity gives them. */
+async function activityOf(client: AccountClient, evaluationId: string) {
+  const { events } = await client.listActivity({ pageSize: 500 });
+  return events
+    .filter((e) => e.detail.startsWith(`${evaluationId}:`))
+    .reverse()
+    .map((e) => ({ kind: e.kind, actor: e.actor, detail: e.detail }));
+}
+
 describe("an evaluation of a deliberately miscalibrated upstream", () => {
   it("runs every example once, charges each once, and reports ECE above 0.1", async () => {
     const grant = 100_000_000;
@@ -121,6 +130,11 @@ describe("an evaluation of a deliberately miscalibrated upstream", () => {
     const usage = await client.listUsage({ pageSize: 500 });
     const ofEvaluation = usage.records.filter((r) => r.evaluationId === evaluation!.id);
     expect(ofEvaluation).toHaveLength(300);
+
+    // The finish is in the activity once, by the system, with what was spent against the cap.
+    expect((await activityOf(client, evaluation!.id)).slice(1)).toEqual([
+      { kind: "evaluation_finished", actor: "system", detail: `${evaluation!.id}: finished by the evaluation runner: 300 answered, 0 failed, of 300; charged 0.036 credits, cap 50 credits` },
+    ]);
   }, 120_000);
 
   it("waits while its own holds are out, stops at its credit cap with reason CREDIT_CAP, and finishes after a resume with a higher cap", async () => {
@@ -136,6 +150,14 @@ describe("an evaluation of a deliberately miscalibrated upstream", () => {
     expect(done.chargedCredits).toBeCloseTo(0.2, 9);
     expect(await database.db("requests").where({ evaluation_id: evaluation!.id, status: "settled" })).toHaveLength(20);
     await assertInvariants(database.db, accountId);
+    // Two examples in flight met the cap: one stop, one line; then the member's resume and the runner's finish.
+    const id = evaluation!.id;
+    expect(await activityOf(client, id)).toEqual([
+      expect.objectContaining({ kind: "evaluation_created" }),
+      { kind: "evaluation_stopped", actor: "system", detail: `${id}: stopped by the evaluation runner: its credit cap was reached (CREDIT_CAP); 2 of 20 examples run; charged 0.02 credits, cap 0.05 credits` },
+      expect.objectContaining({ kind: "evaluation_resumed", actor: expect.stringContaining("@") }),
+      { kind: "evaluation_finished", actor: "system", detail: `${id}: finished by the evaluation runner: 20 answered, 0 failed, of 20; charged 0.2 credits, cap 5 credits` },
+    ]);
   });
 
   it("stops with INSUFFICIENT_BALANCE when the account runs dry, holding nothing, and never goes below zero", async () => {
@@ -148,6 +170,13 @@ describe("an evaluation of a deliberately miscalibrated upstream", () => {
     const account = await database.db("accounts").where({ id: accountId }).first("reserved", "balance");
     expect([Number(account.reserved), Number(account.balance)]).toEqual([0, 30_000]);
     await assertInvariants(database.db, accountId);
+    expect((await activityOf(client, evaluation!.id)).slice(1)).toEqual([
+      {
+        kind: "evaluation_stopped",
+        actor: "system",
+        detail: `${evaluation!.id}: stopped by the evaluation runner: the account's balance ran out (INSUFFICIENT_BALANCE); 4 of 40 examples run; charged 0.04 credits, cap 10 credits`,
+      },
+    ]);
   });
 
   it("refuses a bad example set whole, naming every bad line and field, and stores nothing", async () => {

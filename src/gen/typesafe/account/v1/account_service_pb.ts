@@ -1485,14 +1485,16 @@ export type ActivityEvent = Message<"typesafe.account.v1.ActivityEvent"> & {
    * "webhook_endpoint_removed", "webhook_secret_rotated",
    * "webhook_endpoint_disabled", "webhook_endpoint_enabled",
    * "evaluation_created", "evaluation_cancelled", "evaluation_resumed",
-   * "evaluation_deleted".
+   * "evaluation_deleted", "evaluation_stopped", "evaluation_finished",
+   * "calibration_fitted".
    *
    * @generated from field: string kind = 2;
    */
   kind: string;
 
   /**
-   * Who did it: a member's email, or "operator" for the CLI.
+   * Who did it: a member's email, "operator" for the CLI, or "system" for
+   * what the service did by itself (an evaluation that stopped or finished).
    *
    * @generated from field: string actor = 3;
    */
