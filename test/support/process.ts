@@ -1,18 +1,15 @@
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import path from "node:path";
-import { buildIfStale } from "./build-dist.js";
 
 const root = path.resolve(import.meta.dirname, "../..");
 const tsx = path.join(root, "node_modules/.bin/tsx");
-
-let built: Promise<void> | undefined;
 
 /**
  * Runs the operator CLI as `npm run --silent admin -- ...` does (the bundle in
  * dist/, built first when a source changed) and returns its exit code and output.
  */
-export async function runAdmin(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
-  await (built ??= buildIfStale());
+export function runAdmin(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
+  buildIfStale();
   return runToExit("dist/bundle/admin.mjs", args, env);
 }
 
@@ -91,7 +88,7 @@ let built = false;
 export function buildIfStale(): void {
   if (built) return;
   const run = spawnSync(process.execPath, ["src/build.mjs", "--if-stale"], { cwd: root, stdio: ["ignore", "inherit", "inherit"] });
-  if (run.status !== 0) throw new Error("the build failed (its errors are above); service processes run dist/");
+  if (run.status !== 0) throw new Error("the build failed (its errors are above); service processes and the CLI run dist/");
   built = true;
 }
 
