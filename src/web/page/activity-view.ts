@@ -2,10 +2,11 @@ import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { ActivityEvent } from "../../gen/typesafe/account/v1/account_service_pb.js";
 import type { AccountClient } from "./client.js";
 import { byId, emptyRow, row, timeElement } from "./dom.js";
+import type { ActivityKind } from "../../team/activity.js";
 
 const PAGE_SIZE = 50;
 /** Event kinds as sentences; an unknown kind is shown as it is. */
-const KIND_TEXT: Record<string, string> = {
+const KIND_TEXT: Record<ActivityKind, string> = {
   signed_in: "signed in",
   sign_in_failed: "failed to sign in",
   signed_out: "signed out",
@@ -17,6 +18,10 @@ const KIND_TEXT: Record<string, string> = {
   credits_granted: "granted credits",
   member_invited: "invited a member",
   member_removed: "removed a member",
+  member_role_changed: "changed a member's role",
+  two_factor_enabled: "turned on two-factor sign-in",
+  two_factor_disabled: "turned off two-factor sign-in",
+  two_factor_required_changed: "changed whether two-factor sign-in is required",
   alerts_set: "set the balance alerts",
   webhook_endpoint_added: "added a webhook endpoint",
   webhook_endpoint_removed: "removed a webhook endpoint",
@@ -49,7 +54,7 @@ export function createActivityView(options: ActivityViewOptions): { load(): Prom
   more.addEventListener("click", () => void append(nextToken));
 
   function eventRow(event: ActivityEvent): HTMLTableRowElement {
-    const tr = row([timeElement(event.at ? timestampDate(event.at) : undefined, ""), event.actor, KIND_TEXT[event.kind] ?? event.kind, event.detail]);
+    const tr = row([timeElement(event.at ? timestampDate(event.at) : undefined, ""), event.actor, KIND_TEXT[event.kind as ActivityKind] ?? event.kind, event.detail]);
     tr.dataset["kind"] = event.kind;
     return tr;
   }
