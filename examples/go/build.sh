@@ -4,6 +4,7 @@
 #   apt install golang-go protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev \
 #     golang-google-protobuf-dev golang-google-genproto-dev golang-github-golang-protobuf-1-5-dev
 # WORK (default: .build/ beside this script) holds the GOPATH; the binary is WORK/client.
+# Go's build cache is WORK/cache unless GOCACHE names one (it is keyed by content, so sharing is safe).
 # Usage: bash examples/go/build.sh [WORK]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -23,5 +24,5 @@ protoc -I . --go_out="$source" --go-grpc_out="$source" \
   --go_opt=module=$module --go-grpc_opt=module=$module "${opts[@]}" $protos
 cp "$here/main.go" "$source/main.go"
 cd "$source"
-GO111MODULE=off GOPATH="$work:/usr/share/gocode" GOCACHE="$work/cache" HOME="$work" go build -o "$work/client" .
+GO111MODULE=off GOPATH="$work:/usr/share/gocode" GOCACHE="${GOCACHE:-$work/cache}" HOME="$work" go build -o "$work/client" .
 echo "$work/client"

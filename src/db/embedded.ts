@@ -54,8 +54,12 @@ export async function openEmbeddedStore(dataDir: string, logger: Logger): Promis
   }
 }
 
-/** The fresh store the install made (src/build.mjs), beside the compiled modules: dist/store-template from dist/db/ and dist/bundle/ alike. */
-const STORE_TEMPLATE = fileURLToPath(new URL("../store-template", import.meta.url));
+/**
+ * The fresh store the install made (src/build.mjs), beside the compiled modules: dist/store-template from
+ * dist/db/ and dist/bundle/ alike. Run from the TypeScript sources (tests, tsx scripts) it is the same
+ * folder, dist/ beside src/; when it is missing a first start runs initdb as before.
+ */
+const STORE_TEMPLATE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../../dist/store-template" : "../store-template", import.meta.url));
 
 /**
  * Copies a fresh store into a data folder that holds none, which saves a

@@ -103,7 +103,11 @@ describe("a Python service with a client generated from proto/", () => {
 
 describe("a Go service with a client generated from proto/", () => {
   it("calls ListSources and Decide over gRPC and reads a 400 from status.Details()", async () => {
-    const built = await execFileAsync("bash", [path.join(root, "examples/go/build.sh"), path.join(scratch, "go")], { timeout: 180_000 });
+    // Generated and built afresh each run; Go's content-keyed cache (gitignored, in the clone) spares recompiling Debian's gRPC.
+    const built = await execFileAsync("bash", [path.join(root, "examples/go/build.sh"), path.join(scratch, "go")], {
+      timeout: 180_000,
+      env: { ...process.env, GOCACHE: path.join(root, "examples/go/.build/cache") },
+    });
     const client = built.stdout.trim();
     const paying = await createTestAccount(database.db, { units: 1_000_000 });
     const { stdout } = await execFileAsync(client, [], {

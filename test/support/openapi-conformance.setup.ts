@@ -1,7 +1,8 @@
 import http, { type ClientRequest, type IncomingMessage, type OutgoingHttpHeaders, type RequestOptions } from "node:http";
 import { syncBuiltinESMExports } from "node:module";
 import { afterEach, expect } from "vitest";
-import { isDocumentedPath, isServiceUrl, recordExchange, takeViolations, type SentRequest } from "./openapi-conformance.js";
+import type { SentRequest } from "./openapi-conformance.js";
+import { checkerFor, loadedChecker, type ExchangeChecker } from "./openapi-origins.js";
 
 /**
  * vitest setup file, loaded for every test file: every exchange a test has
@@ -9,12 +10,14 @@ import { isDocumentedPath, isServiceUrl, recordExchange, takeViolations, type Se
  * document (openapi-conformance.ts), request and answer, and a test that had
  * one the document does not describe fails in afterEach. Requests written on
  * raw sockets (half-sent heads and bodies) are not HTTP exchanges and are not
- * seen here.
+ * seen here. The checker itself is not imported here: a file that registers a
+ * service's origin has loaded it (openapi-origins.ts).
  */
 const originalFetch = globalThis.fetch;
 globalThis.fetch = async (input: string | URL | Request, init?: RequestInit) => {
   const url = input instanceof Request ? input.url : String(input);
-  if (!isServiceUrl(url)) return originalFetch(input, init);
+  const checker = checkerFor(url);
+  if (!checker) return originalFetch(input, init);
   // A stream body is read once: one branch goes out, the other is kept to be checked.
   let kept: RequestInit | undefined = init;
   if (init?.body instanceof ReadableStream) {
@@ -32,7 +35,7 @@ globalThis.fetch = async (input: string | URL | Request, init?: RequestInit) => 
   const response = await originalFetch(input, init);
   if (sent) {
     const answer = { status: response.status, headers: response.headers, body: await response.clone().text() };
-    recordExchange(await sent, answer);
+    checker.recordExchange(await sent, answer);
   }
   return response;
 };
@@ -41,13 +44,14 @@ const originalRequest = http.request;
 http.request = function request(...args: Parameters<typeof http.request>): ClientRequest {
   const req = (originalRequest as (...a: unknown[]) => ClientRequest).apply(http, args);
   const origin = originOf(args[0]);
-  if (origin !== undefined && isServiceUrl(origin) && isDocumentedPath(req.path)) watch(req, origin);
+  const checker = origin === undefined ? undefined : checkerFor(origin);
+  if (checker?.isDocumentedPath(req.path)) watch(req, origin!, checker);
   return req;
 } as typeof http.request;
 syncBuiltinESMExports();
 
 afterEach(() => {
-  expect(takeViolations(), "gateway exchanges that the OpenAPI document does not describe").toEqual([]);
+  expect(loadedChecker()?.takeViolations() ?? [], "gateway exchanges that the OpenAPI document does not describe").toEqual([]);
 });
 
 function originOf(target: unknown): string | undefined {
@@ -58,7 +62,7 @@ function originOf(target: unknown): string | undefined {
 }
 
 /** Keeps what a node:http request writes and what its answer says, and checks both when the answer ends. */
-function watch(req: ClientRequest, origin: string): void {
+function watch(req: ClientRequest, origin: string, checker: ExchangeChecker): void {
   const written: Buffer[] = [];
   const keep = (chunk: unknown, encoding: unknown) => {
     if (typeof chunk === "string") written.push(Buffer.from(chunk, typeof encoding === "string" ? (encoding as BufferEncoding) : "utf8"));
@@ -81,7 +85,7 @@ function watch(req: ClientRequest, origin: string): void {
     res.push = (chunk: unknown, encoding?: BufferEncoding) => {
       if (chunk === null) {
         const sent: SentRequest = { method: req.method, url: `${origin}${req.path}`, headers: headersOf(req.getHeaders()), body: Buffer.concat(written) };
-        recordExchange(sent, { status: res.statusCode ?? 0, headers: headersOf(res.headers), body: Buffer.concat(received).toString("utf8") });
+        checker.recordExchange(sent, { status: res.statusCode ?? 0, headers: headersOf(res.headers), body: Buffer.concat(received).toString("utf8") });
       } else {
         received.push(Buffer.from(chunk as Uint8Array));
       }

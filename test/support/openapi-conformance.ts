@@ -4,6 +4,7 @@ import addFormats from "ajv-formats";
 import { MAX_KEY_LENGTH } from "../../src/decision/validate.js";
 import { OPENAPI_DOCUMENT_PATH } from "../../src/openapi/served.js";
 import { FINITE_RULE, PROTO_KEY_RULE, STORABLE_TEXT_RULE, UNICODE_RULE } from "../../src/validation.js";
+import { addServiceOrigin, installChecker, isServiceUrl } from "./openapi-origins.js";
 
 /**
  * Every exchange the test suite has with the gateway is checked against the
@@ -47,20 +48,16 @@ addFormats.default(ajv);
 ajv.addSchema(document, "openapi.json");
 const validators = new Map<string, ValidateFunction>();
 
-const serviceOrigins = new Set<string>();
 const violations: string[] = [];
 let checkedAnswers = 0;
 let checkedRequests = 0;
 
 /** Exchanges with this origin (a test's service) are checked from now on. */
 export function checkAnswersOf(url: string): void {
-  serviceOrigins.add(new URL(url).origin);
+  addServiceOrigin(url);
 }
 
-/** True when exchanges with this URL's origin are checked. */
-export function isServiceUrl(url: string | URL): boolean {
-  return serviceOrigins.has(new URL(url).origin);
-}
+export { isServiceUrl };
 
 /** True when the document describes this path (a query string aside). */
 export function isDocumentedPath(path: string): boolean {
@@ -95,7 +92,7 @@ export interface ReceivedAnswer {
 /** Checks one exchange with a registered service origin, answer and request, and keeps what disagrees. */
 export function recordExchange(request: SentRequest, answer: ReceivedAnswer): void {
   const url = new URL(request.url);
-  if (!serviceOrigins.has(url.origin)) return;
+  if (!isServiceUrl(url)) return;
   checkedAnswers++;
   violations.push(...violationsOf(request.method, url.pathname, answer.status, answer.headers, answer.body));
   const problems = requestViolationsOf(request, answer);
@@ -354,3 +351,5 @@ function lastSegment(ref: string): string {
 function escape(segment: string): string {
   return segment.replaceAll("~", "~0").replaceAll("/", "~1");
 }
+
+installChecker({ isDocumentedPath, recordExchange, takeViolations });

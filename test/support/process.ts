@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import path from "node:path";
 
 const root = path.resolve(import.meta.dirname, "../..");
@@ -30,12 +30,17 @@ export interface ServiceProcess {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-/** Starts `src/main.ts` as its own process and resolves once it logs that it listens. */
+/**
+ * Starts the built service (dist/bundle/main.mjs, what `npm start` runs) as its own process and
+ * resolves once it logs that it listens. dist/ is rebuilt first when a source is newer (vitest's
+ * global setup has done so before any file runs; scripts such as the failover run do it here), so
+ * the bundle is the sources' own; it starts without transpiling the sources first.
+ */
 export function startServiceProcess(env: Record<string, string>): Promise<ServiceProcess> {
+  buildIfStale();
   return new Promise((resolve, reject) => {
-    // Node itself with tsx's loader, not the tsx command: the command runs the service in a child
-    // process of its own, so a SIGKILL sent here would kill the wrapper and leave the service running.
-    const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
+    // Node itself, not a wrapper command: a SIGKILL sent here must reach the service.
+    const child = spawn(process.execPath, ["dist/bundle/main.mjs"], {
       cwd: root,
       // Tests never reach the real providers: a test enables the sources it points at its fakes.
       // No evaluation runner unless a test asks: on the shared embedded store it would run other files' evaluations against this test's upstream.
@@ -68,6 +73,15 @@ export function startServiceProcess(env: Record<string, string>): Promise<Servic
     child.on("error", reject);
     void exited.then((code) => reject(new Error(`service exited with ${code}: ${logs.join("\n")}`)));
   });
+}
+
+let built = false;
+/** `node src/build.mjs --if-stale` once per process: the same check `npm install` and `npm start` make. */
+export function buildIfStale(): void {
+  if (built) return;
+  const run = spawnSync(process.execPath, ["src/build.mjs", "--if-stale"], { cwd: root, stdio: ["ignore", "inherit", "inherit"] });
+  if (run.status !== 0) throw new Error("the build failed (its errors are above); service processes run dist/");
+  built = true;
 }
 
 function safeParse(line: string): Record<string, unknown> | undefined {
