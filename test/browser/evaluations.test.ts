@@ -261,6 +261,10 @@ describe("evaluations in a real browser", () => {
     await page.getByRole("link", { name: "Evaluations" }).click();
     await viewReady("evaluations");
     const id = (await stopped.getAttribute("data-id"))!;
+    // Stopped before any answer: its results say so, and there is nothing to download.
+    await stopped.getByRole("button", { name: "Results" }).click();
+    await page.locator("#evaluation-answered-by", { hasText: "No example has been answered yet." }).waitFor();
+    expect(await page.locator("#evaluation-results-csv").isHidden()).toBe(true);
     await stopped.getByRole("button", { name: "Resume large.jsonl" }).click();
     const dialog = page.getByRole("dialog", { name: "Resume this evaluation?" });
     expect(await dialog.getByText("its credit cap was reached. Raise the cap, or it stops again at once").count()).toBe(1);
