@@ -8,7 +8,7 @@ import { defineConfig } from "vitest/config";
 export default defineConfig({
   test: {
     include: ["test/browser/**/*.test.ts"],
-    globalSetup: ["test/support/global-setup.ts"],
+    globalSetup: ["test/support/build-setup.ts", "test/support/global-setup.ts"],
     // Every gateway answer a test receives must match the OpenAPI document.
     setupFiles: ["test/support/openapi-conformance.setup.ts"],
     testTimeout: 60_000,

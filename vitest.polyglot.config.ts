@@ -9,7 +9,7 @@ import { defineConfig } from "vitest/config";
 export default defineConfig({
   test: {
     include: ["test/polyglot/**/*.test.ts"],
-    globalSetup: ["test/support/global-setup.ts"],
+    globalSetup: ["test/support/build-setup.ts", "test/support/global-setup.ts"],
     testTimeout: 90_000,
     hookTimeout: 60_000,
   },

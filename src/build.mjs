@@ -1,6 +1,7 @@
 // Compiles src/ to dist/ (`npm run build`, and `npm install` through the
 // `prepare` script), then bundles the server into one file,
-// dist/bundle/main.mjs, which `npm start` runs, and the account page into
+// dist/bundle/main.mjs, which `npm start` runs, the operator CLI into
+// dist/bundle/admin.mjs, which `npm run admin` runs, and the account page into
 // dist/public/account/, which the server serves at /account/. With --if-stale it
 // builds only when a source or the compiler settings changed since the last
 // successful build, so a start costs a start, not a compilation. The build
@@ -11,10 +12,15 @@
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import esbuild from "esbuild";
+import { createRequire } from "node:module";
 import { bundleAccountPage } from "./web/bundle-account-page.mjs";
 
 const root = path.resolve(import.meta.dirname, "..");
+/**
+ * esbuild, loaded only when a build runs: loading it costs more than the
+ * staleness check, which every `npm start` and `npm run admin` makes.
+ */
+const loadEsbuild = () => createRequire(import.meta.url)("esbuild");
 /** Written after a build that succeeded: a failed build never counts as fresh. */
 const stamp = path.join(root, "dist", ".built");
 
@@ -36,20 +42,20 @@ function newestIn(dir) {
 }
 
 /**
- * The server as one ES module. Loading dist/ file by file resolves and reads
+ * An entry point as one ES module. Loading dist/ file by file resolves and reads
  * hundreds of modules (most of them lodash's, through knex), a large part of a
  * start on a machine with slow system calls; one file is a single read and compile.
  * Packages stay outside when they load files of their own (PGlite's WASM,
  * node-llama-cpp's native binary, found from its own folder) or
  * are drivers knex names but this service never loads. dist/bundle/ sits two
  * levels below the root, like dist/openapi/, so paths relative to a module
- * (the OpenAPI document) resolve the same from either.
+ * (the OpenAPI document, the embedded store's worker) resolve the same from either.
  */
-function bundleServer() {
+function bundle(entry, outName) {
   const knexDriversNotUsed = ["mysql", "mysql2", "mariadb", "mariadb/callback", "oracledb", "tedious", "sqlite3", "better-sqlite3", "pg-query-stream", "pg-native"];
-  esbuild.buildSync({
-    entryPoints: [path.join(root, "src", "main.ts")],
-    outfile: path.join(root, "dist", "bundle", "main.mjs"),
+  loadEsbuild().buildSync({
+    entryPoints: [path.join(root, "src", entry)],
+    outfile: path.join(root, "dist", "bundle", outName),
     bundle: true,
     platform: "node",
     format: "esm",
@@ -64,8 +70,8 @@ function bundleServer() {
 
 /**
  * Every module of src/ as its own file in dist/ (what the store's worker
- * thread and the admin CLI load), types stripped; the account page's sources
- * are browser code, bundled on their own.
+ * thread loads), types stripped; the account page's sources are browser
+ * code, bundled on their own.
  */
 function compileModules() {
   const src = path.join(root, "src");
@@ -73,7 +79,7 @@ function compileModules() {
     .readdirSync(src, { recursive: true })
     .filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts") && !f.startsWith(`web${path.sep}page${path.sep}`))
     .map((f) => path.join(src, f));
-  esbuild.buildSync({ entryPoints, outdir: path.join(root, "dist"), outbase: src, platform: "node", format: "esm", target: "node20", sourcemap: true, logLevel: "warning" });
+  loadEsbuild().buildSync({ entryPoints, outdir: path.join(root, "dist"), outbase: src, platform: "node", format: "esm", target: "node20", sourcemap: true, logLevel: "warning" });
   return entryPoints.length;
 }
 
@@ -97,7 +103,9 @@ export function build({ ifStale, say = (line) => process.stderr.write(`${line}\n
   const started = performance.now();
   try {
     step(say, (n) => `compiled ${n} modules`, compileModules);
-    step(say, "bundled the server", bundleServer);
+    step(say, "bundled the server", () => bundle("main.ts", "main.mjs"));
+    // The CLI starts once per command: one file to load is most of what a command costs.
+    step(say, "bundled the operator CLI", () => bundle("admin/cli.ts", "admin.mjs"));
     step(say, "bundled the account page", () => bundleAccountPage());
   } catch {
     say("typesafe: the build failed; the errors are above");

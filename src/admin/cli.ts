@@ -28,41 +28,16 @@ import { readAlertSettings, setAlertSettings, type AlertSettings } from "../webh
 import { thresholdViolations } from "../webhooks/thresholds.js";
 import { runEvals } from "./evals.js";
 import { UsageError } from "./usage-error.js";
+import { REQUIRED_OPTIONS, USAGE } from "./commands.js";
 
-const USAGE = `usage: npm run --silent admin -- <command>
-
-  accounts create [--name N] [--credits C] [--free-requests F]
-  accounts show --account ID
-  keys create --account ID [--name N] [LIMITS]
-  keys update --key KEY_ID [LIMITS]        (the key's limits, in full: one left out is removed)
-  keys roll --key KEY_ID [--grace-seconds S]   (old key stops in S seconds, 0 to 604800; default 0)
-  keys list --account ID
-  keys revoke --key KEY_ID
-  credits grant --account ID --credits C
-  usage --account ID [--limit N]
-  activity --account ID [--limit N]       (newest first, at most 500)
-  members invite --account ID --email E [--role owner|admin|member|viewer]
-  members list --account ID
-  members role --member MEMBER_ID --role owner|admin|member|viewer
-  members remove --member MEMBER_ID [--keep-keys]
-  members reset-two-factor --member MEMBER_ID
-  alerts show --account ID
-  alerts set --account ID --thresholds C[,C...]   (empty: no thresholds)
-  webhooks add --account ID --url URL
-  webhooks list --account ID
-  webhooks remove|rotate|enable|test --account ID --endpoint ENDPOINT_ID
-  webhooks deliveries --account ID [--limit N]
-  webhooks replay --account ID --delivery DELIVERY_ID
-  evals create --account ID --questions FILE.json --file EXAMPLES.jsonl|.csv --cap C [--in-flight N] [--name N]
-  evals show --evaluation EVALUATION_ID       (or --account ID: the account's evaluations)
-  evals results --evaluation EVALUATION_ID [--csv]
-  evals cancel|resume|delete --evaluation EVALUATION_ID
-
-LIMITS: [--expires-at ISO-8601] [--scopes decisions,search] [--budget C --budget-period day|week|month|total]
-        [--rate CALLS_PER_MINUTE]
-
-Prints one JSON object on stdout. Credits are decimals (1 credit = 1,000,000 input tokens).`;
-
+/** A command line that no store could make right: an unknown command, or a required option left out. */
+function refuseBeforeStore(command: string, options: Options): void {
+  const required = REQUIRED_OPTIONS[command];
+  if (!required) {
+    throw new UsageError(command.startsWith("evals ") ? `unknown command "${command}": see --help` : `unknown command "${command}"\n\n${USAGE}`);
+  }
+  for (const name of required) requiredOption(options, name);
+}
 
 /** The largest count the integer columns behind --free-requests and --limit hold. */
 const MAX_INTEGER_OPTION = 2_147_483_647;
@@ -79,6 +54,7 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(USAGE + "\n");
     return values.help ? 0 : 2;
   }
+  refuseBeforeStore(command, values);
   const config = loadConfig();
   const logger = createLogger("silent");
   const store = await openStore(config.databaseUrl, config.dataDir, logger);

@@ -21,7 +21,7 @@ export const MIGRATION_ATTEMPTS = 10;
 /** PostgreSQL's lock_not_available (lock_timeout) and deadlock_detected. */
 const LOCK_NOT_HAD = new Set(["55P03", "40P01"]);
 /** Any constant shared by every replica and the operator CLI. */
-const ADVISORY_LOCK_ID = 7_261_123;
+export const ADVISORY_LOCK_ID = 7_261_123;
 /** How often a replica asks again for the lock another one holds while it migrates. */
 const ADVISORY_LOCK_POLL_MS = 100;
 

@@ -4,7 +4,7 @@
 // build.mjs, which calls it; tests call it too.
 import fs from "node:fs";
 import path from "node:path";
-import esbuild from "esbuild";
+import { createRequire } from "node:module";
 
 const root = path.resolve(import.meta.dirname, "../..");
 const source = path.join(root, "src", "web", "page");
@@ -21,7 +21,8 @@ export const ACCOUNT_PAGE_DIR = path.join(root, "dist", "public", "account");
 export function bundleAccountPage({ outDir = ACCOUNT_PAGE_DIR } = {}) {
   const staging = `${outDir}.staging-${process.pid}`;
   fs.rmSync(staging, { recursive: true, force: true });
-  const result = esbuild.buildSync({
+  // Loaded here, not on import: build.mjs imports this module for every staleness check.
+  const result = createRequire(import.meta.url)("esbuild").buildSync({
     entryPoints: { app: path.join(source, "app.ts"), style: path.join(source, "app.css") },
     outdir: staging,
     entryNames: "[name]-[hash]",

@@ -80,6 +80,20 @@ describe("operator CLI against the service's database", () => {
     expect(result.stdout).toBe("");
     expect(result.stderr).toMatch(message);
   });
+
+  it.each([
+    [["keys", "revoke"], /^admin: --key is required\n$/],
+    [["credits", "grant", "--account", "00000000-0000-0000-0000-000000000000"], /^admin: --credits is required\n$/],
+    [["webhooks", "rotate", "--account", "00000000-0000-0000-0000-000000000000"], /^admin: --endpoint is required\n$/],
+    [["evals", "results"], /^admin: --evaluation is required\n$/],
+    [["frobnicate"], /^admin: unknown command "frobnicate"/],
+    [["evals", "frobnicate"], /^admin: unknown command "evals frobnicate": see --help\n$/],
+  ])("%j is refused before the store is opened: no database is reached", async (args, message) => {
+    // Nothing listens on port 1: a command that tried to connect would fail with exit code 1.
+    const result = await runAdmin(args, { DATABASE_URL: "postgres://postgres@127.0.0.1:1/none" });
+    expect([result.code, result.stdout]).toEqual([2, ""]);
+    expect(result.stderr).toMatch(message);
+  });
 });
 
 describe("embedded store", () => {
@@ -104,7 +118,7 @@ describe("embedded store", () => {
     const owner = await startServiceProcess({ TYPESAFE_DATA_DIR: dataDir });
     try {
       const published = await fs.readFile(path.join(dataDir, "socket.json"), "utf8");
-      const second = await runToExit("src/main.ts", [], { TYPESAFE_DATA_DIR: dataDir, PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off" });
+      const second = await runToExit("dist/bundle/main.mjs", [], { TYPESAFE_DATA_DIR: dataDir, PORT: "0", TYPESAFE_SEARCH_SOURCES: "none", TYPESAFE_LLM_EMBEDDED: "off" });
       expect(second.code).toBe(1);
       expect(second.stderr).toMatch(/in use by process \d+, its database on 127\.0\.0\.1:\d+/);
       expect(await fs.readFile(path.join(dataDir, "socket.json"), "utf8")).toBe(published);

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { runAdmin } from "../support/process.js";
-import { accountClient, refusal, startAccountApp, uniqueEmail, type AccountTestApp } from "../session-door/support.js";
+import { accountClient, inviteMember, refusal, startAccountApp, uniqueEmail, type AccountTestApp } from "../session-door/support.js";
 
 /** The operator's side of the account area: members invite, list and remove, and what they leave in the activity log. */
 let database: TestDatabase;
@@ -18,8 +18,7 @@ afterAll(async () => {
   await database?.close();
 });
 
-// Every test runs the CLI a few times, each a process that compiles its TypeScript first: seconds apiece on a busy machine.
-describe("members from the CLI", { timeout: 120_000 }, () => {
+describe("members from the CLI", () => {
   it("the invite link is the service's TYPESAFE_PUBLIC_URL; without it, the command says which address it assumed", async () => {
     const { accountId } = await createTestAccount(database.db, { units: 1 });
     // PORT set on this command as an operator may have set it on the service only: the link can only follow what it is given.
@@ -88,15 +87,16 @@ describe("members from the CLI", { timeout: 120_000 }, () => {
 
   it("remove revokes the keys the member created and lists them; --keep-keys keeps them working, marked as kept by the operator", async () => {
     const { accountId, apiKey: operatorKey } = await createTestAccount(database.db, { units: 1_000_000 });
+    // Invited through the store functions the CLI's invite runs: this test is about remove.
     const keyOf = async (email: string) => {
-      const invited = JSON.parse((await runAdmin(["members", "invite", "--account", accountId, "--email", email], env())).stdout);
+      const invited = await inviteMember(database.db, accountId, email, new Date());
       const { client } = accountClient(service.url);
-      await client.acceptInvite({ inviteToken: invited.invite_token, password: "a long enough password" });
+      await client.acceptInvite({ inviteToken: invited.token, password: "a long enough password" });
       const created = await client.createKey({ name: `${email.slice(0, 6)} key` });
-      return { memberId: invited.member_id as string, keyId: created.key!.id, secret: created.secret, client };
+      return { memberId: invited.memberId, keyId: created.key!.id, secret: created.secret, client };
     };
-    // The account's first member is its owner, who cannot be removed while the last: that one stays.
-    await runAdmin(["members", "invite", "--account", accountId, "--email", uniqueEmail("owner")], env());
+    // An owner, who cannot be removed while the last: that one stays.
+    await inviteMember(database.db, accountId, uniqueEmail("owner"), new Date(), "owner");
     const leaving = await keyOf(uniqueEmail("leaving"));
     const secondOfLeaving = await leaving.client.createKey({});
     await leaving.client.revokeKey({ keyId: secondOfLeaving.key!.id });
@@ -150,7 +150,7 @@ describe("members from the CLI", { timeout: 120_000 }, () => {
     const first = await createTestAccount(database.db);
     const second = await createTestAccount(database.db);
     const email = uniqueEmail("taken");
-    expect((await runAdmin(["members", "invite", "--account", first.accountId, "--email", email], env())).code).toBe(0);
+    await inviteMember(database.db, first.accountId, email, new Date());
     const taken = await runAdmin(["members", "invite", "--account", second.accountId, "--email", email], env());
     expect(taken.code).toBe(2);
     expect(taken.stderr).toMatch(/already a member of another account/);

@@ -5,7 +5,7 @@ import { createKnex } from "../../src/db/database.js";
 import { knexMigrationNames, migrationSource, schemaMigrations } from "../../src/db/migrations/index.js";
 import type { SchemaMigration } from "../../src/db/migrations/schema-migration.js";
 import fs from "node:fs";
-import { CONCURRENT_STATEMENT_TIMEOUT, MIGRATION_ATTEMPTS, MIGRATION_LOCK_TIMEOUT, MIGRATION_STATEMENT_TIMEOUT, migrate, SchemaTooNewError, type MigrateOptions } from "../../src/db/migrator.js";
+import { ADVISORY_LOCK_ID, CONCURRENT_STATEMENT_TIMEOUT, MIGRATION_ATTEMPTS, MIGRATION_LOCK_TIMEOUT, MIGRATION_STATEMENT_TIMEOUT, migrate, SchemaTooNewError, type MigrateOptions } from "../../src/db/migrator.js";
 import { createLogger } from "../../src/logger.js";
 import { startPrivateCluster, type PrivateCluster } from "../support/private-cluster.js";
 
@@ -219,6 +219,28 @@ describe("the release-safe runner", () => {
       "SELECT i.indisvalid AS valid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = 'widgets_colour_unique'",
     );
     expect(rows).toEqual([{ valid: true }]);
+  });
+
+  it("on a current schema only reads the migrations tables, without the advisory lock (each CLI command and start makes this check)", async () => {
+    const { db, url } = await freshDatabase();
+    const migrations = [...schemaMigrations, addWidgets];
+    await migrate(db, { ...base, migrations });
+    // Another replica holds the lock: a migrate that asked for it would wait until the test's timeout.
+    const holder = createKnex(url, 1);
+    try {
+      await holder.raw("SELECT pg_advisory_lock(?)", [ADVISORY_LOCK_ID]);
+      const statements: string[] = [];
+      db.on("query", (query: { sql: string }) => statements.push(query.sql));
+      await migrate(db, { ...base, migrations });
+      expect(statements.length).toBeLessThanOrEqual(3);
+      expect(statements.join("\n")).not.toMatch(/knex_migrations_lock|CREATE|INSERT/i);
+      // One migration missing: the same call migrates, once the lock is free.
+      await holder.raw("SELECT pg_advisory_unlock(?)", [ADVISORY_LOCK_ID]);
+      await migrate(db, { ...base, migrations: [...migrations, addWidgetColour] });
+      expect((await appliedSchemaMigrations(db)).map((row) => row.name)).toContain(addWidgetColour.name);
+    } finally {
+      await holder.destroy();
+    }
   });
 
   it("replicas starting at once apply each migration once", async () => {

@@ -22,6 +22,7 @@ const prepareScript = (JSON.parse(fs.readFileSync(path.join(root, "package.json"
 beforeAll(() => {
   scratch = fs.mkdtempSync(path.join(os.tmpdir(), "typesafe-start-line-"));
   fs.mkdirSync(path.join(scratch, "src", "web", "page"), { recursive: true });
+  fs.mkdirSync(path.join(scratch, "src", "admin"));
   for (const file of ["start.mjs", "build.mjs", "web/bundle-account-page.mjs"]) {
     fs.copyFileSync(path.join(root, "src", file), path.join(scratch, "src", file));
   }
@@ -31,6 +32,7 @@ beforeAll(() => {
   fs.writeFileSync(path.join(scratch, "tsconfig.json"), JSON.stringify({ compilerOptions: { target: "ES2022", verbatimModuleSyntax: true } }));
   fs.writeFileSync(path.join(scratch, "src", "main.ts"), "import { said } from './said.js';\nconsole.log(said satisfies string);\n");
   fs.writeFileSync(path.join(scratch, "src", "said.ts"), "export const said: string = 'the server runs';\n");
+  fs.writeFileSync(path.join(scratch, "src", "admin", "cli.ts"), "const said: string = 'the CLI runs';\nconsole.log(said);\n");
   fs.writeFileSync(path.join(scratch, "src", "web", "page", "app.ts"), "document.title = 'account';\n");
   fs.writeFileSync(path.join(scratch, "src", "web", "page", "app.css"), "body { margin: 0 }\n");
   fs.writeFileSync(path.join(scratch, "src", "web", "page", "index.html"), '<link rel="stylesheet" href="./app.css"><script type="module" src="./app.js"></script>\n');
@@ -56,9 +58,10 @@ it("`npm install` runs the build: the prepare script builds dist/ when it is sta
   expect(status).toBe(0);
   expect(lines[0]).toBe(`${BUILDING} (first build; a few seconds)`);
   expect(fs.existsSync(path.join(scratch, "dist", ".built"))).toBe(true);
-  // Every module on its own (the store's worker and the CLI load them), and the server as one bundle.
+  // Every module on its own (the store's worker loads them), and the server and the operator CLI as one bundle each.
   expect(fs.readFileSync(path.join(scratch, "dist", "said.js"), "utf8")).toContain("the server runs");
   expect(fs.readFileSync(path.join(scratch, "dist", "bundle", "main.mjs"), "utf8")).toContain("the server runs");
+  expect(fs.readFileSync(path.join(scratch, "dist", "bundle", "admin.mjs"), "utf8")).toContain("the CLI runs");
   // And a fresh embedded store, which a first start copies instead of running PGlite's initdb.
   expect(lines.at(-1)).toMatch(/^typesafe: made a fresh embedded store for first starts \(\d+\.\d s\)$/);
   expect(fs.readFileSync(path.join(scratch, "dist", "store-template", "PG_VERSION"), "utf8").trim()).toMatch(/^\d+$/);
@@ -76,8 +79,9 @@ it("a changed source: the line comes first, then each step with its time, then t
   const { status, lines } = start();
   expect(lines).toEqual([
     `${BUILDING} (a source changed; a few seconds)`,
-    expect.stringMatching(/^typesafe: compiled 2 modules \(\d+\.\d s\)$/),
+    expect.stringMatching(/^typesafe: compiled 3 modules \(\d+\.\d s\)$/),
     expect.stringMatching(/^typesafe: bundled the server \(\d+\.\d s\)$/),
+    expect.stringMatching(/^typesafe: bundled the operator CLI \(\d+\.\d s\)$/),
     expect.stringMatching(/^typesafe: bundled the account page \(\d+\.\d s\)$/),
     expect.stringMatching(/^typesafe: built in \d+\.\d s$/),
     "the server runs",

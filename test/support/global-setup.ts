@@ -4,7 +4,6 @@ import path from "node:path";
 import type { TestProject } from "vitest/node";
 import { createLogger } from "../../src/logger.js";
 import { createKnex, migrate } from "../../src/db/database.js";
-import { buildIfStale } from "./process.js";
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -21,8 +20,6 @@ declare module "vitest" {
  * run (a fresh PGlite takes seconds to initialize), migrated once here.
  */
 export default async function setup(project: TestProject) {
-  // Before any file runs, so two workers never build dist/ at once (test service processes run it).
-  buildIfStale();
   if (process.env.DATABASE_URL) {
     project.provide("embeddedDatabaseUrl", "");
     project.provide("embeddedTemplateDir", "");

@@ -4,15 +4,23 @@ import path from "node:path";
 const root = path.resolve(import.meta.dirname, "../..");
 const tsx = path.join(root, "node_modules/.bin/tsx");
 
-/** Runs the operator CLI like `npm run --silent admin -- ...` and returns its exit code and output. */
+/**
+ * Runs the operator CLI as `npm run --silent admin -- ...` does (the bundle in
+ * dist/, built first when a source changed) and returns its exit code and output.
+ */
 export function runAdmin(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
-  return runToExit("src/admin/cli.ts", args, env);
+  buildIfStale();
+  return runToExit("dist/bundle/admin.mjs", args, env);
 }
 
-/** Runs a TypeScript entry point of ours to its exit and returns its exit code and output. */
+/**
+ * Runs an entry point of ours to its exit and returns its exit code and
+ * output: a built one (dist/, .js or .mjs) with node, a TypeScript one with tsx.
+ */
 export function runToExit(script: string, args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(tsx, [script, ...args], { cwd: root, env: { ...cleanEnv(), ...env } });
+    const [command, first] = script.endsWith(".ts") ? [tsx, script] : [process.execPath, script];
+    const child = spawn(command, [first, ...args], { cwd: root, env: { ...cleanEnv(), ...env } });
     let stdout = "";
     let stderr = "";
     child.stdout.on("data", (chunk: Buffer) => (stdout += chunk));
@@ -80,7 +88,7 @@ let built = false;
 export function buildIfStale(): void {
   if (built) return;
   const run = spawnSync(process.execPath, ["src/build.mjs", "--if-stale"], { cwd: root, stdio: ["ignore", "inherit", "inherit"] });
-  if (run.status !== 0) throw new Error("the build failed (its errors are above); service processes run dist/");
+  if (run.status !== 0) throw new Error("the build failed (its errors are above); service processes and the CLI run dist/");
   built = true;
 }
 
