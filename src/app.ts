@@ -33,6 +33,7 @@ import { listeningOrigins } from "./session-door/origin.js";
 import { answerHeadersFor } from "./session-door/answer-headers.js";
 import { accountRouteDoor, createAccountDoorInterceptor, type AccountDoorOptions } from "./session-door/door.js";
 import { createUsageCsvHandler, USAGE_CSV_PATH } from "./session-door/usage-csv.js";
+import { createEvaluationResultsCsvHandler, EVALUATION_RESULTS_CSV_PATH } from "./session-door/evaluation-results-csv.js";
 import { createEvaluationUploadHandler, EVALUATION_UPLOAD_PATH } from "./session-door/evaluation-upload.js";
 import { countLiveSessions } from "./sign-in/sessions.js";
 import { createPasswordWork } from "./sign-in/password-work.js";
@@ -135,10 +136,12 @@ export async function startApp(config: Config, logger: Logger, overrides: AppOve
     wakeEvaluationRunner: () => evaluationRunner.wake(),
   });
   const usageCsv = createUsageCsvHandler({ db, door: accountDoor, observer });
+  const evaluationResultsCsv = createEvaluationResultsCsvHandler({ db, door: accountDoor, observer });
   const evaluationUpload = createEvaluationUploadHandler({ db, door: accountDoor, observer, maxBodyBytes: config.maxBodyBytes, wakeRunner: () => evaluationRunner.wake() });
-  // The account area's two plain HTTP routes, beside its RPCs' JSON paths.
+  // The account area's plain HTTP routes, beside its RPCs' JSON paths.
   const accountRoutes = new Map([
     [USAGE_CSV_PATH, usageCsv],
+    [EVALUATION_RESULTS_CSV_PATH, evaluationResultsCsv],
     [EVALUATION_UPLOAD_PATH, evaluationUpload],
   ]);
 

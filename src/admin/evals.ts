@@ -5,11 +5,11 @@ import type { Knex } from "knex";
 import { OPERATOR, recordActivity } from "../team/activity.js";
 import { findAccount } from "./account-funding.js";
 import { isUuid } from "../validation.js";
-import { csvField } from "../csv-field.js";
 import { describeError } from "../errors.js";
 import { createEvaluationFromFile, evaluationActivityDetail, evaluationMessage } from "../evaluation/evaluations.js";
 import { MAX_EXAMPLES, MAX_EXAMPLES_FILE_BYTES, MAX_LINE_BYTES } from "../evaluation/examples.js";
 import { evaluationResults } from "../evaluation/results.js";
+import { evaluationResultsCsv } from "../evaluation/results-csv.js";
 import { cancelEvaluation, deleteEvaluation, findEvaluation, listEvaluations, resumeEvaluation } from "../evaluation/store.js";
 import { EvaluationSchema, QuestionResultsSchema as QuestionResultsJson } from "../gen/typesafe/account/v1/account_service_pb.js";
 import { QuestionSchema, type Question } from "../gen/typesafe/decision/v1/decision_service_pb.js";
@@ -17,9 +17,6 @@ import { parseCredits } from "../units.js";
 import { UsageError } from "./usage-error.js";
 
 type Options = Record<string, string | boolean | undefined>;
-
-/** The metrics columns of `evals results --csv`, in order; a metric a question type has not is an empty cell. */
-const CSV_METRICS = ["accuracy", "brier", "log_loss", "ece", "auroc", "macro_f1", "mae_steps"] as const;
 
 /**
  * The operator's evaluation commands: the same validation, storage and
@@ -70,20 +67,7 @@ export async function runEvals(db: Knex, command: string, options: Options, now:
       const { accountId, id } = await evaluationOption(db, options);
       const evaluation = (await findEvaluation(db, accountId, id))!;
       const results = await evaluationResults(db, evaluation);
-      if (options["csv"] === true) {
-        const header = ["question", "type", "labelled", "answered", ...CSV_METRICS, "model", "upstream", "prompt_version"];
-        const rows = Object.entries(results.questions).map(([key, q]) => [
-          key,
-          q.type,
-          String(q.labelled),
-          String(q.answered),
-          ...CSV_METRICS.map((m) => (q.metrics[m] === undefined ? "" : String(q.metrics[m]))),
-          results.model,
-          results.upstream,
-          results.promptVersion,
-        ]);
-        return [header, ...rows].map((fields) => fields.map(csvField).join(",") + "\r\n").join("");
-      }
+      if (options["csv"] === true) return evaluationResultsCsv(results);
       return {
         evaluation: evaluationJson(evaluation),
         model: results.model,

@@ -15,7 +15,8 @@ import { waitFor } from "../support/wait.js";
  * An evaluation in the real browser: an owner uploads a JSON Lines file of
  * labelled states (and a CSV file), follows the progress until it finishes,
  * reads the metrics, the reliability diagram and the confusion matrix with
- * their tables, fits a calibration, and a decision through the API with a
+ * their tables, the largest errors, the label mass and what answered,
+ * downloads the results CSV from its link, fits a calibration, and a decision through the API with a
  * key names it and gets raw and calibrated values. The fake upstream answers
  * with the documented response shape (fake-llm.ts), overconfident: P(yes)
  * 0.95 for every "refund" state, of which half are labelled false; the team
@@ -113,6 +114,36 @@ describe("evaluations in a real browser", () => {
     expect(await bins.nth(0).locator("td").nth(1).innerText()).toBe("10");
     expect(await bins.nth(9).locator("td").nth(3).innerText()).toBe("0.500");
     expect(await page.locator("#reliability-chart").boundingBox()).not.toBeNull();
+
+    // What answered: the contract's model, the fake upstream's model, the prompt version.
+    expect(await page.locator("#evaluation-answered-by").innerText()).toMatch(/^Answered by model typesafe\/service-[\d.]+, upstream fake-model, prompt version \S+\.$/);
+    // The drill-down: the 7 wrong answers (0.95 on refunds 5–9 labelled false, 0.05 on parcels 18–19 labelled true) come first, by their line.
+    const errors = await page.locator("#largest-errors-table tbody tr").evaluateAll((rows) => rows.map((r) => [...r.children].map((c) => c.textContent)));
+    expect(errors.slice(0, 7).map(([, , , error]) => error)).toEqual(Array(7).fill("0.950"));
+    expect(errors.slice(0, 7).map(([line, expected, predicted]) => [Number(line), expected, predicted]).sort((a, b) => (a[0] as number) - (b[0] as number))).toEqual([
+      [6, "false", "true"],
+      [7, "false", "true"],
+      [8, "false", "true"],
+      [9, "false", "true"],
+      [10, "false", "true"],
+      [19, "true", "false"],
+      [20, "true", "false"],
+    ]);
+    expect(errors[7]![3]).toBe("0.050");
+    const mass = await page.locator("#label-mass-table tbody tr td").allTextContents();
+    expect(mass[0]).toBe("20");
+    expect(mass.slice(1).every((cell) => /^[01]\.\d{3}$/.test(cell))).toBe(true);
+
+    // The results download as the CSV the API and the CLI give: one line per question, the formula guard applied by the shared module.
+    const [download] = await Promise.all([page.waitForEvent("download"), page.getByRole("link", { name: /^Download results \(CSV\) of tickets\.jsonl$/ }).click()]);
+    const evaluationId = (await finished.getAttribute("data-id"))!;
+    expect(download.suggestedFilename()).toBe(`evaluation-${evaluationId}.csv`);
+    const downloaded = (await fs.readFile((await download.path())!, "utf8")).split("\r\n");
+    expect(downloaded[0]).toBe("question,type,labelled,answered,accuracy,brier,log_loss,ece,auroc,macro_f1,mae_steps,model,upstream,prompt_version");
+    expect(downloaded.slice(1, -1).map((line) => line.split(",").slice(0, 5))).toEqual([
+      ["urgent", "noul", "20", "20", "0.65"],
+      ["team", "choice", "20", "20", "0.8"],
+    ]);
     // A noul question has no confusion matrix; the team question has one, drawn and tabled.
     expect(await page.locator("#confusion").isHidden()).toBe(true);
     await page.getByLabel("Question", { exact: true }).selectOption("team");
@@ -230,6 +261,10 @@ describe("evaluations in a real browser", () => {
     await page.getByRole("link", { name: "Evaluations" }).click();
     await viewReady("evaluations");
     const id = (await stopped.getAttribute("data-id"))!;
+    // Stopped before any answer: its results say so, and there is nothing to download.
+    await stopped.getByRole("button", { name: "Results" }).click();
+    await page.locator("#evaluation-answered-by", { hasText: "No example has been answered yet." }).waitFor();
+    expect(await page.locator("#evaluation-results-csv").isHidden()).toBe(true);
     await stopped.getByRole("button", { name: "Resume large.jsonl" }).click();
     const dialog = page.getByRole("dialog", { name: "Resume this evaluation?" });
     expect(await dialog.getByText("its credit cap was reached. Raise the cap, or it stops again at once").count()).toBe(1);

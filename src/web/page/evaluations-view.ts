@@ -21,7 +21,8 @@ export interface EvaluationsViewOptions {
  * or CSV file of labelled examples (streamed to the upload route), follow its
  * progress, and read its results: a metrics table per question, and for the
  * question chosen the reliability diagram and the confusion matrix, each with
- * its table; then fit a calibration of that question and compare it with the
+ * its table, the spread of its label mass and its largest errors; what
+ * answered, and the results as a CSV download; then fit a calibration of that question and compare it with the
  * account's others.
  */
 export function createEvaluationsView(options: EvaluationsViewOptions): { load(): Promise<void>; clear(): void } {
@@ -45,6 +46,10 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   const confusionBox = byId("confusion", HTMLElement);
   const confusionCanvas = byId("confusion-chart", HTMLCanvasElement);
   const confusionTable = byId("confusion-table", HTMLTableElement);
+  const answeredBy = byId("evaluation-answered-by", HTMLElement);
+  const resultsCsv = byId("evaluation-results-csv", HTMLAnchorElement);
+  const labelMassTable = byId("label-mass-table", HTMLTableElement);
+  const largestErrorsTable = byId("largest-errors-table", HTMLTableElement);
   const dialog = byId("evaluation-dialog", HTMLDialogElement);
   const dialogCapBox = byId("evaluation-dialog-cap-box", HTMLElement);
   const dialogCap = byId("evaluation-dialog-cap", HTMLInputElement);
@@ -197,6 +202,7 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
   async function showResults(evaluationId: string): Promise<void> {
     shown = await client.getEvaluationResults({ evaluationId });
     writeMetrics(shown);
+    writeAnsweredBy(shown);
     const keys = Object.keys(shown.questions);
     questionSelect.replaceChildren(
       ...keys.map((key) => {
@@ -215,6 +221,8 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
     const question = shown?.questions[key];
     if (!shown || !question) return;
     drawReliability(key, question);
+    writeLabelMass(key, question);
+    writeLargestErrors(key, question);
     confusionChart?.destroy();
     confusionChart = undefined;
     confusionBox.hidden = question.confusion.length === 0;
@@ -250,6 +258,38 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
     });
   }
 
+  /** What answered, and the CSV link once there are results to download (finished, or stopped or cancelled after some answers). */
+  function writeAnsweredBy(answer: GetEvaluationResultsResponse): void {
+    const evaluation = answer.evaluation!;
+    answeredBy.textContent =
+      answer.upstream === "" ? "No example has been answered yet." : `Answered by model ${answer.model}, upstream ${answer.upstream}, prompt version ${answer.promptVersion}.`;
+    resultsCsv.hidden = evaluation.state === "running" || evaluation.progress!.done === 0;
+    resultsCsv.href = `/account/v1/evaluations/results.csv?evaluation_id=${encodeURIComponent(evaluation.id)}`;
+    resultsCsv.setAttribute("aria-label", `Download results (CSV) of ${evaluationName(evaluation)}`);
+  }
+
+  /** The spread of x_label_mass: how much of the model's probability the question's labels held. */
+  function writeLabelMass(key: string, question: QuestionResults): void {
+    labelMassTable.caption!.textContent = `Label mass of ${key}: how much of the model's probability its labels held (x_label_mass)`;
+    const mass = question.labelMass;
+    labelMassTable.tBodies[0]!.replaceChildren(
+      mass
+        ? row([numberCell(String(mass.count)), ...[mass.mean, mass.min, mass.p10, mass.median, mass.p90, mass.max].map((v) => numberCell(v.toFixed(3)))])
+        : emptyRow(labelMassTable, "No answer reported its label mass."),
+    );
+  }
+
+  /** The drill-down: the examples the answers got most wrong, largest error first, as the results give them. */
+  function writeLargestErrors(key: string, question: QuestionResults): void {
+    largestErrorsTable.caption!.textContent = `Largest errors of ${key}, largest first: the example's line in the uploaded file, its label and the most probable answer`;
+    const errors = question.largestErrors;
+    largestErrorsTable.tBodies[0]!.replaceChildren(
+      ...(errors.length > 0
+        ? errors.map((e) => row([numberCell(String(e.line)), e.expected, e.predicted, numberCell(e.error.toFixed(3))]))
+        : [emptyRow(largestErrorsTable, "No answered example.")]),
+    );
+  }
+
   function writeMetrics(answer: GetEvaluationResultsResponse): void {
     metricsTable.tBodies[0]!.replaceChildren(
       ...Object.entries(answer.questions).map(([key, q]) => {
@@ -275,6 +315,10 @@ export function createEvaluationsView(options: EvaluationsViewOptions): { load()
       table.tBodies[0]!.replaceChildren();
       metricsTable.tBodies[0]!.replaceChildren();
       reliabilityTable.tBodies[0]!.replaceChildren();
+      labelMassTable.tBodies[0]!.replaceChildren();
+      largestErrorsTable.tBodies[0]!.replaceChildren();
+      answeredBy.textContent = "";
+      resultsCsv.hidden = true;
       results.hidden = true;
       error.textContent = "";
     },
