@@ -4,7 +4,7 @@ import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestAccount, startTestApp, type TestApp } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../support/fake-llm.js";
+import { refundHandler, startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
 import { runAdmin } from "../support/process.js";
 import { waitFor } from "../support/wait.js";
 
@@ -21,12 +21,7 @@ let dir: string;
 
 beforeAll(async () => {
   database = await createTestDatabase(10, { runsEvaluations: true });
-  // The documented response shape (fake-llm.ts); P(yes) is 0.8 for "refund" states, 0.3 otherwise.
-  fake = await startFakeLlm((request) => {
-    if (isProbe(request.body)) return PROBE_OK;
-    const p = userContent(request).includes("refund") ? 0.8 : 0.3;
-    return logprobsReply({ yes: p, no: 1 - p }, { prompt: 90 });
-  });
+  fake = await startFakeLlm(refundHandler);
   service = await startTestApp(database, { TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`, TYPESAFE_LLM_MODEL: "fake-model", TYPESAFE_EVALUATION_EXAMPLES_IN_FLIGHT: "4", TYPESAFE_EVALUATION_POLL_MS: "50" });
   dir = await fs.mkdtemp(path.join(os.tmpdir(), "typesafe-evals-"));
   await fs.writeFile(path.join(dir, "questions.json"), JSON.stringify({ "=refund": { type: "noul", instructions: "Does the customer want their money back?" } }));

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestAccount } from "../support/app.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { isProbe, logprobsReply, PROBE_OK, startFakeLlm, userContent, type FakeLlm } from "../support/fake-llm.js";
+import { refundHandler, startFakeLlm, type FakeLlm } from "../support/fake-llm.js";
 import { runAdmin } from "../support/process.js";
 import { waitFor } from "../support/wait.js";
 import { accountClient, inviteMember, startAccountApp, uniqueEmail, type AccountClient, type AccountTestApp } from "./support.js";
@@ -21,12 +21,7 @@ const PATH = "/account/v1/evaluations/results.csv";
 
 beforeAll(async () => {
   database = await createTestDatabase(10, { runsEvaluations: true });
-  // The documented response shape (fake-llm.ts): P(yes) 0.8 for "refund" states, 0.3 otherwise.
-  fake = await startFakeLlm((request) => {
-    if (isProbe(request.body)) return PROBE_OK;
-    const p = userContent(request).includes("refund") ? 0.8 : 0.3;
-    return logprobsReply({ yes: p, no: 1 - p }, { prompt: 90 });
-  });
+  fake = await startFakeLlm(refundHandler);
   service = await startAccountApp(database, {
     TYPESAFE_LLM_BASE_URL: `${fake.url}/v1`,
     TYPESAFE_LLM_MODEL: "fake-model",

@@ -211,6 +211,13 @@ export const PROBE_OK = logprobsReply({ yes: 0.9, Yes: 0.06, no: 0.04 }, { promp
 export const defaultHandler: FakeHandler = (request) =>
   isProbe(request.body) ? PROBE_OK : logprobsReply({ yes: 0.6, " yes": 0.2, no: 0.15, maybe: 0.05 });
 
+/** Answers the probe, then each question with P(yes) 0.8 when its state mentions "refund", else 0.3: an evaluation's labelled states get known answers. */
+export const refundHandler: FakeHandler = (request) => {
+  if (isProbe(request.body)) return PROBE_OK;
+  const p = userContent(request).includes("refund") ? 0.8 : 0.3;
+  return logprobsReply({ yes: p, no: 1 - p }, { prompt: 90 });
+};
+
 /** The user message of a request: the state block, then the question block. */
 export function userContent(request: ReceivedRequest): string {
   return request.body.messages.find((m) => m.role === "user")?.content ?? "";
