@@ -101,6 +101,7 @@ const autocannon = createRequire(import.meta.url)("autocannon") as (options: obj
   latency: { p50: number; p99: number };
   non2xx: number;
   errors: number;
+  statusCodeStats?: Record<string, { count: number }>;
 }>;
 
 function percentile(sorted: number[], p: number): number {
@@ -126,7 +127,11 @@ async function closedLoop(options: LoadOptions): Promise<LoadResult> {
       },
     ],
   });
-  if (result.non2xx > 0 || result.errors > 0) throw new Error(`${result.non2xx} non-2xx answers, ${result.errors} errors`);
+  if (result.non2xx > 0 || result.errors > 0) {
+    // The statuses say which limit or failure answered (a 429 is a limit, a 503 shedding, a 5xx a fault).
+    const statuses = Object.entries(result.statusCodeStats ?? {}).map(([code, { count }]) => `${code}: ${count}`).join(", ");
+    throw new Error(`${result.non2xx} non-2xx answers (${statuses}), ${result.errors} errors`);
+  }
   return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, requests: result.requests.total };
 }
 
