@@ -2,15 +2,15 @@ import { createReadStream } from "node:fs";
 import fs from "node:fs/promises";
 import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import type { Knex } from "knex";
-import { OPERATOR, recordActivity } from "../team/activity.js";
+import { OPERATOR } from "../team/activity.js";
 import { findAccount } from "./account-funding.js";
 import { isUuid } from "../validation.js";
 import { describeError } from "../errors.js";
-import { createEvaluationFromFile, evaluationActivityDetail, evaluationMessage } from "../evaluation/evaluations.js";
+import { changeEvaluation, createEvaluationFromFile, deleteEvaluationRecorded, evaluationMessage } from "../evaluation/evaluations.js";
 import { MAX_EXAMPLES, MAX_EXAMPLES_FILE_BYTES, MAX_LINE_BYTES } from "../evaluation/examples.js";
 import { evaluationResults } from "../evaluation/results.js";
 import { evaluationResultsCsv } from "../evaluation/results-csv.js";
-import { cancelEvaluation, deleteEvaluation, findEvaluation, listEvaluations, resumeEvaluation } from "../evaluation/store.js";
+import { findEvaluation, listEvaluations } from "../evaluation/store.js";
 import { EvaluationSchema, QuestionResultsSchema as QuestionResultsJson } from "../gen/typesafe/account/v1/account_service_pb.js";
 import { QuestionSchema, type Question } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { parseCredits } from "../units.js";
@@ -79,22 +79,15 @@ export async function runEvals(db: Knex, command: string, options: Options, now:
     case "evals cancel":
     case "evals resume": {
       const { accountId, id } = await evaluationOption(db, options);
-      const change = await db.transaction(async (tx) => {
-        const made = command === "evals cancel" ? await cancelEvaluation(tx, accountId, id) : await resumeEvaluation(tx, accountId, id, undefined);
-        if (made.changed) await recordActivity(tx, { accountId, kind: command === "evals cancel" ? "evaluation_cancelled" : "evaluation_resumed", actor: OPERATOR, detail: evaluationActivityDetail(made.row!), at: now });
-        return made;
-      });
+      const by = { accountId, actor: OPERATOR, at: now };
+      const change = await changeEvaluation(db, by, id, command === "evals cancel" ? { action: "cancel" } : { action: "resume", capUnits: undefined });
       if (!change.changed) throw new UsageError(`the evaluation is ${change.row!.state}: ${command === "evals cancel" ? "only a running or stopped one can be cancelled" : "only a stopped one can be resumed"}`);
       return evaluationJson((await findEvaluation(db, accountId, id))!);
     }
     case "evals delete": {
       const { accountId, id } = await evaluationOption(db, options);
       const before = await findEvaluation(db, accountId, id);
-      const outcome = await db.transaction(async (tx) => {
-        const deleted = await deleteEvaluation(tx, accountId, id);
-        if (deleted === "deleted") await recordActivity(tx, { accountId, kind: "evaluation_deleted", actor: OPERATOR, detail: evaluationActivityDetail(before!), at: now });
-        return deleted;
-      });
+      const outcome = before ? await deleteEvaluationRecorded(db, { accountId, actor: OPERATOR, at: now }, before) : "not_found";
       if (outcome === "busy") throw new UsageError("the evaluation is running or has examples in flight: cancel it first");
       return { deleted: true, evaluation_id: id };
     }

@@ -7,7 +7,7 @@ import { EvaluationSchema, type Evaluation } from "../gen/typesafe/account/v1/ac
 import { QuestionSchema, type Question } from "../gen/typesafe/decision/v1/decision_service_pb.js";
 import { unitsToCredits } from "../units.js";
 import { fileLineField, parseExamples, validateEvaluation, type ExampleInput, type ExampleViolation } from "./examples.js";
-import { insertEvaluation, type DbEvaluationRow, type EvaluationView } from "./store.js";
+import { cancelEvaluation, deleteEvaluation, insertEvaluation, resumeEvaluation, type DbEvaluationRow, type EvaluationView } from "./store.js";
 
 /** Examples in flight when the caller does not say. */
 export const DEFAULT_EXAMPLES_IN_FLIGHT = 2;
@@ -77,6 +77,43 @@ export async function createEvaluation(db: Knex, input: CreateEvaluationInput): 
 /** What the activity log says of a cancelled, resumed or deleted evaluation: which one, and what it has spent against its cap. */
 export function evaluationActivityDetail(row: Pick<DbEvaluationRow, "id" | "charged_units" | "cap_units">): string {
   return `${row.id}: charged ${unitsToCredits(row.charged_units)} credits, cap ${unitsToCredits(row.cap_units)} credits`;
+}
+
+/** Who changes an evaluation, and when: a member's email or "operator", at the account area's clock. */
+export interface EvaluationActor {
+  accountId: string;
+  actor: string;
+  at: Date;
+}
+
+/**
+ * Cancels (or resumes, with a new cap when given) an evaluation and, when it
+ * changed, writes its activity line in the same transaction, so a crash
+ * between the two cannot lose the line.
+ */
+export async function changeEvaluation(
+  db: Knex,
+  by: EvaluationActor,
+  id: string,
+  change: { action: "cancel" } | { action: "resume"; capUnits: number | undefined },
+): Promise<{ row?: DbEvaluationRow; changed: boolean }> {
+  return db.transaction(async (tx) => {
+    const made = change.action === "cancel" ? await cancelEvaluation(tx, by.accountId, id) : await resumeEvaluation(tx, by.accountId, id, change.capUnits);
+    if (made.changed) {
+      const kind = change.action === "cancel" ? "evaluation_cancelled" : "evaluation_resumed";
+      await recordActivity(tx, { accountId: by.accountId, kind, actor: by.actor, detail: evaluationActivityDetail(made.row!), at: by.at });
+    }
+    return made;
+  });
+}
+
+/** Deletes an evaluation (`before` is its row as last read) and, when it went, writes its activity line in the same transaction. */
+export async function deleteEvaluationRecorded(db: Knex, by: EvaluationActor, before: DbEvaluationRow): Promise<"deleted" | "not_found" | "busy"> {
+  return db.transaction(async (tx) => {
+    const outcome = await deleteEvaluation(tx, by.accountId, before.id);
+    if (outcome === "deleted") await recordActivity(tx, { accountId: by.accountId, kind: "evaluation_deleted", actor: by.actor, detail: evaluationActivityDetail(before), at: by.at });
+    return outcome;
+  });
 }
 
 /** An evaluation whose examples come as a file (JSON Lines or CSV), read as it arrives. */

@@ -1,14 +1,13 @@
 import type { ServiceImpl } from "@connectrpc/connect";
 import type { Knex } from "knex";
-import { recordActivity } from "../team/activity.js";
 import { isUuid } from "../validation.js";
 import { apiError } from "../errors.js";
-import { createEvaluation, evaluationActivityDetail, evaluationMessage } from "../evaluation/evaluations.js";
+import { changeEvaluation, createEvaluation, deleteEvaluationRecorded, evaluationMessage } from "../evaluation/evaluations.js";
 import { exampleFromMessage } from "../evaluation/examples.js";
 import { evaluationResults } from "../evaluation/results.js";
 import { calibrationMessage, fitFromEvaluation } from "../evaluation/calibrations.js";
 import { findCalibration, listCalibrations } from "../evaluation/calibration-store.js";
-import { cancelEvaluation, deleteEvaluation, findEvaluation, listEvaluations, resumeEvaluation, type EvaluationView } from "../evaluation/store.js";
+import { findEvaluation, listEvaluations, type EvaluationView } from "../evaluation/store.js";
 import type { AccountService } from "../gen/typesafe/account/v1/account_service_pb.js";
 import { UNITS_PER_CREDIT, unitsToCredits } from "../units.js";
 import { throwIfInvalid } from "../validation.js";
@@ -93,12 +92,7 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
     async cancelEvaluation(req, ctx) {
       const member = allowed(ctx, "run_evaluations");
       await evaluationOf(member.accountId, req.evaluationId);
-      // The change and its activity line commit together.
-      const { row, changed } = await db.transaction(async (tx) => {
-        const change = await cancelEvaluation(tx, member.accountId, req.evaluationId);
-        if (change.changed) await recordActivity(tx, { accountId: member.accountId, kind: "evaluation_cancelled", actor: member.email, detail: evaluationActivityDetail(change.row!), at: now() });
-        return change;
-      });
+      const { row, changed } = await changeEvaluation(db, { accountId: member.accountId, actor: member.email, at: now() }, req.evaluationId, { action: "cancel" });
       if (!row) throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (!changed) throw stateError(row.state, "cancel", "only a running or stopped evaluation can be cancelled");
       return { evaluation: evaluationMessage(await evaluationOf(member.accountId, row.id)) };
@@ -115,11 +109,7 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
             : [],
         );
       }
-      const { row, changed } = await db.transaction(async (tx) => {
-        const change = await resumeEvaluation(tx, member.accountId, req.evaluationId, capUnits);
-        if (change.changed) await recordActivity(tx, { accountId: member.accountId, kind: "evaluation_resumed", actor: member.email, detail: evaluationActivityDetail(change.row!), at: now() });
-        return change;
-      });
+      const { row, changed } = await changeEvaluation(db, { accountId: member.accountId, actor: member.email, at: now() }, req.evaluationId, { action: "resume", capUnits });
       if (!row) throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (!changed) throw stateError(row.state, "resume", "only a stopped evaluation can be resumed");
       deps.wakeRunner();
@@ -129,11 +119,7 @@ export function createEvaluationMethods(deps: EvaluationMethodsDeps): Evaluation
     async deleteEvaluation(req, ctx) {
       const member = allowed(ctx, "run_evaluations");
       const current = await evaluationOf(member.accountId, req.evaluationId);
-      const outcome = await db.transaction(async (tx) => {
-        const deleted = await deleteEvaluation(tx, member.accountId, req.evaluationId);
-        if (deleted === "deleted") await recordActivity(tx, { accountId: member.accountId, kind: "evaluation_deleted", actor: member.email, detail: evaluationActivityDetail(current), at: now() });
-        return deleted;
-      });
+      const outcome = await deleteEvaluationRecorded(db, { accountId: member.accountId, actor: member.email, at: now() }, current);
       if (outcome === "not_found") throw apiError("NOT_FOUND", "no such evaluation", { field: "evaluation_id" });
       if (outcome === "busy") throw stateError(current.state, "delete", "a running evaluation, or one with examples still in flight, cannot be deleted: cancel it first");
       return {};
