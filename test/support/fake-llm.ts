@@ -7,7 +7,8 @@ import { loadConfig, type LlmConfig } from "../../src/config.js";
  * scripted per test. It records every request it receives, so tests assert on
  * the exact bodies the service sent; replies use the real response shape
  * (`choices[0].logprobs.content[0].top_logprobs`, `usage` with
- * `prompt_tokens_details.cached_tokens`).
+ * `prompt_tokens_details.cached_tokens`), as OpenAI's API reference gives the
+ * chat completion object: https://platform.openai.com/docs/api-reference/chat/object
  */
 
 export interface ChatBody {
